@@ -1,0 +1,89 @@
+"""The `rlalloc` command line: one entry point, subcommands implemented next to what they drive.
+
+Each subcommand lives in the module that owns the capability and exposes two functions:
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their
+subcommand runs, so `rlalloc simulate` never pays for torch or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from env.errors import UserError
+
+# (words of the subcommand, module implementing it, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("simulate",), "env.simulate_cmd", "replay a workload through the simulator under one policy"),
+    (("bench", "sim"), "env.bench_sim", "benchmark trace replay and environment step speed"),
+    (("bench", "recovery"), "trainer_jobs.bench_recovery",
+     "benchmark recovery time and checkpoint stalls of the training jobs"),
+    (("bench", "forecast"), "forecaster.bench", "benchmark forecaster training and inference"),
+    (("bench", "actuator"), "actuator.bench", "benchmark one actuator decision cycle"),
+    (("train",), "agent.train_cmd", "train a PPO or DQN allocation policy"),
+    (("evaluate",), "agent.evaluate_cmd", "compare allocation policies over workloads and seeds"),
+    (("forecast", "train"), "forecaster.train_cmd", "train the demand forecaster and risk model"),
+    (("forecast", "evaluate"), "forecaster.evaluate_cmd", "evaluate forecasters on a series"),
+    (("actuate",), "actuator.main", "run the in-cluster actuator control loop"),
+    (("twin",), "actuator.twin_cmd", "run the digital twin: simulator exposed as Prometheus + K8s"),
+]
+
+
+def _available_commands() -> list[tuple[tuple[str, ...], str, str]]:
+    """Subcommands whose implementing module exists in this installation."""
+    found = []
+    for words, module, help_text in COMMANDS:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is not None:
+            found.append((words, module, help_text))
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full parser tree (imports each available subcommand's module)."""
+    parser = argparse.ArgumentParser(
+        prog="rlalloc",
+        description="RL resource allocation for distributed training jobs.",
+    )
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
+        (): parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    }
+    for words, module, help_text in _available_commands():
+        for depth in range(1, len(words)):
+            prefix = words[:depth]
+            if prefix not in groups:
+                group_parser = groups[words[: depth - 1]].add_parser(
+                    prefix[-1], help=f"{prefix[-1]} subcommands"
+                )
+                groups[prefix] = group_parser.add_subparsers(
+                    dest=f"command_{depth}", required=True, metavar="COMMAND"
+                )
+        sub = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(sub)
+        sub.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rlalloc` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UserError as err:
+        print(f"rlalloc: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlalloc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Run accounting: the time integrals and per-job records behind every reported metric.
+
+The simulator calls the hooks below as things happen; `summary()` turns them into the metrics
+that `rlalloc simulate` and `rlalloc evaluate` report (keys in `METRIC_KEYS`). Definitions:
+
+- JCT: finish - submit. Queueing delay: first start - submit.
+- makespan_s: last finish - first submit.
+- gpu_util: allocated GPU-seconds / (cluster GPUs x makespan); gpu_busy_util counts only GPUs
+  that are training (not restoring).
+- goodput: training GPU-seconds whose progress was kept / allocated GPU-seconds.
+- lost_gpu_hours: GPU time thrown away by failures (work since the last checkpoint, and restore
+  time in progress when the node failed).
+- restarts_per_job: re-starts after the first start (resizes, moves, resumes, failures) per job.
+- mean_recovery_s: time from a failure to the affected job training again.
+- progress_preserved: 1 - training GPU-seconds lost to failures / training GPU-seconds run.
+- ettr: effective training time ratio, sum of kept training time / sum of (finish - first start).
+- energy_kwh: sum over GPUs of busy or idle power (see `env.params.GPU_POWER_W`) over the run;
+  down nodes draw nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from env.params import DEFAULT_GPU_POWER_W, GPU_POWER_W, SimParams
+
+if TYPE_CHECKING:
+    from env.simulator import Simulator
+
+METRIC_KEYS = (
+    "jobs_completed", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
+    "makespan_s", "gpu_util", "gpu_busy_util", "goodput", "lost_gpu_hours", "restarts_per_job",
+    "mean_recovery_s", "progress_preserved", "ettr", "energy_kwh", "failures",
+    "invalid_actions",
+)
+"""Every metric of one run, in report order."""
+
+
+class RunAccounting:
+    """Integrates cluster-wide quantities over time and keeps per-job milestones."""
+
+    def __init__(self, sim: Simulator, params: SimParams) -> None:
+        n_jobs = len(sim.job_ids)
+        self._sim = sim
+        self._params = params
+        total = int(sim._gpus_total.sum())
+        self.total_gpus = total
+        watts = np.array([GPU_POWER_W.get(t, DEFAULT_GPU_POWER_W) for t in sim._gpu_types])
+        weights = sim._gpus_total / max(total, 1)
+        self._idle_w, self._busy_w = (float(weights @ watts[:, 0]), float(weights @ watts[:, 1]))
+        # current levels
+        self.alloc_gpus = 0
+        self.busy_gpus = 0
+        self.up_gpus = total
+        self.queued_gpus = 0
+        # integrals
+        self._t = 0.0
+        self.alloc_gpu_s = 0.0
+        self.busy_gpu_s = 0.0
+        self.up_gpu_s = 0.0
+        self.jobs_in_system_s = 0.0
+        self.lost_gpu_s = 0.0
+        self.lost_train_gpu_s = 0.0
+        # per job
+        self._first_start = np.full(n_jobs, np.nan)
+        self._finish = np.full(n_jobs, np.nan)
+        self._train_from = np.full(n_jobs, np.nan)
+        self._train_s = np.zeros(n_jobs)
+        self._lost_train_s = np.zeros(n_jobs)
+        self._failed_at = np.full(n_jobs, np.nan)
+        self._recoveries: list[float] = []
+        self.failures = 0
+        self.jobs_completed = 0
+        self.first_submit = float(sim._submit[0]) if n_jobs else 0.0
+        # time series for plots and the demand forecaster
+        self._next_sample = 0.0
+        self.series: dict[str, list[float]] = {"t": [], "alloc_gpus": [], "busy_gpus": [],
+                                               "queued_jobs": [], "jobs_in_system": []}
+        self._demand: list[float] = []
+        self._next_demand = 0.0
+
+    # --- integration ---------------------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Integrate the current levels from the last call up to time t."""
+        dt = t - self._t
+        if dt < 0:
+            raise AssertionError(f"time went backwards: {self._t} -> {t}")
+        if dt == 0:
+            return
+        while self._next_sample <= t:
+            self._sample(self._next_sample)
+            self._next_sample += self._params.series_interval_s
+        while self._next_demand <= t:
+            self._demand.append((self.alloc_gpus + self.queued_gpus) / max(self.total_gpus, 1))
+            self._next_demand += 60.0
+        self.alloc_gpu_s += self.alloc_gpus * dt
+        self.busy_gpu_s += self.busy_gpus * dt
+        self.up_gpu_s += self.up_gpus * dt
+        self.jobs_in_system_s += self._sim.jobs_in_system * dt
+        self._t = t
+
+    def _sample(self, t: float) -> None:
+        series = self.series
+        series["t"].append(t)
+        series["alloc_gpus"].append(self.alloc_gpus)
+        series["busy_gpus"].append(self.busy_gpus)
+        series["queued_jobs"].append(float(self.queued_jobs()))
+        series["jobs_in_system"].append(float(self._sim.jobs_in_system))
+
+    def queued_jobs(self) -> int:
+        """Jobs in the system holding no GPUs."""
+        return sum(1 for r in self._sim._active if self._sim._status[r] == 0)
+
+    def demand_history(self) -> np.ndarray:
+        """Per-minute demand so far: (allocated + pending GPUs) / cluster GPUs."""
+        return np.asarray(self._demand[-360:], dtype=np.float32)
+
+    # --- hooks -----------------------------------------------------------------------------
+    def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0) -> None:
+        """Levels change now (the caller has advanced the clock already)."""
+        self.alloc_gpus += alloc
+        self.busy_gpus += busy
+        self.up_gpus += up
+        self.queued_gpus += queued_gpus
+        assert 0 <= self.busy_gpus <= self.alloc_gpus <= self.up_gpus <= self.total_gpus, (
+            self.busy_gpus, self.alloc_gpus, self.up_gpus, self.total_gpus)
+
+    def job_started(self, row: int, t: float) -> None:
+        """First allocation of the job."""
+        self._first_start[row] = t
+
+    def training_started(self, row: int, t: float) -> None:
+        """The job's restore finished; it trains from now on."""
+        self._train_from[row] = t
+        if not np.isnan(self._failed_at[row]):
+            self._recoveries.append(t - self._failed_at[row])
+            self._failed_at[row] = np.nan
+
+    def training_stopped(self, row: int, t: float) -> None:
+        """The job stops training (resize, move, suspension, failure or completion)."""
+        if not np.isnan(self._train_from[row]):
+            self._train_s[row] += t - self._train_from[row]
+            self._train_from[row] = np.nan
+
+    def job_failed(self, row: int, t: float, lost_gpu_s: float, lost_train_s: float,
+                   workers: int) -> None:
+        """A node failure hit the job: record what it lost."""
+        self.failures += 1
+        self.lost_gpu_s += lost_gpu_s
+        self.lost_train_gpu_s += lost_train_s * workers
+        self._lost_train_s[row] += lost_train_s
+        if np.isnan(self._failed_at[row]):
+            self._failed_at[row] = t
+
+    def job_finished(self, row: int, t: float) -> None:
+        """The job completed its work."""
+        self._finish[row] = t
+        self.jobs_completed += 1
+
+    # --- results ---------------------------------------------------------------------------
+    def summary(self) -> dict[str, float]:
+        """All metrics of `METRIC_KEYS` for the run so far (finished jobs only for JCTs)."""
+        sim = self._sim
+        done = ~np.isnan(self._finish)
+        jct = self._finish[done] - sim._submit[done]
+        queue = self._first_start[done] - sim._submit[done]
+        makespan = float(np.nanmax(self._finish) - self.first_submit) if done.any() else 0.0
+        capacity = self.total_gpus * makespan
+        kept_train_gpu_s = self.busy_gpu_s - self.lost_train_gpu_s
+        wall = float(np.sum(self._finish[done] - self._first_start[done]))
+        kept_train_s = float(np.sum(self._train_s[done] - self._lost_train_s[done]))
+        idle_gpu_s = self.up_gpu_s - self.busy_gpu_s
+        energy_j = self.busy_gpu_s * self._busy_w + idle_gpu_s * self._idle_w
+
+        def pct(q: float) -> float:
+            return float(np.percentile(jct, q)) if len(jct) else 0.0
+
+        return {
+            "jobs_completed": int(done.sum()),
+            "avg_jct_s": float(jct.mean()) if len(jct) else 0.0,
+            "p50_jct_s": pct(50),
+            "p95_jct_s": pct(95),
+            "p99_jct_s": pct(99),
+            "avg_queue_s": float(queue.mean()) if len(queue) else 0.0,
+            "makespan_s": makespan,
+            "gpu_util": self.alloc_gpu_s / capacity if capacity else 0.0,
+            "gpu_busy_util": self.busy_gpu_s / capacity if capacity else 0.0,
+            "goodput": kept_train_gpu_s / self.alloc_gpu_s if self.alloc_gpu_s else 0.0,
+            "lost_gpu_hours": self.lost_gpu_s / 3600.0,
+            "restarts_per_job": float(sim._restarts[done].mean()) if done.any() else 0.0,
+            "mean_recovery_s": float(np.mean(self._recoveries)) if self._recoveries else 0.0,
+            "progress_preserved": (1.0 - self.lost_train_gpu_s / self.busy_gpu_s
+                                   if self.busy_gpu_s else 1.0),
+            "ettr": kept_train_s / wall if wall else 0.0,
+            "energy_kwh": energy_j / 3.6e6,
+            "failures": self.failures,
+            "invalid_actions": sim.invalid_actions,
+        }

@@ -1,0 +1,526 @@
+"""Event-driven simulator of a GPU cluster running elastic training jobs.
+
+Time jumps from event to event (arrivals, restore completions, job completions, node warnings,
+failures and repairs) and to periodic decision ticks. Between events nothing changes but the
+jobs' progress, which is linear in time, so it is computed in closed form when needed instead of
+being stepped. A decision point hands the policy a `ClusterState` snapshot; the policy answers
+with an `Action`, which `apply` validates and carries out.
+
+Job state lives in numpy columns indexed by job number (one row per job of the workload) so a
+snapshot is a handful of fancy-indexed copies, not a loop over Python objects; this is what makes
+replaying the 82k-job Philly trace take seconds.
+
+Work accounting (the invariants the tests check):
+- a job's progress grows at exactly its throughput model's rate for its placement, from the end
+  of its restore until its next change; it completes when progress reaches its work;
+- a failure rolls progress back to the last periodic checkpoint (lost = work since then);
+- a resize, move or suspension checkpoints first and loses nothing, but pays the restore time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.cluster import ClusterSpec
+from env.failures import (
+    NODE_FEATURE_NAMES,
+    HealthEvent,
+    NodeHealthTimeline,
+    WarningEpisode,
+    node_features,
+)
+from env.metrics import RunAccounting
+from env.params import SimParams
+from env.placement import placement_shape
+from env.state import (
+    Action,
+    ActionKind,
+    ClusterState,
+    Demand,
+    Jobs,
+    JobStatus,
+    Nodes,
+)
+from env.workload.spec import Workload
+
+ThroughputFn = Callable[[tuple[int, ...]], float]
+"""Iterations per second of one job for a placement shape (GPUs per node, largest first)."""
+
+_ARRIVAL, _RESTORED, _COMPLETE, _HEALTH = 0, 1, 2, 3
+_QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
+_NOT_SUBMITTED, _FINISHED = -1, 3  # job status codes beyond JobStatus
+_LINGER_S = 3600.0  # an ended warning episode stays visible in windowed counts for an hour
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpeed:
+    """How fast one job runs: the exact model the simulator uses, and the curve policies see."""
+
+    iterations_per_s: ThroughputFn
+    speed_1gpu: float
+    scaling_alpha: float
+    scaling_beta: float
+
+
+class Simulator:
+    """Replays a workload on a cluster; see the module docstring for the model."""
+
+    def __init__(self, cluster: ClusterSpec, workload: Workload, speeds: Sequence[JobSpeed],
+                 params: SimParams | None = None, seed: int = 0,
+                 demand_forecast: Callable[[np.ndarray], np.ndarray] | None = None,
+                 node_risk: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        assert len(speeds) == len(workload.jobs), (len(speeds), len(workload.jobs))
+        self.params = params or SimParams()
+        self.cluster = cluster
+        self.workload = workload
+        self._speeds = speeds
+        self._demand_forecast = demand_forecast
+        self._node_risk = node_risk
+        rng = np.random.default_rng(seed)
+        self.time_s = 0.0
+
+        # --- nodes -------------------------------------------------------------------------
+        n_nodes = len(cluster.nodes)
+        self.node_names = tuple(n.name for n in cluster.nodes)
+        self.node_index = {name: i for i, name in enumerate(self.node_names)}
+        self._gpus_total = np.array([n.gpus for n in cluster.nodes], dtype=np.int32)
+        self._gpus_free = self._gpus_total.copy()
+        self._gpu_types = tuple(n.gpu_type for n in cluster.nodes)
+        self._racks = np.array([n.rack for n in cluster.nodes], dtype=np.int32)
+        self._frozen_totals = _frozen(self._gpus_total.copy())
+        self._frozen_racks = _frozen(self._racks.copy())
+        self._down = np.zeros(n_nodes, dtype=bool)
+        self._cordoned = np.zeros(n_nodes, dtype=bool)
+        self._episodes: dict[int, WarningEpisode] = {}
+        self._node_jobs: list[set[int]] = [set() for _ in range(n_nodes)]
+        self._health = NodeHealthTimeline(self.params.failures, self._gpus_total, rng)
+        self._health_pulled_until = 0.0
+        self._health_events: dict[int, HealthEvent] = {}
+
+        # --- jobs (columns indexed by job number) -------------------------------------------
+        jobs = workload.jobs
+        n_jobs = len(jobs)
+        self.job_ids = tuple(j.job_id for j in jobs)
+        self._job_row = {job_id: i for i, job_id in enumerate(self.job_ids)}
+        col = np.array
+        self._submit = col([j.submit_s for j in jobs], dtype=np.float64)
+        self._requested = col([j.requested_gpus for j in jobs], dtype=np.int32)
+        self._min_w = col([j.min_workers for j in jobs], dtype=np.int32)
+        self._max_w = col([j.max_workers for j in jobs], dtype=np.int32)
+        self._work = col([j.work for j in jobs], dtype=np.float64)
+        self._restore = col([j.restore_s for j in jobs], dtype=np.float32)
+        self._speed1 = col([s.speed_1gpu for s in speeds], dtype=np.float32)
+        self._alpha = col([s.scaling_alpha for s in speeds], dtype=np.float32)
+        self._beta = col([s.scaling_beta for s in speeds], dtype=np.float32)
+        self._status = np.full(n_jobs, _NOT_SUBMITTED, dtype=np.int8)
+        self._workers = np.zeros(n_jobs, dtype=np.int32)
+        self._placement: list[tuple[int, ...]] = [()] * n_jobs
+        self._rate = np.zeros(n_jobs, dtype=np.float64)  # iterations/s while training
+        self._done = np.zeros(n_jobs, dtype=np.float64)  # progress at the anchor (checkpointed)
+        self._anchor = np.zeros(n_jobs, dtype=np.float64)  # when the current allocation began
+        self._busy_from = np.zeros(n_jobs, dtype=np.float64)  # restore ends, training starts
+        self._attained = np.zeros(n_jobs, dtype=np.float64)  # GPU-s up to the anchor
+        self._run_s = np.zeros(n_jobs, dtype=np.float64)  # allocated seconds up to the anchor
+        self._restarts = np.zeros(n_jobs, dtype=np.int32)
+        self._version = np.zeros(n_jobs, dtype=np.int64)
+        self._started_once = np.zeros(n_jobs, dtype=bool)
+        self._active: dict[int, None] = {}  # jobs in the system, in arrival order
+        # snapshot caches, dropped when membership (None rows) or allocations change
+        self._snapshot_rows: np.ndarray | None = None
+        self._snapshot_static: dict[str, object] = {}
+        self._snapshot_alloc: dict[str, object] | None = None
+        self._snapshot_nodes: Nodes | None = None
+
+        self.accounting = RunAccounting(self, self.params)
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        for row, job in enumerate(jobs):
+            self._push(job.submit_s, _ARRIVAL, row, 0)
+        self._demand_history: list[float] = []
+        self.invalid_actions = 0
+        self.actions_taken = 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def done(self) -> bool:
+        """True when every job of the workload has finished."""
+        return self.accounting.jobs_completed == len(self.job_ids)
+
+    @property
+    def jobs_in_system(self) -> int:
+        """Jobs submitted and not finished (the quantity whose time integral is the total JCT)."""
+        return len(self._active)
+
+    def advance(self) -> float:
+        """Move the clock to the next decision point and process the events on the way.
+
+        The next decision point is the next event or the next periodic tick, whichever comes
+        first; when no job is in the system the clock jumps straight to the next arrival.
+        Returns the simulated seconds elapsed.
+        """
+        start = self.time_s
+        if self.done:
+            return 0.0
+        tick = self.time_s + self.params.decision_interval_s
+        self._pull_health_events(tick)
+        next_event = self._events[0][0] if self._events else math.inf
+        target = next_event if not self._active else min(next_event, tick)
+        assert target < math.inf, "no events left but jobs are unfinished"
+        self._process_until(target)
+        return self.time_s - start
+
+    def run(self, policy: Callable[[ClusterState], Action],
+            on_progress: Callable[[int], None] | None = None) -> None:
+        """Run to the end: at each decision point ask `policy` until it says no-op."""
+        completed = 0
+        while not self.done:
+            for _ in range(self.params.max_actions_per_decision):
+                action = policy(self.state())
+                if action.kind == ActionKind.NOOP or not self.apply(action):
+                    break
+            self.advance()
+            if on_progress is not None and self.accounting.jobs_completed != completed:
+                on_progress(self.accounting.jobs_completed - completed)
+                completed = self.accounting.jobs_completed
+
+    def apply(self, action: Action) -> bool:
+        """Carry out `action` now; an invalid one changes nothing, is counted, returns False."""
+        if action.kind == ActionKind.NOOP:
+            return True
+        reason = self._validate(action)
+        if reason:
+            self.invalid_actions += 1
+            return False
+        row = self._job_row[action.job_id]
+        nodes = tuple(sorted(self.node_index[n] for n in action.nodes))
+        self.actions_taken += 1
+        self._reallocate(row, nodes)
+        return True
+
+    def validate(self, action: Action) -> str:
+        """Why `action` cannot be carried out now ("" when it can)."""
+        return self._validate(action) if action.kind != ActionKind.NOOP else ""
+
+    def state(self) -> ClusterState:
+        """A snapshot of everything a policy may see, as it would be read from a live cluster.
+
+        Columns that only change on arrivals/completions or on re-allocations are cached
+        between snapshots (read-only arrays); only the time-dependent ones are recomputed.
+        """
+        t = self.time_s
+        if self._snapshot_rows is None:
+            self._refresh_membership_columns()
+        if self._snapshot_alloc is None:
+            self._refresh_allocation_columns()
+        rows = self._snapshot_rows
+        static, alloc = self._snapshot_static, self._snapshot_alloc
+        status, workers = alloc["status"], alloc["workers"]
+        training = status == _RUNNING
+        busy_since = np.where(training, t - self._busy_from[rows], 0.0)
+        held = np.where(status != _QUEUED, t - self._anchor[rows], 0.0)
+        progress = (self._done[rows] + self._rate[rows] * busy_since) / static["work"]
+        jobs = Jobs(
+            job_id=static["job_id"], status=status, submit_s=static["submit_s"],
+            requested_gpus=static["requested_gpus"], min_workers=static["min_workers"],
+            max_workers=static["max_workers"], workers=workers, placement=alloc["placement"],
+            speed_1gpu=static["speed_1gpu"], scaling_alpha=static["scaling_alpha"],
+            scaling_beta=static["scaling_beta"],
+            throughput=np.where(training, self._rate[rows], 0.0).astype(np.float32),
+            progress=np.minimum(progress, 1.0).astype(np.float32),
+            attained_gpu_s=self._attained[rows] + workers * held,
+            run_s=self._run_s[rows] + held,
+            since_checkpoint_s=np.mod(busy_since,
+                                      self.params.checkpoint_interval_s).astype(np.float32),
+            restore_s=static["restore_s"], restarts=alloc["restarts"],
+        )
+        return ClusterState(time_s=t, nodes=self._node_snapshot(), jobs=jobs,
+                            demand=self._demand(), time_of_day_s=t % 86_400.0)
+
+    def _refresh_membership_columns(self) -> None:
+        rows = np.fromiter(self._active, dtype=np.int64, count=len(self._active))
+        self._snapshot_rows = rows
+        self._snapshot_static = {
+            "job_id": tuple([self.job_ids[r] for r in rows.tolist()]),
+            "submit_s": _frozen(self._submit[rows]),
+            "requested_gpus": _frozen(self._requested[rows]),
+            "min_workers": _frozen(self._min_w[rows]),
+            "max_workers": _frozen(self._max_w[rows]),
+            "speed_1gpu": _frozen(self._speed1[rows]),
+            "scaling_alpha": _frozen(self._alpha[rows]),
+            "scaling_beta": _frozen(self._beta[rows]),
+            "restore_s": _frozen(self._restore[rows]),
+            "work": self._work[rows],
+        }
+        self._snapshot_alloc = None
+
+    def _refresh_allocation_columns(self) -> None:
+        rows = self._snapshot_rows
+        self._snapshot_alloc = {
+            "status": _frozen(self._status[rows]),
+            "workers": _frozen(self._workers[rows]),
+            "placement": tuple([self._placement[r] for r in self._snapshot_rows.tolist()]),
+            "restarts": _frozen(self._restarts[rows]),
+        }
+
+    # ------------------------------------------------------------------ actions
+    def _validate(self, action: Action) -> str:
+        row = self._job_row.get(action.job_id, -1)
+        if row < 0 or row not in self._active:
+            return f"job {action.job_id!r} is not in the system"
+        try:
+            nodes = [self.node_index[n] for n in action.nodes]
+        except KeyError as err:
+            return f"unknown node {err.args[0]!r}"
+        if action.kind == ActionKind.SCALE:
+            n = action.workers
+            if n and not self._min_w[row] <= n <= self._max_w[row]:
+                return f"{n} workers is outside [{self._min_w[row]}, {self._max_w[row]}]"
+            if n == 0 and self._status[row] == JobStatus.QUEUED:
+                return "job is already suspended"
+        else:
+            if self._status[row] == JobStatus.QUEUED:
+                return "job is not running"
+            src = self.node_index.get(action.from_node, -1)
+            if src not in self._placement[row]:
+                return f"job has no worker on {action.from_node!r}"
+            if src in nodes:
+                return "the new placement still uses the node to leave"
+            if len(nodes) != self._workers[row]:
+                return "a migration keeps the worker count"
+        if tuple(sorted(nodes)) == self._placement[row]:
+            return "placement unchanged"
+        need = np.bincount(np.asarray(nodes, dtype=np.int64), minlength=len(self.node_names))
+        own = np.bincount(np.asarray(self._placement[row], dtype=np.int64),
+                          minlength=len(self.node_names))
+        usable = ~self._down & ~self._cordoned
+        short = (need > 0) & ((need > self._gpus_free + own) | ~usable)
+        if short.any():
+            return f"not enough free GPUs on {self.node_names[int(np.argmax(short))]}"
+        return ""
+
+    def _reallocate(self, row: int, nodes: tuple[int, ...]) -> None:
+        """Checkpoint the job (no loss), release its GPUs and start it on `nodes` (may be ())."""
+        t = self.time_s
+        if self._status[row] != JobStatus.QUEUED:
+            self._done[row] = self._progress(row, t)
+            self._release(row, t)
+        if not nodes:
+            return
+        restarted = self._started_once[row]
+        if restarted:
+            self._restarts[row] += 1
+        pays_restore = restarted or self.params.first_start_restore
+        restore = float(self._restore[row]) if pays_restore else 0.0
+        self._allocate(row, nodes, t, restore)
+
+    def _allocate(self, row: int, nodes: tuple[int, ...], t: float, restore: float) -> None:
+        shape = placement_shape(nodes)
+        stall = self.params.checkpoint_stall_s
+        interval = self.params.checkpoint_interval_s
+        rate = self._speeds[row].iterations_per_s(shape) * interval / (interval + stall)
+        assert rate > 0, (self.job_ids[row], shape, rate)
+        for node in nodes:
+            self._gpus_free[node] -= 1
+            self._node_jobs[node].add(row)
+            assert self._gpus_free[node] >= 0, ("GPU over-allocated", self.node_names[node])
+        self._placement[row] = nodes
+        self._workers[row] = len(nodes)
+        self._rate[row] = rate
+        self._anchor[row] = t
+        self._busy_from[row] = t + restore
+        self._version[row] += 1
+        self._status[row] = JobStatus.RESTARTING
+        self._allocation_changed()
+        if not self._started_once[row]:
+            self._started_once[row] = True
+            self.accounting.job_started(row, t)
+        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self._requested[row]))
+        if restore > 0:
+            self._push(t + restore, _RESTORED, row, int(self._version[row]))
+        else:
+            self._on_restored(row, t)
+
+    def _release(self, row: int, t: float) -> None:
+        """Free the job's GPUs; its progress must already be stored in `_done`."""
+        held = t - self._anchor[row]
+        self._attained[row] += self._workers[row] * held
+        self._run_s[row] += held
+        workers = int(self._workers[row])
+        was_training = self._status[row] == JobStatus.RUNNING
+        if was_training:
+            self.accounting.training_stopped(row, t)
+        self.accounting.change(alloc=-workers, busy=-workers if was_training else 0,
+                               queued_gpus=int(self._requested[row]))
+        for node in self._placement[row]:
+            self._gpus_free[node] += 1
+            self._node_jobs[node].discard(row)
+        self._placement[row] = ()
+        self._workers[row] = 0
+        self._rate[row] = 0.0
+        self._version[row] += 1
+        self._status[row] = JobStatus.QUEUED
+        self._allocation_changed()
+
+    def _progress(self, row: int, t: float) -> float:
+        if self._status[row] != JobStatus.RUNNING:
+            return float(self._done[row])
+        return float(self._done[row] + self._rate[row] * (t - self._busy_from[row]))
+
+    def _last_checkpoint(self, row: int, t: float) -> tuple[float, float]:
+        """(progress, time) of the job's latest checkpoint at time t."""
+        if self._status[row] != JobStatus.RUNNING:
+            return float(self._done[row]), float(self._anchor[row])
+        interval = self.params.checkpoint_interval_s
+        trained = math.floor((t - self._busy_from[row]) / interval) * interval
+        return (float(self._done[row] + self._rate[row] * trained),
+                float(self._busy_from[row] + trained))
+
+    def _allocation_changed(self) -> None:
+        self._snapshot_alloc = None
+        self._snapshot_nodes = None
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, a: int, b: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, a, b))
+
+    def _pull_health_events(self, until: float) -> None:
+        if until <= self._health_pulled_until:
+            return
+        for event in self._health.events_until(until):
+            self._health_events[self._seq + 1] = event
+            self._push(event.time_s, _HEALTH, self._seq + 1, 0)
+        self._health_pulled_until = until
+
+    def _process_until(self, target: float) -> None:
+        events = self._events
+        while events and events[0][0] <= target:
+            t, kind, _, a, b = heapq.heappop(events)
+            self.accounting.advance(t)
+            self.time_s = t
+            if kind == _ARRIVAL:
+                self._status[a] = JobStatus.QUEUED
+                self._active[a] = None
+                self._snapshot_rows = None
+                self.accounting.change(queued_gpus=int(self._requested[a]))
+            elif kind == _RESTORED:
+                if b == self._version[a]:
+                    self._on_restored(a, t)
+            elif kind == _COMPLETE:
+                if b == self._version[a]:
+                    self._on_complete(a, t)
+            else:
+                self._on_health(self._health_events.pop(a), t)
+        self.accounting.advance(target)
+        self.time_s = target
+
+    def _on_restored(self, row: int, t: float) -> None:
+        self._status[row] = JobStatus.RUNNING
+        self._allocation_changed()
+        self.accounting.change(busy=int(self._workers[row]))
+        self.accounting.training_started(row, t)
+        remaining = self._work[row] - self._done[row]
+        self._push(t + remaining / self._rate[row], _COMPLETE, row, int(self._version[row]))
+
+    def _on_complete(self, row: int, t: float) -> None:
+        assert abs(self._progress(row, t) - self._work[row]) <= 1e-6 * max(1.0, self._work[row])
+        self._done[row] = self._work[row]
+        self._release(row, t)
+        self._status[row] = _FINISHED
+        self.accounting.change(queued_gpus=-int(self._requested[row]))
+        del self._active[row]
+        self._snapshot_rows = None
+        self.accounting.job_finished(row, t)
+
+    def _on_health(self, event: HealthEvent, t: float) -> None:
+        node = event.node
+        if event.kind == "warn":
+            self._episodes[node] = event.episode
+            self._snapshot_nodes = None
+        elif event.kind == "calm":
+            pass  # the episode lingers in windowed counts; dropped in _node_snapshot
+        elif event.kind == "fail":
+            self._fail_node(node, t)
+        elif event.kind == "repair":
+            self._down[node] = False
+            self._gpus_free[node] = self._gpus_total[node]
+            self._snapshot_nodes = None
+            self.accounting.change(up=int(self._gpus_total[node]))
+
+    def _fail_node(self, node: int, t: float) -> None:
+        for row in sorted(self._node_jobs[node]):
+            ckpt_progress, ckpt_time = self._last_checkpoint(row, t)
+            lost_work = self._progress(row, t) - ckpt_progress
+            since = t - max(ckpt_time, float(self._anchor[row]))
+            self.accounting.job_failed(row, t, lost_gpu_s=float(self._workers[row]) * since,
+                                       lost_train_s=lost_work / max(self._rate[row], 1e-12),
+                                       workers=int(self._workers[row]))
+            self._done[row] = ckpt_progress
+            self._release(row, t)
+        self._down[node] = True
+        self._gpus_free[node] = 0
+        self._snapshot_nodes = None
+        self.accounting.change(up=-int(self._gpus_total[node]))
+
+    # ------------------------------------------------------------------ observation parts
+    def _node_snapshot(self) -> Nodes:
+        """Node columns; cached while no allocation, health or telemetry change happened."""
+        if self._snapshot_nodes is not None and not self._episodes:
+            return self._snapshot_nodes
+        t = self.time_s
+        n = len(self.node_names)
+        telemetry = np.zeros((n, len(NODE_FEATURE_NAMES)), dtype=np.float32)
+        for node, episode in list(self._episodes.items()):
+            if t - episode.end_s > _LINGER_S:
+                del self._episodes[node]
+                continue
+            telemetry[node] = node_features(episode, t, self.params.failures)
+        util = np.where(self._down, 0.0, 1.0 - self._gpus_free / self._gpus_total)
+        temperature = (self.params.base_temperature_c
+                       + self.params.busy_temperature_rise_c * util + telemetry[:, 4])
+        risk = (self._node_risk(telemetry) if self._node_risk is not None
+                else np.zeros(n, dtype=np.float32))
+        self._snapshot_nodes = Nodes(
+            name=self.node_names,
+            gpus_total=self._frozen_totals,
+            gpus_free=_frozen(self._gpus_free.copy()),
+            gpu_type=self._gpu_types,
+            rack=self._frozen_racks,
+            ready=_frozen(~self._down),
+            cordoned=_frozen(self._cordoned.copy()),
+            xid_errors_5m=_frozen(telemetry[:, 0].astype(np.int32)),
+            ecc_errors_30m=_frozen(telemetry[:, 2].astype(np.int32)),
+            ready_flaps_60m=_frozen(telemetry[:, 3].astype(np.int32)),
+            temperature_c=_frozen(temperature.astype(np.float32)),
+            temperature_delta_30m_c=_frozen(telemetry[:, 5]),
+            gpu_util=_frozen(util.astype(np.float32)),
+            failure_risk=_frozen(np.asarray(risk, dtype=np.float32)),
+        )
+        return self._snapshot_nodes
+
+    def _demand(self) -> Demand:
+        lo = np.searchsorted(self._submit, self.time_s - 3600.0, side="right")
+        hi = np.searchsorted(self._submit, self.time_s, side="right")
+        forecast = (0.0, 0.0, 0.0)
+        if self._demand_forecast is not None:
+            history = self.accounting.demand_history()
+            if len(history):
+                forecast = tuple(float(v) for v in self._demand_forecast(history))
+        return Demand(pending_gpus=self.accounting.queued_gpus, arrivals_1h=int(hi - lo),
+                      forecast_gpus=forecast)
+
+    def node_telemetry(self) -> np.ndarray:
+        """(nodes, len(NODE_FEATURE_NAMES)) telemetry features now (for the risk model)."""
+        return np.stack([node_features(self._episodes.get(i), self.time_s,
+                                       self.params.failures) for i in range(len(self.node_names))])
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """Mark an array read-only: snapshots share cached arrays, no policy may modify them."""
+    array.flags.writeable = False
+    return array

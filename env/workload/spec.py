@@ -1,0 +1,46 @@
+"""The job description every workload source produces and the simulator consumes.
+
+Work is measured in *iterations of the job's own throughput model*: a job with a measured
+profile (Pollux application) counts optimizer steps at its global batch size; a job without one
+uses the generic scaling model, whose single-GPU speed is 1 iteration per second, so its work is
+the trace's run time converted to single-GPU seconds. Either way the simulator finishes a job
+exactly when ``work`` iterations are done at the rate its placement gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One training job as submitted."""
+
+    job_id: str
+    submit_s: float
+    """Submission time, seconds from the start of the workload."""
+    requested_gpus: int
+    """GPUs the user asked for (what the `static` policy gives)."""
+    work: float
+    """Iterations to completion (see module docstring for the unit)."""
+    min_workers: int
+    max_workers: int
+    """Elastic range: the job may run with any worker count in [min_workers, max_workers]."""
+    restore_s: float
+    """Checkpoint-restore time paid on every (re)start, resize or move."""
+    application: str | None = None
+    """Name of the measured profile (bert, cifar10, ...) or None for the generic scaling model."""
+    batch_size: int | None = None
+    """Global batch size, kept fixed across resizes (profiled jobs only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named, submit-time-ordered list of jobs."""
+
+    name: str
+    jobs: tuple[JobSpec, ...]
+
+    def __post_init__(self) -> None:
+        submit = [j.submit_s for j in self.jobs]
+        assert submit == sorted(submit), "Workload jobs must be ordered by submit time"
