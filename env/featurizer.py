@@ -26,6 +26,7 @@ from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strateg
 _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _LOG_GPUS = math.log2(1 + 256)
+_FREE_THRESHOLDS = np.array([1, 2, 4, 8])
 RISKY_NODE_SCORE = 0.5
 """A node whose failure-risk score reaches this counts as at risk, like a warned node."""
 
@@ -126,23 +127,25 @@ class Featurizer:
         total = max(int(nodes.gpus_total.sum()), 1)
         usable = nodes.ready & ~nodes.cordoned
         free = np.where(usable, nodes.gpus_free, 0)
-        max_per_node = max(int(nodes.gpus_total.max()), 1)
-        queued = jobs.status == _QUEUED
+        n_nodes = max(nodes.count, 1)
+        n_queued = int(np.count_nonzero(jobs.status == _QUEUED))
         day = 2 * math.pi * state.time_of_day_s / 86_400.0
-        return np.array([
+        out = np.empty(CLUSTER_FEATURES, dtype=np.float32)
+        out[:13] = (
             free.sum() / total,
             nodes.gpus_total[usable].sum() / total,
-            min(queued.sum() / self.spec.top_k, 4.0),
+            min(n_queued / self.spec.top_k, 4.0),
             min(demand.pending_gpus / total, 4.0),
-            min((~queued).sum() / self.spec.top_k, 4.0),
+            min((jobs.count - n_queued) / self.spec.top_k, 4.0),
             min(demand.arrivals_1h / 10.0, 4.0),
             math.sin(day), math.cos(day),
             *demand.forecast_gpus,
-            nodes.warned.mean(),
-            float(nodes.failure_risk.max()),
-            *((free >= g).mean() for g in (1, 2, 4, 8)),
-            free.max() / max_per_node,
-        ], dtype=np.float32)
+            np.count_nonzero(nodes.warned) / n_nodes,
+            nodes.failure_risk.max(initial=0.0),
+        )
+        out[13:17] = np.count_nonzero(free[:, None] >= _FREE_THRESHOLDS, axis=0) / n_nodes
+        out[17] = free.max(initial=0) / max(int(nodes.gpus_total.max(initial=1)), 1)
+        return out
 
     def _job_features(self, state: ClusterState, slots: np.ndarray) -> np.ndarray:
         jobs, nodes = state.jobs, state.nodes
@@ -152,35 +155,42 @@ class Featurizer:
         alpha, beta = jobs.scaling_alpha[slots], jobs.scaling_beta[slots]
         placements = [jobs.placement[r] for r in slots.tolist()]
         node_counts = np.array([len(set(p)) for p in placements], dtype=np.float64)
-        packed_nodes = np.ceil(np.maximum(workers, 1) / per_node)
-        now = speedup(workers, node_counts, alpha, beta)
-        doubled = np.minimum(np.maximum(workers * 2, 1), jobs.max_workers[slots])
-        after = speedup(doubled, np.ceil(doubled / per_node), alpha, beta)
-        req = jobs.requested_gpus[slots].astype(np.float64)
-        at_req = speedup(req, np.ceil(req / per_node), alpha, beta)
         at_risk = at_risk_nodes(state)
-        on_risky = np.array([bool(at_risk[list(p)].any()) if p else False for p in placements])
-        risk = np.array([float(nodes.failure_risk[list(p)].max()) if p else 0.0
-                         for p in placements])
-        age_h = (state.time_s - jobs.submit_s[slots]) / 3600.0
-        features = np.stack([
-            np.ones(len(slots)),
-            status == _QUEUED, status == _RUNNING, status == _RESTARTING,
-            _log_gpus(workers), _log_gpus(req),
-            _log_gpus(jobs.min_workers[slots]), _log_gpus(jobs.max_workers[slots]),
-            np.log1p(np.maximum(age_h, 0.0)) / 4.0,
-            np.log1p(jobs.attained_gpu_s[slots] / 3600.0) / 6.0,
-            jobs.progress[slots],
-            np.where(workers > 0, now / np.maximum(workers, 1), 0.0),
-            np.where(now > 0, after / np.maximum(now, 1e-9) - 1.0, 1.0),
-            at_req / np.maximum(req, 1),
-            on_risky, risk,
-            jobs.since_checkpoint_s[slots] / self.spec.checkpoint_interval_s,
-            jobs.restore_s[slots] / 300.0,
-            np.where(workers > 0, (node_counts - packed_nodes) / np.maximum(workers, 1), 0.0),
-        ], axis=1)
-        assert features.shape[1] == JOB_FEATURES, features.shape
-        return features.astype(np.float32)
+        risky = at_risk.any()
+        on_risky = ([bool(at_risk[list(p)].any()) if p else False for p in placements]
+                    if risky else 0.0)
+        scores = nodes.failure_risk
+        risk = ([float(scores[list(p)].max()) if p else 0.0 for p in placements]
+                if scores.any() else 0.0)
+        req = jobs.requested_gpus[slots].astype(np.float64)
+        doubled = np.minimum(np.maximum(workers * 2, 1), jobs.max_workers[slots])
+        # one speed-up evaluation for now / doubled / requested, stacked for speed
+        n = np.concatenate([workers, doubled, req])
+        k = np.concatenate([node_counts, np.ceil(doubled / per_node), np.ceil(req / per_node)])
+        now, after, at_req = np.split(speedup(n, k, np.tile(alpha, 3), np.tile(beta, 3)), 3)
+        packed_nodes = np.ceil(np.maximum(workers, 1) / per_node)
+        log_gpus = _log_gpus(np.concatenate([workers, req, jobs.min_workers[slots],
+                                             jobs.max_workers[slots]]))
+        age_h = np.maximum(state.time_s - jobs.submit_s[slots], 0.0) / 3600.0
+        safe_workers = np.maximum(workers, 1)
+        features = np.empty((len(slots), JOB_FEATURES), dtype=np.float32)
+        features[:, 0] = 1.0
+        features[:, 1] = status == _QUEUED
+        features[:, 2] = status == _RUNNING
+        features[:, 3] = status == _RESTARTING
+        features[:, 4:8] = log_gpus.reshape(4, -1).T
+        features[:, 8] = np.log1p(age_h) / 4.0
+        features[:, 9] = np.log1p(jobs.attained_gpu_s[slots] / 3600.0) / 6.0
+        features[:, 10] = jobs.progress[slots]
+        features[:, 11] = now / safe_workers
+        features[:, 12] = np.where(now > 0, after / np.maximum(now, 1e-9) - 1.0, 1.0)
+        features[:, 13] = at_req / np.maximum(req, 1)
+        features[:, 14] = on_risky
+        features[:, 15] = risk
+        features[:, 16] = jobs.since_checkpoint_s[slots] / self.spec.checkpoint_interval_s
+        features[:, 17] = jobs.restore_s[slots] / 300.0
+        features[:, 18] = np.where(workers > 0, (node_counts - packed_nodes) / safe_workers, 0.0)
+        return features
 
     # ------------------------------------------------------------------ actions
     def action_mask(self, state: ClusterState, slots: np.ndarray | None = None) -> np.ndarray:
@@ -189,26 +199,38 @@ class Featurizer:
         slots = select_slots(state, spec.top_k) if slots is None else slots
         mask = np.zeros(spec.num_actions, dtype=bool)
         mask[0] = True
+        if not len(slots):
+            return mask
         jobs, nodes = state.jobs, state.nodes
         usable = nodes.ready & ~nodes.cordoned
         total_free = int(np.where(usable, nodes.gpus_free, 0).sum())
+        placements = [jobs.placement[r] for r in slots.tolist()]
+        all_usable = bool(usable.all())
+        own_usable = np.array([len(p) if all_usable else sum(1 for n in p if usable[n])
+                               for p in placements])
+        workers = jobs.workers[slots]
+        targets = np.empty((len(slots), spec.levels_per_slot), dtype=np.int64)
+        targets[:, :-1] = self._levels
+        targets[:, -1] = jobs.requested_gpus[slots]
+        feasible = ((targets >= jobs.min_workers[slots, None])
+                    & (targets <= jobs.max_workers[slots, None])
+                    & (targets <= (total_free + own_usable)[:, None])
+                    & (targets != workers[:, None]))
+        n_strategies = len(spec.strategies)
+        block = mask[1:1 + len(slots) * spec.actions_per_slot].reshape(len(slots), -1)
+        block[:, 0] = workers > 0
+        block[:, 1:1 + spec.levels_per_slot * n_strategies] = np.repeat(feasible, n_strategies,
+                                                                       axis=1)
         at_risk = at_risk_nodes(state)
-        scale_actions = spec.levels_per_slot * len(spec.strategies)
-        for k, row in enumerate(slots.tolist()):
-            base = 1 + k * spec.actions_per_slot
-            workers = int(jobs.workers[row])
-            placement = jobs.placement[row]
-            own_usable = sum(1 for node in placement if usable[node])
-            targets = np.append(self._levels, int(jobs.requested_gpus[row]))
-            feasible = ((targets >= jobs.min_workers[row]) & (targets <= jobs.max_workers[row])
-                        & (targets <= total_free + own_usable) & (targets != workers))
-            mask[base] = workers > 0
-            mask[base + 1: base + 1 + scale_actions] = np.repeat(feasible, len(spec.strategies))
-            if workers > 0 and at_risk[list(placement)].any():
+        if at_risk.any():
+            for k, placement in enumerate(placements):
+                if not placement or not at_risk[list(placement)].any():
+                    continue
+                row = int(slots[k])
                 src = self._migration_source(state, row)
                 kept = sum(1 for node in placement if node != src and usable[node])
                 free_elsewhere = total_free - (int(nodes.gpus_free[src]) if usable[src] else 0)
-                mask[base + spec.actions_per_slot - 1] = free_elsewhere + kept >= workers
+                block[k, -1] = free_elsewhere + kept >= len(placement)
         return mask
 
     @staticmethod

@@ -160,6 +160,11 @@ class RunAccounting:
         self.jobs_completed += 1
 
     # --- results ---------------------------------------------------------------------------
+    def energy_kwh(self) -> float:
+        """GPU energy so far: busy GPUs at busy power, other up GPUs at idle power."""
+        idle_gpu_s = self.up_gpu_s - self.busy_gpu_s
+        return (self.busy_gpu_s * self._busy_w + idle_gpu_s * self._idle_w) / 3.6e6
+
     def summary(self) -> dict[str, float]:
         """All metrics of `METRIC_KEYS` for the run so far (finished jobs only for JCTs)."""
         sim = self._sim
@@ -171,8 +176,6 @@ class RunAccounting:
         kept_train_gpu_s = self.busy_gpu_s - self.lost_train_gpu_s
         wall = float(np.sum(self._finish[done] - self._first_start[done]))
         kept_train_s = float(np.sum(self._train_s[done] - self._lost_train_s[done]))
-        idle_gpu_s = self.up_gpu_s - self.busy_gpu_s
-        energy_j = self.busy_gpu_s * self._busy_w + idle_gpu_s * self._idle_w
 
         def pct(q: float) -> float:
             return float(np.percentile(jct, q)) if len(jct) else 0.0
@@ -194,7 +197,7 @@ class RunAccounting:
             "progress_preserved": (1.0 - self.lost_train_gpu_s / self.busy_gpu_s
                                    if self.busy_gpu_s else 1.0),
             "ettr": kept_train_s / wall if wall else 0.0,
-            "energy_kwh": energy_j / 3.6e6,
+            "energy_kwh": self.energy_kwh(),
             "failures": self.failures,
             "invalid_actions": sim.invalid_actions,
         }

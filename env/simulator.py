@@ -92,8 +92,8 @@ class Simulator:
         self._gpus_free = self._gpus_total.copy()
         self._gpu_types = tuple(n.gpu_type for n in cluster.nodes)
         self._racks = np.array([n.rack for n in cluster.nodes], dtype=np.int32)
-        self._frozen_totals = _frozen(self._gpus_total.copy())
-        self._frozen_racks = _frozen(self._racks.copy())
+        self._snapshot_totals = self._gpus_total.copy()
+        self._snapshot_racks = self._racks.copy()
         self._down = np.zeros(n_nodes, dtype=bool)
         self._cordoned = np.zeros(n_nodes, dtype=bool)
         self._episodes: dict[int, WarningEpisode] = {}
@@ -209,8 +209,9 @@ class Simulator:
     def state(self) -> ClusterState:
         """A snapshot of everything a policy may see, as it would be read from a live cluster.
 
-        Columns that only change on arrivals/completions or on re-allocations are cached
-        between snapshots (read-only arrays); only the time-dependent ones are recomputed.
+        Columns that only change on arrivals/completions or on re-allocations are cached and
+        shared between snapshots until they change; only the time-dependent ones are recomputed.
+        Snapshot arrays are read-only by contract: policies must not write to them.
         """
         t = self.time_s
         if self._snapshot_rows is None:
@@ -246,14 +247,14 @@ class Simulator:
         self._snapshot_rows = rows
         self._snapshot_static = {
             "job_id": tuple([self.job_ids[r] for r in rows.tolist()]),
-            "submit_s": _frozen(self._submit[rows]),
-            "requested_gpus": _frozen(self._requested[rows]),
-            "min_workers": _frozen(self._min_w[rows]),
-            "max_workers": _frozen(self._max_w[rows]),
-            "speed_1gpu": _frozen(self._speed1[rows]),
-            "scaling_alpha": _frozen(self._alpha[rows]),
-            "scaling_beta": _frozen(self._beta[rows]),
-            "restore_s": _frozen(self._restore[rows]),
+            "submit_s": self._submit[rows],
+            "requested_gpus": self._requested[rows],
+            "min_workers": self._min_w[rows],
+            "max_workers": self._max_w[rows],
+            "speed_1gpu": self._speed1[rows],
+            "scaling_alpha": self._alpha[rows],
+            "scaling_beta": self._beta[rows],
+            "restore_s": self._restore[rows],
             "work": self._work[rows],
         }
         self._snapshot_alloc = None
@@ -261,10 +262,10 @@ class Simulator:
     def _refresh_allocation_columns(self) -> None:
         rows = self._snapshot_rows
         self._snapshot_alloc = {
-            "status": _frozen(self._status[rows]),
-            "workers": _frozen(self._workers[rows]),
+            "status": self._status[rows],
+            "workers": self._workers[rows],
             "placement": tuple([self._placement[r] for r in self._snapshot_rows.tolist()]),
-            "restarts": _frozen(self._restarts[rows]),
+            "restarts": self._restarts[rows],
         }
 
     # ------------------------------------------------------------------ actions
@@ -487,19 +488,19 @@ class Simulator:
                 else np.zeros(n, dtype=np.float32))
         self._snapshot_nodes = Nodes(
             name=self.node_names,
-            gpus_total=self._frozen_totals,
-            gpus_free=_frozen(self._gpus_free.copy()),
+            gpus_total=self._snapshot_totals,
+            gpus_free=self._gpus_free.copy(),
             gpu_type=self._gpu_types,
-            rack=self._frozen_racks,
-            ready=_frozen(~self._down),
-            cordoned=_frozen(self._cordoned.copy()),
-            xid_errors_5m=_frozen(telemetry[:, 0].astype(np.int32)),
-            ecc_errors_30m=_frozen(telemetry[:, 2].astype(np.int32)),
-            ready_flaps_60m=_frozen(telemetry[:, 3].astype(np.int32)),
-            temperature_c=_frozen(temperature.astype(np.float32)),
-            temperature_delta_30m_c=_frozen(telemetry[:, 5]),
-            gpu_util=_frozen(util.astype(np.float32)),
-            failure_risk=_frozen(np.asarray(risk, dtype=np.float32)),
+            rack=self._snapshot_racks,
+            ready=~self._down,
+            cordoned=self._cordoned.copy(),
+            xid_errors_5m=telemetry[:, 0].astype(np.int32),
+            ecc_errors_30m=telemetry[:, 2].astype(np.int32),
+            ready_flaps_60m=telemetry[:, 3].astype(np.int32),
+            temperature_c=temperature.astype(np.float32),
+            temperature_delta_30m_c=telemetry[:, 5],
+            gpu_util=util.astype(np.float32),
+            failure_risk=np.asarray(risk, dtype=np.float32),
         )
         return self._snapshot_nodes
 
@@ -518,9 +519,3 @@ class Simulator:
         """(nodes, len(NODE_FEATURE_NAMES)) telemetry features now (for the risk model)."""
         return np.stack([node_features(self._episodes.get(i), self.time_s,
                                        self.params.failures) for i in range(len(self.node_names))])
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    """Mark an array read-only: snapshots share cached arrays, no policy may modify them."""
-    array.flags.writeable = False
-    return array

@@ -14,6 +14,7 @@ and copying a few arrays is much cheaper than building thousands of objects. `No
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from enum import IntEnum
 
 import numpy as np
@@ -135,7 +136,7 @@ class Nodes:
         """Number of nodes."""
         return len(self.name)
 
-    @property
+    @cached_property
     def warned(self) -> np.ndarray:
         """bool: telemetry shows warning signs (any XID, ECC error or flap in its window)."""
         return (self.xid_errors_5m > 0) | (self.ecc_errors_30m > 0) | (self.ready_flaps_60m > 0)

@@ -1,0 +1,138 @@
+"""`rlalloc/ClusterAlloc-v0`: the simulator as a Gymnasium environment.
+
+One step = one decision. The action (see `env.featurizer` for the layout) is applied at the
+current decision point; after a no-op, an invalid action, or `max_actions_per_decision`
+actions, the simulator advances to the next decision point (next event or periodic tick).
+
+Reward (the design sketch's): minus the number of jobs in the system integrated over the time
+that passed, in job-hours, so the episode return is minus the total JCT / 3600 and maximising
+it minimises average JCT; minus `lost_gpu_weight` per GPU-hour lost to failures; minus
+`energy_weight` per kWh. Invalid actions (possible only when the mask is ignored, e.g. DQN)
+are no-ops and are counted in ``info["invalid_actions"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from env.featurizer import Featurizer, FeatureSpec, select_slots
+from env.params import SimParams
+from env.scenario import Scenario, build_scenario
+from env.state import ActionKind
+
+
+@dataclass(frozen=True, slots=True)
+class RewardWeights:
+    """Weights of the reward terms (per unit of each quantity)."""
+
+    jobs_weight: float = 1.0
+    """Per job-hour in the system (makes the return track total JCT)."""
+    lost_gpu_weight: float = 1.0
+    """Per GPU-hour of work lost to failures."""
+    energy_weight: float = 0.0
+    """Per kWh of GPU energy (0: energy is reported, not optimised, by default)."""
+
+
+class ClusterAllocEnv(gym.Env):
+    """Allocation of GPUs to elastic training jobs; see the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, workloads: Sequence[str | Scenario] = ("synthetic:120:1.0",),
+                 cluster: str = "16x4", params: SimParams | None = None,
+                 features: FeatureSpec | None = None, reward: RewardWeights | None = None,
+                 max_episode_steps: int = 50_000) -> None:
+        self.params = params or SimParams()
+        self.featurizer = Featurizer(features or FeatureSpec(
+            checkpoint_interval_s=self.params.checkpoint_interval_s))
+        self.reward_weights = reward or RewardWeights()
+        self.max_episode_steps = max_episode_steps
+        self._sources = list(workloads)
+        self._cluster = cluster
+        self._scenarios: dict[tuple[int, int], Scenario] = {}
+        spec = self.featurizer.spec
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (spec.obs_size,), np.float32)
+        self.action_space = gym.spaces.Discrete(spec.num_actions)
+        self.sim = None
+        self._state = None
+        self._slots = None
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Start a new episode on one of the workloads (chosen by the seeded RNG)."""
+        super().reset(seed=seed)
+        index = int(self.np_random.integers(len(self._sources)))
+        episode_seed = int(self.np_random.integers(2**31))
+        scenario = self._scenario(index, episode_seed)
+        self.sim = scenario.simulator(self.params, seed=episode_seed)
+        self._steps = 0
+        self._actions_here = 0
+        self._last = self._totals()
+        self._refresh()
+        return self._observation(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Apply one discrete action; advance time after a no-op or invalid action."""
+        sim = self.sim
+        decoded = self.featurizer.decode(self._state, int(action), self._slots)
+        if decoded.kind != ActionKind.NOOP:
+            applied = sim.apply(decoded)  # counts an invalid action itself
+        else:
+            applied = False
+            sim.invalid_actions += int(action) != 0  # a non-zero index that decodes to nothing
+        self._actions_here = self._actions_here + 1 if applied else 0
+        if not applied or self._actions_here >= self.params.max_actions_per_decision:
+            self._actions_here = 0
+            sim.advance()
+        self._steps += 1
+        reward = self._reward()
+        terminated = sim.done
+        truncated = not terminated and self._steps >= self.max_episode_steps
+        self._refresh()
+        info = {"invalid_actions": sim.invalid_actions}
+        if terminated or truncated:
+            info["metrics"] = sim.accounting.summary()
+        return self._observation(), reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """Valid actions now (read by sb3-contrib's MaskablePPO)."""
+        return self.featurizer.action_mask(self._state, self._slots)
+
+    # ------------------------------------------------------------------ internals
+    def _scenario(self, index: int, seed: int) -> Scenario:
+        source = self._sources[index]
+        if isinstance(source, Scenario):
+            return source
+        # files are deterministic; synthetic workloads are drawn anew per episode seed
+        key = (index, seed if source.startswith("synthetic") else 0)
+        if key not in self._scenarios:
+            if len(self._scenarios) > 64:
+                self._scenarios.clear()
+            self._scenarios[key] = build_scenario(source, self._cluster, seed=key[1])
+        return self._scenarios[key]
+
+    def _refresh(self) -> None:
+        self._state = self.sim.state()
+        self._slots = select_slots(self._state, self.featurizer.spec.top_k)
+
+    def _observation(self) -> np.ndarray:
+        return self.featurizer.observe(self._state, self._slots)
+
+    def _totals(self) -> tuple[float, float, float]:
+        acc = self.sim.accounting
+        return acc.jobs_in_system_s, acc.lost_gpu_s, acc.energy_kwh()
+
+    def _reward(self) -> float:
+        jobs_s, lost_s, energy_kwh = now = self._totals()
+        w = self.reward_weights
+        reward = -(w.jobs_weight * (jobs_s - self._last[0]) / 3600.0
+                   + w.lost_gpu_weight * (lost_s - self._last[1]) / 3600.0
+                   + w.energy_weight * (energy_kwh - self._last[2]))
+        self._last = now
+        return float(reward)

@@ -1,0 +1,181 @@
+"""rlalloc's own workload CSV, for describing the jobs of your own cluster.
+
+One row per job, in any order (jobs are sorted by submit time). Header and columns::
+
+    job_id,submit_s,num_gpus,duration_s[,application,batch_size,min_gpus,max_gpus,restore_s]
+
+Required:
+
+* ``job_id`` — unique, non-empty name.
+* ``submit_s`` — submission time, seconds (>= 0) from the start of the workload.
+* ``num_gpus`` — GPUs the job asks for (>= 1, at most the cluster's GPUs).
+* ``duration_s`` — run time in seconds (>= 0) when given ``num_gpus`` GPUs packed on as few
+  nodes as possible. May be left empty for a profiled job (below).
+
+Optional (a column may be absent, or a cell empty):
+
+* ``application`` + ``batch_size`` — a measured Pollux profile (bert, cifar10, deepspeech2,
+  imagenet, ncf, yolov3) and its global batch size. The job then runs at the profile's speed.
+  With ``duration_s`` empty its work is what the profile needs to converge at that batch size;
+  with ``duration_s`` given, its work is that run time at the profile's speed on ``num_gpus``
+  packed GPUs. Without ``application`` the job uses the generic scaling model.
+* ``min_gpus``, ``max_gpus`` — its elastic range, ``1 <= min_gpus <= num_gpus <= max_gpus <=
+  cluster GPUs``. Defaults: 1, and for profiled jobs as many workers as keep the smallest measured
+  local batch (capped by the cluster), for others 4 x ``num_gpus`` (capped by the cluster).
+* ``restore_s`` — checkpoint-restore seconds paid on every (re)start or resize. Default: the
+  Sia figure for the application, else 65 s.
+
+Example::
+
+    job_id,submit_s,num_gpus,duration_s,application,batch_size,min_gpus,max_gpus,restore_s
+    llm-finetune,0,8,7200,,,4,16,300
+    resnet-sweep-3,120,4,,imagenet,3200,,,
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from env.cluster import ClusterSpec
+from env.errors import UserError
+from env.profiles import PROFILES_ENV_VAR, AppProfile, packed_shape, restore_s
+from env.workload.pollux import check_applications, profiled_max_workers
+from env.workload.spec import JobSpec, Workload
+from env.workload.table import (
+    MIN_WORKERS,
+    generic_max_workers,
+    generic_work,
+    numeric,
+    read_table,
+    reject_beyond_cluster,
+    reject_rows,
+    submit_order,
+    whole_numbers,
+)
+
+CANONICAL_COLUMNS = ("job_id", "submit_s", "num_gpus", "duration_s")
+"""Required columns."""
+CANONICAL_OPTIONAL_COLUMNS = ("application", "batch_size", "min_gpus", "max_gpus", "restore_s")
+"""Optional columns; an absent column is the same as all its cells empty."""
+
+
+def load_canonical(
+    path: Path, cluster: ClusterSpec, profiles: Mapping[str, AppProfile] | None
+) -> Workload:
+    """Load a canonical workload CSV; `profiles` is needed only if a row names an application."""
+    path = Path(path)
+    df = read_table(path, CANONICAL_COLUMNS, "canonical")
+    for column in CANONICAL_OPTIONAL_COLUMNS:
+        if column not in df.columns:
+            df[column] = np.nan
+    total = cluster.total_gpus
+
+    ids = df["job_id"].astype(str).str.strip()
+    reject_rows(path, df["job_id"].isna() | (ids == ""), "job_id is empty", "name every job")
+    reject_rows(path, ids.duplicated(), "job_id repeats an earlier row's", "make job ids unique")
+    submit_s = numeric(df, "submit_s")
+    reject_rows(
+        path, np.isnan(submit_s) | (submit_s < 0), "submit_s must be seconds >= 0",
+        "fix the submit_s cell",
+    )
+    gpus = whole_numbers(path, df, "num_gpus", 1)
+    reject_beyond_cluster(path, gpus, "num_gpus", total)
+
+    duration_s = numeric(df, "duration_s")
+    duration_given = df["duration_s"].notna().to_numpy()
+    reject_rows(
+        path,
+        duration_given & ~(duration_s >= 0),
+        "duration_s must be a number of seconds >= 0",
+        "fix the duration_s cell",
+    )
+    app_given = df["application"].notna().to_numpy()
+    reject_rows(
+        path,
+        ~duration_given & ~app_given,
+        "duration_s is empty and no application is named",
+        "give the run time, or an application and batch_size",
+    )
+    reject_rows(
+        path,
+        app_given & df["batch_size"].isna().to_numpy(),
+        "application without batch_size",
+        "give the job's global batch size",
+    )
+    applications = df["application"].astype(str).str.strip().to_numpy()
+    batch_size = np.zeros(len(df), dtype=np.int64)
+    if app_given.any():
+        if profiles is None:
+            first = int(np.flatnonzero(app_given)[0])
+            raise UserError(
+                f"{path}: row {first + 1} (line {first + 2}) names an application but no "
+                f"profiles were found; set {PROFILES_ENV_VAR} to a Pollux app_profiles folder"
+            )
+        batch_size = whole_numbers(path, df, "batch_size", 1, where=app_given)
+        check_applications(path, applications, batch_size, profiles, where=app_given)
+
+    default_max = generic_max_workers(gpus, total)
+    for i in np.flatnonzero(app_given).tolist():
+        default_max[i] = profiled_max_workers(
+            profiles[applications[i]], int(batch_size[i]), int(gpus[i]), total
+        )
+    min_gpus = _optional_whole(path, df, "min_gpus", MIN_WORKERS)
+    max_gpus = _optional_whole(path, df, "max_gpus", default_max)
+    reject_rows(
+        path,
+        (min_gpus > gpus) | (gpus > max_gpus),
+        "needs min_gpus <= num_gpus <= max_gpus",
+        "fix the elastic range",
+    )
+    reject_beyond_cluster(path, max_gpus, "max_gpus", total)
+    restore = numeric(df, "restore_s")
+    reject_rows(
+        path,
+        df["restore_s"].notna().to_numpy() & ~(restore >= 0),
+        "restore_s must be seconds >= 0",
+        "fix the restore_s cell",
+    )
+
+    work = np.where(duration_given, generic_work(np.nan_to_num(duration_s), gpus,
+                                                 cluster.max_gpus_per_node), 0.0)
+    for i in np.flatnonzero(app_given).tolist():
+        profile = profiles[applications[i]]
+        if duration_given[i]:
+            shape = packed_shape(int(gpus[i]), cluster.max_gpus_per_node)
+            speed = profile.throughput(int(batch_size[i])).iterations_per_s(shape)
+            work[i] = duration_s[i] * speed
+        else:
+            work[i] = profile.work_iterations(int(batch_size[i]))
+
+    jobs = tuple(
+        JobSpec(
+            job_id=ids.iat[i],
+            submit_s=float(submit_s[i]),
+            requested_gpus=int(gpus[i]),
+            work=float(work[i]),
+            min_workers=int(min_gpus[i]),
+            max_workers=int(max_gpus[i]),
+            restore_s=(
+                float(restore[i])
+                if not np.isnan(restore[i])
+                else restore_s(applications[i] if app_given[i] else None)
+            ),
+            application=applications[i] if app_given[i] else None,
+            batch_size=int(batch_size[i]) if app_given[i] else None,
+        )
+        for i in submit_order(submit_s).tolist()
+    )
+    return Workload(path.stem, jobs)
+
+
+def _optional_whole(
+    path: Path, df: pd.DataFrame, column: str, default: int | np.ndarray
+) -> np.ndarray:
+    """An optional whole-number column (>= 1), `default` where a cell is empty."""
+    given = df[column].notna().to_numpy()
+    defaults = np.broadcast_to(np.asarray(default, dtype=np.int64), (len(df),))
+    return np.where(given, whole_numbers(path, df, column, 1, where=given), defaults)

@@ -1,0 +1,92 @@
+"""One entry point for every workload source: ``synthetic[:NUM_JOBS[:LOAD]]`` or a CSV path.
+
+A CSV's format is recognised from its header (see docs/workloads.md):
+
+* Philly: ``timestamp,duration,num_gpus,...`` (`env.workload.philly`)
+* Pollux: ``name,time,application,num_replicas,batch_size`` (`env.workload.pollux`)
+* canonical: ``job_id,submit_s,num_gpus,duration_s,...`` (`env.workload.canonical`)
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from env.cluster import ClusterSpec
+from env.errors import UserError
+from env.profiles import PROFILES_ENV_VAR, AppProfile, default_profiles_root, load_profiles
+from env.workload.canonical import CANONICAL_COLUMNS, load_canonical
+from env.workload.philly import PHILLY_COLUMNS, load_philly
+from env.workload.pollux import POLLUX_COLUMNS, load_pollux
+from env.workload.spec import Workload
+from env.workload.synthetic import SyntheticConfig, generate
+
+SYNTHETIC = "synthetic"
+"""Source name of the embedded generator (`env.workload.synthetic`)."""
+_USAGE = f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD]] (e.g. {SYNTHETIC}:500:0.9)"
+
+
+def load_workload(
+    source: str, cluster: ClusterSpec, profiles_root: Path | None = None, seed: int = 0
+) -> Workload:
+    """The workload named by `source`, sized for `cluster`.
+
+    `profiles_root` is the Pollux ``app_profiles`` folder, needed by Pollux workloads and by
+    canonical rows that name an application; by default `RLALLOC_PROFILES` or the shared data
+    beside the checkout. `seed` seeds the synthetic generator (files are deterministic).
+    """
+    if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
+        return generate(_synthetic_config(source, seed), cluster)
+    path = Path(source)
+    if not path.is_file():
+        raise UserError(f"{source}: no such workload file; {_USAGE}")
+    header = _header(path)
+    if set(PHILLY_COLUMNS) <= header:
+        return load_philly(path, cluster)
+    if set(POLLUX_COLUMNS) <= header:
+        return load_pollux(path, cluster, _profiles(profiles_root, path, required=True))
+    if set(CANONICAL_COLUMNS) <= header:
+        needs_profiles = "application" in header
+        profiles = _profiles(profiles_root, path, required=False) if needs_profiles else None
+        return load_canonical(path, cluster, profiles)
+    raise UserError(
+        f"{path}: header matches no workload format; start the file with "
+        f"{','.join(CANONICAL_COLUMNS)} (canonical), {','.join(POLLUX_COLUMNS)} (Pollux) or "
+        f"{','.join(PHILLY_COLUMNS)} (Philly); see docs/workloads.md"
+    )
+
+
+def _synthetic_config(source: str, seed: int) -> SyntheticConfig:
+    parts = source.split(":")[1:]
+    if len(parts) > 2:
+        raise UserError(f"workload {source!r}: too many fields; {_USAGE}")
+    try:
+        num_jobs = int(parts[0]) if parts else SyntheticConfig.num_jobs
+        load = float(parts[1]) if len(parts) > 1 else SyntheticConfig.load
+    except ValueError as err:
+        raise UserError(f"workload {source!r}: NUM_JOBS must be an integer and LOAD a number; "
+                        f"{_USAGE}") from err
+    return SyntheticConfig(num_jobs=num_jobs, load=load, seed=seed)
+
+
+def _header(path: Path) -> set[str]:
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            first = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read ({err.__class__.__name__}); check the file") from err
+    return {column.strip() for column in first}
+
+
+def _profiles(
+    root: Path | None, path: Path, required: bool
+) -> dict[str, AppProfile] | None:
+    root = root if root is not None else default_profiles_root()
+    if root is None:
+        if not required:
+            return None
+        raise UserError(
+            f"{path}: a Pollux workload needs the application profiles; set {PROFILES_ENV_VAR} "
+            "to the app_profiles folder (shared/data/traces/pollux/app_profiles)"
+        )
+    return load_profiles(root)

@@ -1,0 +1,76 @@
+"""The Microsoft Philly trace as reduced by the Pollux artifact (``philly.csv``).
+
+Columns ``timestamp,duration,num_gpus,gpu_time,cluster``: submit time (``YYYY-MM-DD HH:MM:SS``),
+run time in seconds, GPUs requested, GPU-seconds and virtual-cluster id; only the first three
+are used. Jobs have no profile: each is a generic job whose work is its run time at the generic
+model's speed on its request packed onto the cluster's largest nodes, so a job given exactly
+what it asked for runs exactly as long as it did in Philly. A job's id is ``philly-<row>``, its
+1-based data row in the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from env.cluster import ClusterSpec
+from env.profiles import GENERIC_RESTORE_S
+from env.workload.spec import JobSpec, Workload
+from env.workload.table import (
+    MIN_WORKERS,
+    generic_max_workers,
+    generic_work,
+    numeric,
+    read_table,
+    reject_beyond_cluster,
+    reject_rows,
+    submit_order,
+    whole_numbers,
+)
+
+PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
+"""Columns the loader needs (the file also has ``gpu_time`` and ``cluster``)."""
+
+
+def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
+    """Load a Philly CSV; submit times are seconds after the earliest submission."""
+    path = Path(path)
+    df = read_table(path, PHILLY_COLUMNS, "Philly")
+    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
+    reject_rows(
+        path,
+        stamps.isna().to_numpy(),
+        "timestamp is not a date-time",
+        "write it as YYYY-MM-DD HH:MM:SS",
+    )
+    duration_s = numeric(df, "duration")
+    reject_rows(
+        path,
+        np.isnan(duration_s) | (duration_s < 0),
+        "duration must be a number of seconds >= 0",
+        "fix the duration cell",
+    )
+    gpus = whole_numbers(path, df, "num_gpus", 1)
+    reject_beyond_cluster(path, gpus, "num_gpus", cluster.total_gpus)
+
+    submit_s = (stamps - stamps.min()).dt.total_seconds().to_numpy()
+    order = submit_order(submit_s)
+    work = generic_work(duration_s, gpus, cluster.max_gpus_per_node)
+    max_workers = generic_max_workers(gpus, cluster.total_gpus)
+    # Positional map(): keyword construction of 82k frozen JobSpecs is the loader's hot spot.
+    count = len(order)
+    jobs = tuple(
+        map(
+            JobSpec,
+            [f"philly-{row + 1}" for row in order.tolist()],  # job_id
+            submit_s[order].tolist(),  # submit_s
+            gpus[order].tolist(),  # requested_gpus
+            work[order].tolist(),  # work
+            [MIN_WORKERS] * count,  # min_workers
+            max_workers[order].tolist(),  # max_workers
+            [GENERIC_RESTORE_S] * count,  # restore_s
+        )
+    )
+    return Workload(path.stem, jobs)

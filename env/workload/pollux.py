@@ -1,0 +1,113 @@
+"""Pollux's evaluation workloads (``workload-N.csv``): 160 profiled jobs from busy Philly hours.
+
+Columns ``name,time,application,num_replicas,batch_size``: job name (the job id), submit offset
+in seconds, Pollux application (bert, cifar10, deepspeech2, imagenet, ncf, yolov3), GPUs
+requested and global batch size. Each job's work is the iterations its application needs at that
+batch size (`AppProfile.work_iterations`) and its restore time the Sia figure for the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from env.cluster import ClusterSpec
+from env.profiles import AppProfile, restore_s
+from env.workload.spec import JobSpec, Workload
+from env.workload.table import (
+    MIN_WORKERS,
+    numeric,
+    read_table,
+    reject_beyond_cluster,
+    reject_rows,
+    submit_order,
+    whole_numbers,
+)
+
+POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+
+
+def check_applications(
+    path: Path,
+    applications: np.ndarray,
+    batch_size: np.ndarray,
+    profiles: Mapping[str, AppProfile],
+    where: np.ndarray | None = None,
+) -> None:
+    """Reject rows (of those in `where`, default all) naming an unknown application or a batch
+    size the application was not validated over."""
+    if where is None:
+        where = np.ones(len(applications), dtype=bool)
+    known = sorted(profiles)
+    reject_rows(
+        path,
+        where & ~np.isin(applications, known),
+        "unknown application",
+        f"use one of {', '.join(known)} (the folders of the profiles root)",
+    )
+    for name in np.unique(applications[where]).tolist():
+        sizes = profiles[name].validated_batch_sizes
+        reject_rows(
+            path,
+            (applications == name) & ((batch_size < sizes[0]) | (batch_size > sizes[-1])),
+            f"batch_size outside {name}'s validated range {sizes[0]}..{sizes[-1]}",
+            "choose a batch size within that range",
+        )
+
+
+def profiled_max_workers(
+    profile: AppProfile, batch_size: int, requested: int, total_gpus: int
+) -> int:
+    """Upper elastic bound of a profiled job: as many workers as still get the smallest measured
+    local batch, never below its request, capped by the cluster."""
+    return min(max(profile.max_workers(batch_size), requested), total_gpus)
+
+
+def load_pollux(
+    path: Path, cluster: ClusterSpec, profiles: Mapping[str, AppProfile]
+) -> Workload:
+    """Load a Pollux workload CSV against the application `profiles`."""
+    path = Path(path)
+    df = read_table(path, POLLUX_COLUMNS, "Pollux")
+    names = df["name"].astype(str).str.strip().to_numpy()
+    reject_rows(
+        path, df["name"].isna().to_numpy() | (names == ""), "name is empty", "name every job"
+    )
+    reject_rows(
+        path, df["name"].duplicated().to_numpy(), "name repeats an earlier job's",
+        "make job names unique",
+    )
+    submit_s = numeric(df, "time")
+    reject_rows(
+        path,
+        np.isnan(submit_s) | (submit_s < 0),
+        "time must be a number of seconds >= 0",
+        "fix the time cell",
+    )
+    gpus = whole_numbers(path, df, "num_replicas", 1)
+    reject_beyond_cluster(path, gpus, "num_replicas", cluster.total_gpus)
+    batch_size = whole_numbers(path, df, "batch_size", 1)
+    applications = df["application"].astype(str).str.strip().to_numpy()
+    check_applications(path, applications, batch_size, profiles)
+
+    total = cluster.total_gpus
+    order = submit_order(submit_s)
+    jobs = tuple(
+        JobSpec(
+            job_id=names[i],
+            submit_s=float(submit_s[i]),
+            requested_gpus=int(gpus[i]),
+            work=profiles[applications[i]].work_iterations(int(batch_size[i])),
+            min_workers=MIN_WORKERS,
+            max_workers=profiled_max_workers(
+                profiles[applications[i]], int(batch_size[i]), int(gpus[i]), total
+            ),
+            restore_s=restore_s(applications[i]),
+            application=applications[i],
+            batch_size=int(batch_size[i]),
+        )
+        for i in order.tolist()
+    )
+    return Workload(path.stem, jobs)

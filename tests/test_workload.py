@@ -1,0 +1,250 @@
+"""Workload loaders on the real traces, the canonical CSV, bad input, and the generator."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from env.cluster import parse_cluster
+from env.errors import UserError
+from env.profiles import (
+    DEFAULT_PROFILES_ROOT,
+    GENERIC_RESTORE_S,
+    GENERIC_SCALING,
+    RESTORE_S,
+    load_profiles,
+    packed_shape,
+)
+from env.workload.loader import load_workload
+from env.workload.synthetic import PHILLY_GPU_MIX, SyntheticConfig, generate
+
+POLLUX_DATA = DEFAULT_PROFILES_ROOT.parent
+PHILLY_CSV = POLLUX_DATA / "philly.csv"
+needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(), reason="shared philly.csv absent")
+needs_profiles = pytest.mark.skipif(
+    not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared Pollux profiles absent"
+)
+CLUSTER = parse_cluster("16x4")
+BIG_CLUSTER = parse_cluster("128x8")
+
+
+@pytest.fixture(autouse=True)
+def _no_profiles_env(monkeypatch):
+    monkeypatch.delenv("RLALLOC_PROFILES", raising=False)
+
+
+def write_csv(tmp_path, text, name="jobs.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def rejected(source, cluster=CLUSTER, **kwargs):
+    with pytest.raises(UserError) as info:
+        load_workload(str(source), cluster, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- real traces -------------------------------------------------------------------------------
+
+
+@needs_philly
+def test_philly_loads_fast_and_round_trips():
+    start = time.perf_counter()
+    workload = load_workload(str(PHILLY_CSV), BIG_CLUSTER)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"philly.csv took {elapsed:.2f} s"
+    jobs = workload.jobs
+    assert len(jobs) == 82247
+    assert jobs[0].submit_s == 0.0
+    raw = pd.read_csv(PHILLY_CSV)
+    for job in jobs[:: 5000]:
+        row = raw.iloc[int(job.job_id.removeprefix("philly-")) - 1]
+        assert job.requested_gpus == row.num_gpus
+        speed = GENERIC_SCALING.iterations_per_s(packed_shape(job.requested_gpus, 8))
+        assert job.work / speed == pytest.approx(row.duration)
+        assert job.min_workers == 1
+        assert job.max_workers == min(4 * job.requested_gpus, BIG_CLUSTER.total_gpus)
+        assert job.restore_s == GENERIC_RESTORE_S and job.application is None
+
+
+@needs_philly
+def test_philly_rejects_jobs_larger_than_the_cluster():
+    message = rejected(PHILLY_CSV, CLUSTER)
+    assert "philly.csv: row " in message and "exceeds the cluster's 64 GPUs" in message
+
+
+@needs_profiles
+def test_pollux_workload():
+    workload = load_workload(str(POLLUX_DATA / "workloads" / "workload-6.csv"), CLUSTER)
+    profiles = load_profiles(DEFAULT_PROFILES_ROOT)
+    assert len(workload.jobs) == 160
+    for job in workload.jobs:
+        profile = profiles[job.application]
+        assert job.work == profile.work_iterations(job.batch_size)
+        assert job.restore_s == RESTORE_S[job.application]
+        assert job.min_workers <= job.requested_gpus <= job.max_workers <= CLUSTER.total_gpus
+
+
+def test_pollux_without_profiles_is_a_user_error(tmp_path):
+    path = write_csv(tmp_path, "name,time,application,num_replicas,batch_size\nj,0,ncf,1,256\n")
+    message = rejected(path, profiles_root=tmp_path / "absent")
+    assert "RLALLOC_PROFILES" in message
+
+
+@needs_profiles
+def test_pollux_unknown_application(tmp_path):
+    path = write_csv(
+        tmp_path,
+        "name,time,application,num_replicas,batch_size\na,0,ncf,1,256\nb,5,gpt5,2,64\n",
+    )
+    message = rejected(path)
+    assert f"{path}: row 2 (line 3): unknown application" in message
+
+
+# --- canonical CSV -----------------------------------------------------------------------------
+
+
+def test_canonical_generic_rows_need_no_profiles(tmp_path):
+    path = write_csv(
+        tmp_path,
+        "job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus,restore_s\n"
+        "late,100,8,3600,4,16,300\n"
+        "early,0,1,60,,,\n",
+    )
+    workload = load_workload(str(path), CLUSTER, profiles_root=tmp_path / "absent")
+    early, late = workload.jobs
+    assert early.job_id == "early" and early.work == pytest.approx(60.0)
+    assert (early.min_workers, early.max_workers, early.restore_s) == (1, 4, GENERIC_RESTORE_S)
+    assert (late.min_workers, late.max_workers, late.restore_s) == (4, 16, 300.0)
+    assert late.work / GENERIC_SCALING.iterations_per_s((4, 4)) == pytest.approx(3600.0)
+
+
+@needs_profiles
+def test_canonical_profiled_rows(tmp_path):
+    path = write_csv(
+        tmp_path,
+        "job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
+        "converge,0,4,,imagenet,3200\n"
+        "timed,10,4,600,cifar10,512\n",
+    )
+    profiles = load_profiles(DEFAULT_PROFILES_ROOT)
+    converge, timed = load_workload(str(path), CLUSTER).jobs
+    assert converge.work == profiles["imagenet"].work_iterations(3200)
+    assert converge.restore_s == RESTORE_S["imagenet"]
+    assert converge.max_workers == min(3200 // 20, CLUSTER.total_gpus)
+    speed = profiles["cifar10"].throughput(512).iterations_per_s((4,))
+    assert timed.work == pytest.approx(600 * speed)
+    assert (timed.application, timed.batch_size) == ("cifar10", 512)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+CANONICAL_HEADER = "job_id,submit_s,num_gpus,duration_s\n"
+
+
+def test_missing_file(tmp_path):
+    assert "no such workload file" in rejected(tmp_path / "nope.csv")
+
+
+def test_unknown_header(tmp_path):
+    path = write_csv(tmp_path, "id,start,gpus\n1,0,1\n")
+    message = rejected(path)
+    assert str(path) in message and "job_id,submit_s,num_gpus,duration_s" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\n2017-10-01 00:00:05,-3,1,-3,a\n",
+         "row 2 (line 3): duration must be"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\nyesterday,10,1,10,a\n",
+         "row 2 (line 3): timestamp is not a date-time"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,65,650,a\n",
+         "row 1 (line 2): num_gpus exceeds the cluster's 64 GPUs"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,1.5,15,a\n",
+         "row 1 (line 2): num_gpus must be a whole number"),
+        (CANONICAL_HEADER + "a,0,1,10\nb,1,1,-10\n", "row 2 (line 3): duration_s must be"),
+        (CANONICAL_HEADER + "a,0,1,10\nb,1,100,10\n", "row 2 (line 3): num_gpus exceeds"),
+        (CANONICAL_HEADER + "a,0,1,10\na,1,1,10\n", "row 2 (line 3): job_id repeats"),
+        (CANONICAL_HEADER + "a,0,1,10\nb,1,1,\n", "row 2 (line 3): duration_s is empty"),
+        ("job_id,submit_s,num_gpus,duration_s,min_gpus\na,0,2,10,3\n",
+         "row 1 (line 2): needs min_gpus <= num_gpus <= max_gpus"),
+        ("job_id,submit_s,num_gpus,duration_s,application\na,0,2,,ncf\n",
+         "row 1 (line 2): application without batch_size"),
+        (CANONICAL_HEADER, "header but no jobs"),
+    ],
+)
+def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
+    monkeypatch.setattr("env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+    path = write_csv(tmp_path, text)
+    message = rejected(path)
+    assert message.startswith(f"{path}: ") and problem in message
+
+
+def test_application_without_profiles(tmp_path, monkeypatch):
+    monkeypatch.setattr("env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+    path = write_csv(
+        tmp_path, "job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,2,,ncf,256\n"
+    )
+    message = rejected(path)
+    assert "row 1 (line 2) names an application" in message and "RLALLOC_PROFILES" in message
+
+
+@needs_profiles
+def test_canonical_unknown_application(tmp_path):
+    path = write_csv(
+        tmp_path,
+        "job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
+        "a,0,1,10,,\nb,0,2,,llama,256\n",
+    )
+    assert f"{path}: row 2 (line 3): unknown application" in rejected(path)
+
+
+def test_bad_synthetic_source():
+    assert "synthetic[:NUM_JOBS[:LOAD]]" in rejected("synthetic:many")
+
+
+# --- generator ---------------------------------------------------------------------------------
+
+
+def test_synthetic_is_deterministic_by_seed():
+    first = load_workload("synthetic:200:0.9", CLUSTER, seed=3)
+    again = load_workload("synthetic:200:0.9", CLUSTER, seed=3)
+    other = load_workload("synthetic:200:0.9", CLUSTER, seed=4)
+    assert first == again and first != other
+    assert len(first.jobs) == 200
+
+
+def test_synthetic_matches_published_statistics():
+    config = SyntheticConfig(num_jobs=20_000, load=0.7, seed=1)
+    jobs = generate(config, BIG_CLUSTER).jobs
+    gpus = np.array([j.requested_gpus for j in jobs])
+    speed = {g: GENERIC_SCALING.iterations_per_s(packed_shape(g, 8)) for g in np.unique(gpus)}
+    duration_s = np.array([j.work / speed[j.requested_gpus] for j in jobs])
+    total = sum(count for _, count in PHILLY_GPU_MIX)
+    for size, count in PHILLY_GPU_MIX:
+        assert np.mean(gpus == size) == pytest.approx(count / total, abs=0.005)
+    assert np.median(duration_s) == pytest.approx(1144, rel=0.08)
+    span_s = jobs[-1].submit_s
+    offered = (gpus * duration_s).sum() / (BIG_CLUSTER.total_gpus * span_s)
+    assert offered == pytest.approx(0.7, rel=0.02)
+
+
+def test_synthetic_fits_small_clusters_and_truncates():
+    config = SyntheticConfig(num_jobs=2000, seed=2, max_duration_s=3600.0)
+    jobs = generate(config, parse_cluster("1x4")).jobs
+    assert max(j.requested_gpus for j in jobs) <= 4
+    speed = {g: GENERIC_SCALING.iterations_per_s((g,)) for g in (1, 2, 4)}
+    assert max(j.work / speed[j.requested_gpus] for j in jobs) <= 3600.0 + 1e-6
+
+
+def test_synthetic_rejects_bad_config():
+    with pytest.raises(UserError):
+        SyntheticConfig(load=0)
