@@ -1,0 +1,149 @@
+"""Fast tests of the trainer's pure parts: data order, checkpoint layout, flags, manifests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from env.errors import UserError
+from env.telemetry_names import MANAGED_LABEL
+from trainer_jobs import layout
+from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
+from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from trainer_jobs.train import main
+
+MANIFESTS = Path(__file__).resolve().parents[1] / "trainer_jobs" / "manifests"
+
+
+def test_rank_slices_partition_the_global_batch():
+    batch = list(range(100, 107))
+    for world_size in (1, 2, 3, 7):
+        slices = [rank_slice(batch, rank, world_size) for rank in range(world_size)]
+        assert sum(slices, []) == batch
+        assert max(map(len, slices)) - min(map(len, slices)) <= 1
+
+
+def test_epoch_is_a_permutation_whatever_the_world_size_history():
+    sampler = GlobalBatchSampler(num_samples=50, global_batch=8, seed=3)
+    position, seen = DataPosition(0, 0), []
+    # World size changes between steps must not matter: ranks only slice the global batch.
+    for step, world_size in enumerate([2, 2, 1, 1, 3, 2]):
+        batch = sampler.global_batch_indices(position)
+        seen += sum((rank_slice(batch, r, world_size) for r in range(world_size)), [])
+        position = sampler.advance(position)
+        assert position.epoch == (0 if step < 5 else 1)
+    assert len(seen) == len(set(seen)) == 48  # 50 // 8 full batches, tail dropped
+    assert sampler.permutation(1) != sampler.permutation(0)
+
+
+def test_samples_are_deterministic_arithmetic_sequences():
+    tokens = sample_tokens([5, 9], seed=1, seq_len=6, vocab_size=64)
+    assert tokens.shape == (2, 7)
+    assert (tokens == sample_tokens([5, 9], seed=1, seq_len=6, vocab_size=64)).all()
+    stride = (tokens[:, 1] - tokens[:, 0]) % 64
+    assert ((tokens[:, 1:] - tokens[:, :-1]) % 64 == stride.unsqueeze(1)).all()
+
+
+def _fake_checkpoint(root: Path, step: int) -> Path:
+    tmp = root / layout.tmp_dir_name(step)
+    tmp.mkdir(parents=True)
+    (tmp / ".metadata").write_bytes(b"meta")
+    (tmp / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
+    return layout.commit(tmp, step, world_size=2, rng_ranks=[0, 1], model={"d": 1}, config={})
+
+
+def test_commit_verify_and_uncommitted_tmp_is_ignored(tmp_path):
+    committed = _fake_checkpoint(tmp_path, 10)
+    assert committed.name == "step-000000010"
+    crashed = tmp_path / layout.tmp_dir_name(20)  # a save that died before its commit
+    crashed.mkdir()
+    (crashed / ".metadata").write_bytes(b"x")
+    info, problems = layout.latest_valid(tmp_path)
+    assert (info.step, info.rng_ranks, problems) == (10, (0, 1), [])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "marker"])
+def test_damaged_checkpoint_falls_back_to_previous(tmp_path, damage):
+    _fake_checkpoint(tmp_path, 10)
+    newest = _fake_checkpoint(tmp_path, 20)
+    data = newest / "__0_0.distcp"
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[:100])
+    elif damage == "flip":
+        data.write_bytes(b"\xff" + data.read_bytes()[1:])
+    else:
+        (newest / layout.COMMIT_MARKER).write_text("{not json")
+    info, problems = layout.latest_valid(tmp_path)
+    assert info.step == 10 and len(problems) == 1
+    assert (tmp_path / "step-000000020.corrupt").is_dir()  # kept for inspection, not deleted
+
+
+def test_prune_keeps_newest_and_removes_stale_tmp(tmp_path):
+    for step in (10, 20, 30, 40):
+        _fake_checkpoint(tmp_path, step)
+    (tmp_path / layout.tmp_dir_name(35)).mkdir()
+    (tmp_path / layout.tmp_dir_name(50)).mkdir()  # possibly in flight: kept
+    layout.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-000000030", "step-000000040", "step-000000050.tmp"]
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--global-batch", "0"], "--global-batch"),
+    (["--d-model", "30", "--n-heads", "4"], "--d-model"),
+    (["--keep-last", "0"], "--keep-last"),
+])
+def test_bad_flag_is_one_line_and_exit_2(flags, fragment, capsys, tmp_path):
+    assert main([*flags, "--checkpoint-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "Traceback" not in err
+
+
+def test_checkpoint_dir_that_is_a_file_is_rejected(capsys, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert main(["--checkpoint-dir", str(target)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def _pytorchjobs() -> list[dict]:
+    docs = [d for p in sorted(MANIFESTS.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    return [d for d in docs if d.get("kind") == "PyTorchJob"]
+
+
+def test_manifests_match_the_crd_and_rlalloc_conventions():
+    jobs = _pytorchjobs()
+    assert jobs
+    for job in jobs:
+        validate_pytorchjob(job)
+        assert job["metadata"]["labels"][MANAGED_LABEL] == "true"
+        elastic = job["spec"]["elasticPolicy"]
+        assert elastic["rdzvBackend"] == "c10d" and elastic["minReplicas"] <= elastic["maxReplicas"]
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        command = pod["containers"][0]["command"]
+        grace_s = float(next(a.split("=")[1] for a in command if a.startswith("--sigterm-grace-s")))
+        shutdown_s = float(next(a.split("=")[1] for a in command if a.startswith("--shutdown-t")))
+        # kubelet waits for torchrun, which waits for the trainer's final checkpoint
+        assert grace_s < shutdown_s < pod["terminationGracePeriodSeconds"]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]]
+        assert claims and all(c for c in claims)
+
+
+def test_validator_names_the_bad_field(tmp_path, monkeypatch):
+    job = _pytorchjobs()[0]
+    job["spec"]["elasticPolicy"]["maxReplicas"] = "four"
+    with pytest.raises(PyTorchJobValidationError, match=r"spec\.elasticPolicy\.maxReplicas"):
+        validate_pytorchjob(job)
+    monkeypatch.setenv("RLALLOC_CRD_PATH", str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="RLALLOC_CRD_PATH"):
+        validate_pytorchjob(_pytorchjobs()[0])
+
+
+def test_layout_marker_records_checksums(tmp_path):
+    committed = _fake_checkpoint(tmp_path, 5)
+    marker = json.loads((committed / layout.COMMIT_MARKER).read_text())
+    assert set(marker["files"]) == {".metadata", "__0_0.distcp"}
+    assert marker["files"]["__0_0.distcp"]["bytes"] == 1024

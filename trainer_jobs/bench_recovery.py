@@ -1,0 +1,191 @@
+"""`rlalloc bench recovery`: what a move or a failure costs a training job, measured for real.
+
+Two phases with the default model (tens of millions of parameters) on local CPU workers:
+
+1. Checkpoint stall: one worker trains with a checkpoint every few steps, once with `sync` and
+   once with `async` saves. A stall is the time the loop is blocked by the save call
+   (`*_blocked_s`; for async only the in-memory copy) plus the extra time the steps took while
+   a background write ran — on a machine without spare cores that write competes with training,
+   and counting only the blocked time would flatter async. The sync save time is
+   `checkpoint_save_s`.
+2. Recovery: torchrun with `--workers` workers and the default checkpoint interval; one worker is
+   SIGKILLed after `--kill-at-step` steps. `recovery_s` runs from the kill to the first step
+   completed after the restart; `progress_preserved` is the share of the steps completed before
+   the kill that the restart did not have to redo; `checkpoint_restore_s` is the restart's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from env.errors import UserError
+from trainer_jobs.config import TrainConfig
+from trainer_jobs.launch import Event, start_torchrun, wait_for_event, worker_pids
+from trainer_jobs.model import ModelConfig, TransformerLM, count_parameters
+from trainer_jobs.runlog import read_events
+
+_TIMEOUT_S = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc bench recovery`."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the results as JSON here (default: print them)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="torchrun workers in the recovery phase (one of them is killed)")
+    parser.add_argument("--kill-at-step", type=int, default=60,
+                        help="SIGKILL a worker once the job has completed this many steps")
+    parser.add_argument("--checkpoints", type=int, default=3,
+                        help="periodic checkpoints measured per mode in the stall phase")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="keep checkpoints and logs here (default: a temporary directory)")
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Reject unusable flag values before minutes of benchmarking."""
+    if args.workers < 2:
+        raise UserError(f"--workers {args.workers}: need at least 2 (one is killed)")
+    if args.kill_at_step < 1:
+        raise UserError(f"--kill-at-step {args.kill_at_step}: must be at least 1")
+    if args.checkpoints < 1:
+        raise UserError(f"--checkpoints {args.checkpoints}: must be at least 1")
+    if args.out is not None:
+        parent = args.out.resolve().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise UserError(f"--out {args.out}: directory {parent} does not exist or is not "
+                            "writable")
+
+
+def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress) -> list[Event]:
+    """Train one worker with a checkpoint every 4 steps in `mode`; return its events."""
+    every, log = 4, work_dir / f"stall-{mode}.jsonl"
+    max_steps = every * (checkpoints + 1)
+    task = progress.add_task(f"{mode} checkpoint stall", total=max_steps)
+    command = [sys.executable, "-m", "trainer_jobs.train", "--max-steps", str(max_steps),
+               "--checkpoint-every-steps", str(every), "--checkpoint-mode", mode,
+               "--checkpoint-dir", str(work_dir / f"ckpt-{mode}"), "--log-jsonl", str(log)]
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    while job.poll() is None:
+        try:
+            job.wait(0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if log.exists():
+            steps = [e["step"] for e in read_events(log) if e["event"] == "step"]
+            progress.update(task, completed=max(steps, default=0))
+    if job.returncode != 0:
+        raise RuntimeError(f"stall run ({mode}) failed: {job.stderr.read()[-2000:]}")
+    return read_events(log)
+
+
+def _stall_s(events: list[Event]) -> tuple[float, float, float]:
+    """Mean stall and mean blocked time per periodic checkpoint, and the plain step time."""
+    steps = [e for e in events if e["event"] == "step"]
+    periodic = [e for e in events if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    committed = {e["step"]: e["time"] for e in events if e["event"] == "checkpoint_committed"}
+    overlapped = {
+        s["step"] for c in periodic for s in steps if c["time"] < s["time"] <= committed[c["step"]]}
+    # The first steps warm up the allocator and autograd; keep them out of the baseline.
+    baseline_s = statistics.median(
+        s["step_s"] for s in steps[2:] if s["step"] not in overlapped)
+    extra_s = sum(max(0.0, s["step_s"] - baseline_s) for s in steps if s["step"] in overlapped)
+    blocked_s = sum(c["blocked_s"] for c in periodic)
+    return (blocked_s + extra_s) / len(periodic), blocked_s / len(periodic), baseline_s
+
+
+def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
+                    progress: Progress) -> dict[str, float]:
+    """Kill a worker of a torchrun job mid-training and time its way back to training."""
+    log = work_dir / "recovery.jsonl"
+    task = progress.add_task("kill a worker and recover", total=kill_at_step + 1)
+    job = start_torchrun(workers, ["--max-steps", "1000000", "--checkpoint-dir",
+                                   str(work_dir / "ckpt-recovery")],
+                         log, max_restarts=1, output_path=work_dir / "recovery.out")
+    try:
+        reached = 0
+        while reached < kill_at_step:
+            event = wait_for_event(
+                log, lambda e, after=reached: e["event"] == "step" and e["step"] > after,
+                _TIMEOUT_S, job)
+            reached = int(event["step"])
+            progress.update(task, completed=reached)
+        victim = worker_pids(log, restart=0)[workers - 1]
+        os.kill(victim, signal.SIGKILL)
+        killed_unix = time.time()  # the log's events carry the same wall clock
+        resume = wait_for_event(log, lambda e: e["event"] == "resume" and e["rank"] == 0,
+                                _TIMEOUT_S, job)
+        first = wait_for_event(log, lambda e: e["event"] == "step" and e["time"] > resume["time"],
+                               _TIMEOUT_S, job)
+        progress.update(task, completed=kill_at_step + 1)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+    steps_at_kill = max(int(e["step"]) for e in read_events(log)
+                        if e["event"] == "step" and e["time"] <= killed_unix)
+    return {
+        "recovery_s": first["time"] - killed_unix,
+        "progress_preserved": int(resume["step"]) / steps_at_kill,
+        "steps_at_kill": steps_at_kill,
+        "resumed_from_step": int(resume["step"]),
+        "checkpoint_restore_s": resume["restore_s"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run both phases and write (or print) the JSON report."""
+    _validate(args)
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlalloc-bench-recovery-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    defaults = TrainConfig(model=ModelConfig())
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+               "{task.total} steps"), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as progress:
+        sync_events = _stall_phase(work_dir, "sync", args.checkpoints, progress)
+        async_events = _stall_phase(work_dir, "async", args.checkpoints, progress)
+        recovery = _recovery_phase(work_dir, args.workers, args.kill_at_step, progress)
+    sync_stall_s, sync_blocked_s, step_s = _stall_s(sync_events)
+    async_stall_s, async_blocked_s, _ = _stall_s(async_events)
+    sync_saves = [e["blocked_s"] for e in sync_events
+                  if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    report = {
+        **recovery,
+        "sync_stall_s": sync_stall_s,
+        "async_stall_s": async_stall_s,
+        "async_over_sync_stall": async_stall_s / sync_stall_s,
+        "sync_blocked_s": sync_blocked_s,
+        "async_blocked_s": async_blocked_s,
+        "checkpoint_save_s": statistics.median(sync_saves),
+        "step_s_one_worker": step_s,
+        "model_parameters": count_parameters(TransformerLM(defaults.model)),
+        "checkpoint_every_steps": defaults.checkpoint_every_steps,
+        "workers": args.workers,
+        "kill_at_step": args.kill_at_step,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "work_dir": str(work_dir),
+    }
+    text = json.dumps(report, indent=2)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,222 @@
+"""Saving and restoring the training state with torch.distributed.checkpoint (DCP).
+
+What is saved: model and optimizer (through DCP's `get_state_dict`, so DDP and FSDP give the same
+fully-qualified names and a checkpoint can be loaded at any world size), the step and the data
+position (a global sample offset, see `data.py`), and each rank's RNG state. The directory layout
+and its atomic commit are in `layout.py`.
+
+Two modes. `sync` blocks every rank until the files and the commit marker are written. `async`
+(DCP `async_save`) blocks only for an in-memory copy, then writes from a background thread; the
+commit runs on rank 0 in the same thread once every rank's data is on disk. Checkpoint
+collectives use their own gloo process group so the background thread never interleaves its
+collectives with the training loop's gradient all-reduces.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from env.errors import UserError
+from trainer_jobs import layout
+from trainer_jobs.data import DataPosition
+from trainer_jobs.runlog import RunLog
+
+
+@dataclass
+class Progress:
+    """How far the job is; continues across restarts and world-size changes."""
+
+    step: int
+    """Optimizer steps completed."""
+    position: DataPosition
+    """Next unseen sample of the data stream."""
+
+    def as_tensor(self) -> torch.Tensor:
+        """Packed form for DCP (plain tensors load back reliably at any world size)."""
+        return torch.tensor([self.step, self.position.epoch, self.position.sample_offset])
+
+    @classmethod
+    def from_tensor(cls, packed: torch.Tensor) -> Progress:
+        """Inverse of `as_tensor`."""
+        step, epoch, offset = (int(v) for v in packed.tolist())
+        return cls(step=step, position=DataPosition(epoch=epoch, sample_offset=offset))
+
+
+class TrainState(Stateful):
+    """Model, optimizer and progress as one DCP `Stateful` (DCP calls it at save and load)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 progress: Progress) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.progress = progress
+
+    def state_dict(self) -> dict[str, object]:
+        """Model and optimizer under parallelism-independent names, plus the progress."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state, "progress": self.progress.as_tensor()}
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """Copy loaded tensors into the live model and optimizer and adopt the progress."""
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"])
+        self.progress = Progress.from_tensor(state_dict["progress"])
+
+
+def _rng_key(rank: int) -> str:
+    """Key of one rank's RNG state (per rank: dropout masks differ between ranks)."""
+    return f"rng_rank{rank}"
+
+
+class Checkpointer:
+    """Writes, commits, prunes and restores the checkpoints of one job (one per rank).
+
+    `save` and `restore` are collective: every rank calls them at the same step.
+    `on_commit(step, committed_unix)` runs on rank 0 each time a checkpoint becomes loadable.
+    """
+
+    def __init__(self, root: Path, rank: int, world_size: int, process_group: dist.ProcessGroup,
+                 keep_last: int, model_shape: dict[str, object], config: dict[str, object],
+                 run_log: RunLog, on_commit: Callable[[int, float], None]) -> None:
+        self.root = root
+        self.rank = rank
+        self.world_size = world_size
+        self.process_group = process_group
+        self.keep_last = keep_last
+        self.model_shape = model_shape
+        self.config = config
+        self.run_log = run_log
+        self.on_commit = on_commit
+        self.last_saved_step = -1
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future[None] | None = None
+
+    def _commit(self, tmp_dir: Path, step: int, rng_ranks: list[int], started: float) -> None:
+        """Rank 0 (or an emergency saver): make the checkpoint loadable and prune old ones."""
+        final = layout.commit(tmp_dir, step, self.world_size, rng_ranks, self.model_shape,
+                              self.config)
+        committed_unix = time.time()
+        self.run_log.event("checkpoint_committed", step=step, path=str(final),
+                           duration_s=time.perf_counter() - started)
+        layout.prune(self.root, self.keep_last)
+        self.on_commit(step, committed_unix)
+
+    def wait(self) -> None:
+        """Block until an in-flight async checkpoint is committed (re-raising its error)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def save(self, state: TrainState, mode: str, reason: str) -> float:
+        """Checkpoint the current step on every rank; return the seconds the caller was blocked."""
+        step = state.progress.step
+        self.wait()
+        if step == self.last_saved_step:
+            return 0.0
+        started = time.perf_counter()
+        tmp_dir = self.root / layout.tmp_dir_name(step)
+        if self.rank == 0:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            tmp_dir.mkdir(parents=True)
+        dist.barrier(group=self.process_group)
+        state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
+        rng_ranks = list(range(self.world_size))
+        if mode == "sync":
+            dcp.save(state_dict, checkpoint_id=tmp_dir, process_group=self.process_group)
+            if self.rank == 0:
+                self._commit(tmp_dir, step, rng_ranks, started)
+        else:
+            upload = dcp.async_save(state_dict, checkpoint_id=tmp_dir,
+                                    process_group=self.process_group)
+            self._pending = self._executor.submit(
+                self._finish_async, upload, tmp_dir, step, rng_ranks, started)
+        blocked_s = time.perf_counter() - started
+        self.last_saved_step = step
+        self.run_log.event("checkpoint", step=step, mode=mode, reason=reason, blocked_s=blocked_s)
+        return blocked_s
+
+    def _finish_async(self, upload: Future, tmp_dir: Path, step: int, rng_ranks: list[int],
+                      started: float) -> None:
+        """Background half of an async save: wait for DCP's writes, then commit on rank 0."""
+        upload.result()
+        if self.rank == 0:
+            self._commit(tmp_dir, step, rng_ranks, started)
+
+    def emergency_save(self, state: TrainState) -> None:
+        """Save this rank's replica alone (no collectives) after a peer died mid-step.
+
+        Only valid for DDP, where every rank holds the whole model and optimizer; the optimizer
+        has not stepped since the failed all-reduce, so the state is exactly that of
+        `state.progress.step`. Several survivors may race; the first commit wins.
+        """
+        step = state.progress.step
+        if step <= self.last_saved_step:
+            return
+        started = time.perf_counter()
+        tmp_dir = self.root / layout.tmp_dir_name(step, self.rank)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        tmp_dir.mkdir(parents=True)
+        state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
+        dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
+        self._commit(tmp_dir, step, [self.rank], started)
+        self.last_saved_step = step
+        self.run_log.event("checkpoint", step=step, mode="sync", reason="emergency",
+                           blocked_s=time.perf_counter() - started)
+
+    def restore(self, state: TrainState) -> layout.CheckpointInfo | None:
+        """Load the newest checkpoint that verifies into `state` (collective); None if none.
+
+        Rank 0 verifies and picks; the others follow its choice, so all ranks load the same step.
+        Raises `UserError` when checkpoints exist but none verifies, or the model shape differs:
+        starting over would silently throw the job's progress away.
+        """
+        choice: list[object] = [None, None]
+        if self.rank == 0:
+            info, problems = layout.latest_valid(self.root)
+            for problem in problems:
+                self.run_log.event("checkpoint_corrupt", problem=problem)
+                print(f"trainer: skipping bad checkpoint: {problem}", flush=True)
+            if info is None and problems:
+                choice[1] = (f"no valid checkpoint in {self.root} ({len(problems)} corrupt, moved "
+                             "to *.corrupt); remove them or pass a new --checkpoint-dir")
+            elif info is not None and info.model != self.model_shape:
+                choice[1] = (f"{info.path} holds a model of shape {info.model} but the flags give "
+                             f"{self.model_shape}; use the same model flags or a new "
+                             "--checkpoint-dir")
+            choice[0] = info
+        dist.broadcast_object_list(choice, src=0)
+        info, error = choice
+        if error is not None:
+            raise UserError(str(error))
+        if info is None:
+            return None
+        started = time.perf_counter()
+        state_dict: dict[str, object] = {"train": state}
+        rng_key = _rng_key(self.rank)
+        if self.rank in info.rng_ranks:
+            state_dict[rng_key] = torch.get_rng_state()
+        dcp.load(state_dict, checkpoint_id=info.path, process_group=self.process_group)
+        if rng_key in state_dict:
+            torch.set_rng_state(state_dict[rng_key])
+        self.last_saved_step = info.step
+        self.run_log.event("resume", step=info.step, path=str(info.path),
+                           saved_world_size=info.world_size, world_size=self.world_size,
+                           restore_s=time.perf_counter() - started)
+        return info
+
+    def close(self) -> None:
+        """Finish any in-flight save and stop the background thread."""
+        self.wait()
+        self._executor.shutdown()

@@ -1,0 +1,249 @@
+"""Elastic, checkpointing training program: `python -m trainer_jobs.train` or under torchrun.
+
+    torchrun --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
+        --max-restarts=3 -m trainer_jobs.train --checkpoint-dir /ckpt
+
+Batch and learning-rate rule: the global batch (`--global-batch`) is fixed for the whole job;
+each of the W ranks takes a contiguous slice of it (sizes differ by at most one) and scales its
+summed token loss by W / global_tokens, so after DDP's (or FSDP's) gradient averaging every rank
+holds the gradient of the mean loss over the global batch, whatever W is. The learning rate is
+therefore left unchanged when the world size changes, and a run that changes world size follows
+the same trajectory, up to floating-point summation order, as one that does not.
+
+Restarts: every (re)start restores the newest checkpoint that verifies, including the data
+position, so the step count carries on and no sample is skipped or repeated within an epoch.
+SIGTERM makes all ranks agree on a last step, write a synchronous checkpoint within
+`--sigterm-grace-s` and exit with 143, which a PyTorchJob's `ExitCode` restart policy treats as
+retryable. When a peer dies mid-step under DDP, each surviving rank still holds a full replica
+of the state of the last completed step and saves it alone before exiting, so a killed worker
+typically costs no completed steps at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from env.errors import UserError
+from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from trainer_jobs.config import TrainConfig, add_train_arguments, config_from_args
+from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from trainer_jobs.metrics import TrainerMetrics
+from trainer_jobs.model import TransformerLM, count_parameters
+from trainer_jobs.runlog import RunLog
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+_THROUGHPUT_WINDOW_STEPS = 10
+
+
+class StopSignal:
+    """Remembers when SIGTERM arrived; the loop turns it into a collective, orderly stop."""
+
+    def __init__(self) -> None:
+        self.received_monotonic: float | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received_monotonic is None:
+            self.received_monotonic = time.monotonic()
+
+
+def _free_port() -> int:
+    """A free TCP port on the loopback interface for a single-process run's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init_distributed() -> tuple[int, int, torch.device]:
+    """Join torchrun's process group (or make a world of one); return rank, world size, device."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"  # gloo for DCP's CPU-side collectives
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(backend=backend)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _wrap_model(model: nn.Module, config: TrainConfig, device: torch.device) -> nn.Module:
+    """DDP (replicated) or FSDP2 (each block and the root sharded over all ranks)."""
+    if config.parallelism == "ddp":
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def _rank_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of a rank's RNG stream when no saved state exists for it (fresh start, new rank)."""
+    return (seed * 1_000_003 + step) * 4099 + rank
+
+
+def train(config: TrainConfig) -> int:
+    """Run (or resume) the job to `max_steps`; return the process exit code."""
+    stop_signal = StopSignal()
+    rank, world_size, device = _init_distributed()
+    if world_size > config.global_batch:
+        raise UserError(f"world size {world_size} exceeds --global-batch {config.global_batch}; "
+                        "every rank needs at least one sample per step")
+    run_log = RunLog(config.log_jsonl, rank)
+    run_log.event("start", pid=os.getpid(), world_size=world_size,
+                  restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    metrics = None
+    if rank == 0:
+        metrics = TrainerMetrics(config.job_name, config.namespace, config.max_steps)
+        if config.metrics_port:
+            metrics.start(config.metrics_port)
+
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    model = TransformerLM(config.model).to(device)
+    parameters = count_parameters(model)
+    wrapped = _wrap_model(model, config, device)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=config.lr)
+    state = TrainState(wrapped, optimizer, Progress(0, DataPosition(0, 0)))
+    checkpoint_group = dist.new_group(backend="gloo")
+    checkpointer = Checkpointer(
+        root=config.checkpoint_dir, rank=rank, world_size=world_size,
+        process_group=checkpoint_group, keep_last=config.keep_last,
+        model_shape=config.to_json_dict()["model"], config=config.to_json_dict(),
+        run_log=run_log,
+        on_commit=metrics.on_checkpoint_committed if metrics else lambda step, unix: None,
+    )
+    if rank == 0:
+        config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    info = checkpointer.restore(state)
+    if info is None or rank not in info.rng_ranks:
+        torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
+    if rank == 0:
+        origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
+        print(f"trainer: {parameters / 1e6:.1f}M parameters, world size {world_size}, "
+              f"step {state.progress.step}/{config.max_steps}, {origin}", flush=True)
+
+    exit_code = _train_loop(config, state, checkpointer, stop_signal, metrics, run_log,
+                            rank, world_size, device)
+    checkpointer.close()
+    dist.destroy_process_group()
+    return exit_code
+
+
+def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpointer,
+                stop_signal: StopSignal, metrics: TrainerMetrics | None, run_log: RunLog,
+                rank: int, world_size: int, device: torch.device) -> int:
+    """Steps until `max_steps` or an agreed stop; checkpoints on schedule and at the end."""
+    sampler = GlobalBatchSampler(config.num_samples, config.global_batch, config.seed)
+    global_tokens = config.global_batch * config.model.seq_len
+    step_times: deque[float] = deque(maxlen=_THROUGHPUT_WINDOW_STEPS)
+    last_checkpoint = time.monotonic()
+    stopping = False
+    while state.progress.step < config.max_steps:
+        started = time.perf_counter()
+        global_indices = sampler.global_batch_indices(state.progress.position)
+        tokens = sample_tokens(rank_slice(global_indices, rank, world_size), config.seed,
+                               config.model.seq_len, config.model.vocab_size).to(device)
+        checkpoint_due = (rank == 0 and config.checkpoint_every_s > 0
+                          and time.monotonic() - last_checkpoint >= config.checkpoint_every_s)
+        try:
+            logits = state.model(tokens[:, :-1])
+            loss_sum = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(),
+                                       reduction="sum")
+            (loss_sum * (world_size / global_tokens)).backward()
+            # One all-reduce carries the loss and the two flags every rank must agree on.
+            shared = torch.tensor([loss_sum.item(), stop_signal.received_monotonic is not None,
+                                   checkpoint_due], dtype=torch.float64, device=device)
+            dist.all_reduce(shared)
+        except RuntimeError as err:
+            if config.parallelism == "ddp" and world_size > 1:
+                run_log.event("peer_failure", step=state.progress.step, error=str(err)[:200])
+                checkpointer.emergency_save(state)
+            raise
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.progress = Progress(state.progress.step + 1,
+                                  sampler.advance(state.progress.position))
+        step = state.progress.step
+        step_times.append(time.perf_counter() - started)
+        loss = shared[0].item() / global_tokens
+        samples_per_s = config.global_batch * len(step_times) / sum(step_times)
+        if metrics:
+            metrics.on_step(step, loss, samples_per_s, world_size)
+        if rank == 0:
+            run_log.event("step", step=step, loss=loss, world_size=world_size,
+                          step_s=step_times[-1], samples=global_indices,
+                          epoch=state.progress.position.epoch)
+            if step % 10 == 0 or step == config.max_steps:
+                print(f"trainer: step {step} loss {loss:.4f} {samples_per_s:.1f} samples/s",
+                      flush=True)
+        if shared[1].item() > 0:
+            stopping = True
+            break
+        by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
+        if (by_steps or shared[2].item() > 0) and step < config.max_steps:
+            blocked_s = checkpointer.save(state, config.checkpoint_mode, reason="periodic")
+            last_checkpoint = time.monotonic()
+            if metrics:
+                metrics.on_checkpoint_blocked(blocked_s)
+
+    if stopping:
+        _arm_grace_watchdog(config.sigterm_grace_s, stop_signal.received_monotonic)
+        run_log.event("stop", step=state.progress.step, reason="SIGTERM")
+    blocked_s = checkpointer.save(state, "sync", reason="sigterm" if stopping else "final")
+    if metrics:
+        metrics.on_checkpoint_blocked(blocked_s)
+    return SIGTERM_EXIT_CODE if stopping else 0
+
+
+def _arm_grace_watchdog(grace_s: float, signalled_monotonic: float | None) -> None:
+    """Exit hard if the final checkpoint overruns the grace period.
+
+    Being killed by the kubelet mid-save is no worse (the half-written `.tmp` directory is never
+    loaded), but exiting first makes the overrun visible in the logs instead of a bare SIGKILL.
+    """
+    started = signalled_monotonic if signalled_monotonic is not None else time.monotonic()
+    remaining_s = max(0.0, grace_s - (time.monotonic() - started))
+
+    def expire() -> None:
+        print(f"trainer: final checkpoint overran --sigterm-grace-s {grace_s}; exiting without it",
+              file=sys.stderr, flush=True)
+        os._exit(SIGTERM_EXIT_CODE)
+
+    watchdog = threading.Timer(remaining_s, expire)
+    watchdog.daemon = True
+    watchdog.start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2."""
+    parser = argparse.ArgumentParser(prog="python -m trainer_jobs.train",
+                                     description="Elastic, checkpointing LM training job.")
+    add_train_arguments(parser)
+    try:
+        return train(config_from_args(parser.parse_args(argv)))
+    except UserError as err:
+        print(f"trainer: error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
