@@ -30,51 +30,49 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
-def _available_commands() -> list[tuple[tuple[str, ...], str, str]]:
-    """Subcommands whose implementing module exists in this installation."""
-    found = []
+def _match(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
+    """The command whose words start `argv`, if any."""
     for words, module, help_text in COMMANDS:
-        if importlib.util.find_spec(module.split(".")[0]) is None:
-            continue
-        try:
-            spec = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            spec = None
-        if spec is not None:
-            found.append((words, module, help_text))
-    return found
+        if tuple(argv[: len(words)]) == words:
+            return words, module, help_text
+    return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the full parser tree (imports each available subcommand's module)."""
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser tree; only the module of the command named in `argv` is imported."""
     parser = argparse.ArgumentParser(
         prog="rlalloc",
-        description="RL resource allocation for distributed training jobs.",
+        description="RL resource allocation for distributed training jobs on Kubernetes.",
     )
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
         (): parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     }
-    for words, module, help_text in _available_commands():
+    chosen = _match(argv)
+    for words, module, help_text in COMMANDS:
         for depth in range(1, len(words)):
             prefix = words[:depth]
             if prefix not in groups:
-                group_parser = groups[words[: depth - 1]].add_parser(
-                    prefix[-1], help=f"{prefix[-1]} subcommands"
-                )
-                groups[prefix] = group_parser.add_subparsers(
-                    dest=f"command_{depth}", required=True, metavar="COMMAND"
-                )
+                group = groups[words[: depth - 1]].add_parser(
+                    prefix[-1], help=f"{prefix[-1]} subcommands")
+                groups[prefix] = group.add_subparsers(
+                    dest=f"command_{depth}", required=True, metavar="COMMAND")
         sub = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
-        mod = importlib.import_module(module)
-        mod.add_arguments(sub)
-        sub.set_defaults(_run=mod.run)
+        if chosen is not None and chosen[0] == words:
+            implementation = importlib.import_module(module)
+            implementation.add_arguments(sub)
+            sub.set_defaults(_run=implementation.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rlalloc` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+    except UserError as err:
+        print(f"rlalloc: error: {err}", file=sys.stderr)
+        return 2
     try:
         return int(args._run(args) or 0)
     except UserError as err:

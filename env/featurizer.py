@@ -23,6 +23,8 @@ import numpy as np
 from env.placement import choose_nodes
 from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
 
+_SCALE, _MIGRATE, _PACKED = ActionKind.SCALE, ActionKind.MIGRATE, Strategy.PACKED
+
 _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _LOG_GPUS = math.log2(1 + 256)
@@ -66,6 +68,8 @@ class FeatureSpec:
 
 
 CLUSTER_FEATURES = 18
+OBS_BOUND = 10.0
+"""Every feature is scaled to roughly [-1, 4]; the observation is clipped to +-OBS_BOUND."""
 JOB_FEATURES = 19
 
 
@@ -99,40 +103,81 @@ def speedup(n: np.ndarray, k: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -
     return np.where(n > 0, n / (1.0 + alpha * np.maximum(n - 1, 0) + cross), 0.0)
 
 
-def _log_gpus(x: np.ndarray | float) -> np.ndarray:
-    return np.log2(1.0 + np.asarray(x, dtype=np.float64)) / _LOG_GPUS
+def _speedup_scalar(n: int, k: int, alpha: float, beta: float) -> float:
+    """`speedup` for one job, in plain Python (the featurizer's hot loop)."""
+    if n <= 0:
+        return 0.0
+    return n / (1.0 + alpha * (n - 1) + (beta * n if k > 1 else 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What observe, mask and decode all need from one state, computed once."""
+
+    slots: np.ndarray
+    placements: list[tuple[int, ...]]
+    at_risk: np.ndarray
+    any_risk: bool
+    usable: np.ndarray
+    total_free: int
 
 
 class Featurizer:
-    """Turns states into observations and masks, and discrete actions into `Action`s."""
+    """Turns states into observations and masks, and discrete actions into `Action`s.
+
+    The three calls on one state share their common work through a one-entry cache keyed by
+    the state object's identity (states are immutable snapshots).
+    """
 
     def __init__(self, spec: FeatureSpec | None = None) -> None:
         self.spec = spec or FeatureSpec()
         self._levels = np.asarray(self.spec.worker_levels, dtype=np.int64)
+        self._cached: tuple[ClusterState, _View] | None = None
+
+    def _view(self, state: ClusterState) -> _View:
+        if self._cached is not None and self._cached[0] is state:
+            return self._cached[1]
+        slots = select_slots(state, self.spec.top_k)
+        nodes = state.nodes
+        usable = nodes.ready & ~nodes.cordoned
+        at_risk = at_risk_nodes(state)
+        view = _View(
+            slots=slots,
+            placements=[state.jobs.placement[r] for r in slots.tolist()],
+            at_risk=at_risk,
+            any_risk=bool(at_risk.any()),
+            usable=usable,
+            total_free=int(nodes.gpus_free[usable].sum()),
+        )
+        self._cached = (state, view)
+        return view
+
+    def slots(self, state: ClusterState) -> np.ndarray:
+        """Rows of `state.jobs` in slot order (what slot k of the observation refers to)."""
+        return self._view(state).slots
 
     # ------------------------------------------------------------------ observation
-    def observe(self, state: ClusterState, slots: np.ndarray | None = None) -> np.ndarray:
+    def observe(self, state: ClusterState) -> np.ndarray:
         """Observation vector (float32, length `spec.obs_size`)."""
-        spec = self.spec
-        slots = select_slots(state, spec.top_k) if slots is None else slots
-        obs = np.zeros(spec.obs_size, dtype=np.float32)
-        obs[:CLUSTER_FEATURES] = self._cluster_features(state)
-        if len(slots):
-            per_job = self._job_features(state, slots)
+        view = self._view(state)
+        obs = np.zeros(self.spec.obs_size, dtype=np.float32)
+        obs[:CLUSTER_FEATURES] = self._cluster_features(state, view)
+        if len(view.slots):
+            per_job = self._job_features(state, view)
             obs[CLUSTER_FEATURES:CLUSTER_FEATURES + per_job.size] = per_job.ravel()
-        return obs
+        return np.clip(obs, -OBS_BOUND, OBS_BOUND, out=obs)
 
-    def _cluster_features(self, state: ClusterState) -> np.ndarray:
+    def _cluster_features(self, state: ClusterState, view: _View) -> np.ndarray:
         nodes, jobs, demand = state.nodes, state.jobs, state.demand
         total = max(int(nodes.gpus_total.sum()), 1)
-        usable = nodes.ready & ~nodes.cordoned
+        usable = view.usable
         free = np.where(usable, nodes.gpus_free, 0)
         n_nodes = max(nodes.count, 1)
         n_queued = int(np.count_nonzero(jobs.status == _QUEUED))
         day = 2 * math.pi * state.time_of_day_s / 86_400.0
         out = np.empty(CLUSTER_FEATURES, dtype=np.float32)
         out[:13] = (
-            free.sum() / total,
+            view.total_free / total,
             nodes.gpus_total[usable].sum() / total,
             min(n_queued / self.spec.top_k, 4.0),
             min(demand.pending_gpus / total, 4.0),
@@ -147,64 +192,64 @@ class Featurizer:
         out[17] = free.max(initial=0) / max(int(nodes.gpus_total.max(initial=1)), 1)
         return out
 
-    def _job_features(self, state: ClusterState, slots: np.ndarray) -> np.ndarray:
+    def _job_features(self, state: ClusterState, view: _View) -> np.ndarray:
+        """Per-slot features; plain Python over <= top_k slots beats dozens of tiny numpy ops."""
         jobs, nodes = state.jobs, state.nodes
+        slots = view.slots
         per_node = max(int(nodes.gpus_total.max()), 1)
-        status = jobs.status[slots]
-        workers = jobs.workers[slots].astype(np.float64)
-        alpha, beta = jobs.scaling_alpha[slots], jobs.scaling_beta[slots]
-        placements = [jobs.placement[r] for r in slots.tolist()]
-        node_counts = np.array([len(set(p)) for p in placements], dtype=np.float64)
-        at_risk = at_risk_nodes(state)
-        risky = at_risk.any()
-        on_risky = ([bool(at_risk[list(p)].any()) if p else False for p in placements]
-                    if risky else 0.0)
-        scores = nodes.failure_risk
-        risk = ([float(scores[list(p)].max()) if p else 0.0 for p in placements]
-                if scores.any() else 0.0)
-        req = jobs.requested_gpus[slots].astype(np.float64)
-        doubled = np.minimum(np.maximum(workers * 2, 1), jobs.max_workers[slots])
-        # one speed-up evaluation for now / doubled / requested, stacked for speed
-        n = np.concatenate([workers, doubled, req])
-        k = np.concatenate([node_counts, np.ceil(doubled / per_node), np.ceil(req / per_node)])
-        now, after, at_req = np.split(speedup(n, k, np.tile(alpha, 3), np.tile(beta, 3)), 3)
-        packed_nodes = np.ceil(np.maximum(workers, 1) / per_node)
-        log_gpus = _log_gpus(np.concatenate([workers, req, jobs.min_workers[slots],
-                                             jobs.max_workers[slots]]))
-        age_h = np.maximum(state.time_s - jobs.submit_s[slots], 0.0) / 3600.0
-        safe_workers = np.maximum(workers, 1)
-        features = np.empty((len(slots), JOB_FEATURES), dtype=np.float32)
-        features[:, 0] = 1.0
-        features[:, 1] = status == _QUEUED
-        features[:, 2] = status == _RUNNING
-        features[:, 3] = status == _RESTARTING
-        features[:, 4:8] = log_gpus.reshape(4, -1).T
-        features[:, 8] = np.log1p(age_h) / 4.0
-        features[:, 9] = np.log1p(jobs.attained_gpu_s[slots] / 3600.0) / 6.0
-        features[:, 10] = jobs.progress[slots]
-        features[:, 11] = now / safe_workers
-        features[:, 12] = np.where(now > 0, after / np.maximum(now, 1e-9) - 1.0, 1.0)
-        features[:, 13] = at_req / np.maximum(req, 1)
-        features[:, 14] = on_risky
-        features[:, 15] = risk
-        features[:, 16] = jobs.since_checkpoint_s[slots] / self.spec.checkpoint_interval_s
-        features[:, 17] = jobs.restore_s[slots] / 300.0
-        features[:, 18] = np.where(workers > 0, (node_counts - packed_nodes) / safe_workers, 0.0)
-        return features
+        at_risk = view.at_risk.tolist() if view.any_risk else None
+        scores = nodes.failure_risk.tolist() if nodes.failure_risk.any() else None
+        columns = zip(
+            jobs.status[slots].tolist(), jobs.workers[slots].tolist(),
+            jobs.requested_gpus[slots].tolist(), jobs.min_workers[slots].tolist(),
+            jobs.max_workers[slots].tolist(), jobs.submit_s[slots].tolist(),
+            jobs.attained_gpu_s[slots].tolist(), jobs.progress[slots].tolist(),
+            jobs.scaling_alpha[slots].tolist(), jobs.scaling_beta[slots].tolist(),
+            jobs.since_checkpoint_s[slots].tolist(), jobs.restore_s[slots].tolist(),
+            view.placements,
+        )
+        now_s, interval = state.time_s, self.spec.checkpoint_interval_s
+        log1p, log2, ceil = math.log1p, math.log2, math.ceil
+        rows = []
+        for (status, workers, req, lo, hi, submit, attained, progress, alpha, beta, since_ckpt,
+             restore, placement) in columns:
+            used = set(placement)
+            n_nodes = len(used)
+            doubled = min(max(workers * 2, 1), hi)
+            now = _speedup_scalar(workers, n_nodes, alpha, beta)
+            after = _speedup_scalar(doubled, ceil(doubled / per_node), alpha, beta)
+            at_req = _speedup_scalar(req, ceil(req / per_node), alpha, beta)
+            safe_workers = max(workers, 1)
+            rows.append((
+                1.0, status == _QUEUED, status == _RUNNING, status == _RESTARTING,
+                log2(1 + workers) / _LOG_GPUS, log2(1 + req) / _LOG_GPUS,
+                log2(1 + lo) / _LOG_GPUS, log2(1 + hi) / _LOG_GPUS,
+                log1p(max(now_s - submit, 0.0) / 3600.0) / 4.0,
+                log1p(attained / 3600.0) / 6.0,
+                progress,
+                now / safe_workers,
+                after / now - 1.0 if now > 0 else 1.0,
+                at_req / max(req, 1),
+                any(at_risk[n] for n in used) if at_risk is not None else False,
+                max((scores[n] for n in used), default=0.0) if scores is not None else 0.0,
+                since_ckpt / interval,
+                restore / 300.0,
+                (n_nodes - ceil(safe_workers / per_node)) / safe_workers if workers else 0.0,
+            ))
+        return np.array(rows, dtype=np.float32)
 
     # ------------------------------------------------------------------ actions
-    def action_mask(self, state: ClusterState, slots: np.ndarray | None = None) -> np.ndarray:
+    def action_mask(self, state: ClusterState) -> np.ndarray:
         """bool mask over the discrete actions; exact: every True action changes the state."""
         spec = self.spec
-        slots = select_slots(state, spec.top_k) if slots is None else slots
+        view = self._view(state)
+        slots, placements, usable, total_free = (view.slots, view.placements, view.usable,
+                                                 view.total_free)
         mask = np.zeros(spec.num_actions, dtype=bool)
         mask[0] = True
         if not len(slots):
             return mask
         jobs, nodes = state.jobs, state.nodes
-        usable = nodes.ready & ~nodes.cordoned
-        total_free = int(np.where(usable, nodes.gpus_free, 0).sum())
-        placements = [jobs.placement[r] for r in slots.tolist()]
         all_usable = bool(usable.all())
         own_usable = np.array([len(p) if all_usable else sum(1 for n in p if usable[n])
                                for p in placements])
@@ -221,10 +266,9 @@ class Featurizer:
         block[:, 0] = workers > 0
         block[:, 1:1 + spec.levels_per_slot * n_strategies] = np.repeat(feasible, n_strategies,
                                                                        axis=1)
-        at_risk = at_risk_nodes(state)
-        if at_risk.any():
+        if view.any_risk:
             for k, placement in enumerate(placements):
-                if not placement or not at_risk[list(placement)].any():
+                if not placement or not view.at_risk[list(placement)].any():
                     continue
                 row = int(slots[k])
                 src = self._migration_source(state, row)
@@ -240,12 +284,12 @@ class Featurizer:
         return max(sorted(set(state.jobs.placement[row])),
                    key=lambda n: (bool(nodes.warned[n]), float(nodes.failure_risk[n])))
 
-    def decode(self, state: ClusterState, index: int, slots: np.ndarray | None = None) -> Action:
+    def decode(self, state: ClusterState, index: int) -> Action:
         """The `Action` for discrete action `index` (NOOP if it cannot be carried out)."""
         spec = self.spec
         if index <= 0:
             return NOOP
-        slots = select_slots(state, spec.top_k) if slots is None else slots
+        slots = self._view(state).slots
         k, offset = divmod(index - 1, spec.actions_per_slot)
         if k >= len(slots):
             return NOOP
@@ -253,24 +297,28 @@ class Featurizer:
         job_id = state.jobs.job_id[row]
         names = state.nodes.name
         if offset == 0:
-            return Action(ActionKind.SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
+            return Action(_SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
         if offset == spec.actions_per_slot - 1:
-            if not state.jobs.placement[row]:
-                return NOOP
+            placement = state.jobs.placement[row]
+            view = self._view(state)
+            if not placement or not view.at_risk[list(placement)].any():
+                return NOOP  # migration is for jobs on warned or risky nodes only
             src = self._migration_source(state, row)
-            nodes = choose_nodes(state, row, int(state.jobs.workers[row]), Strategy.PACKED,
+            nodes = choose_nodes(state, row, int(state.jobs.workers[row]), _PACKED,
                                  exclude_node=src)
             if nodes is None:
                 return NOOP
-            return Action(ActionKind.MIGRATE, job_id, len(nodes),
+            return Action(_MIGRATE, job_id, len(nodes),
                           tuple(names[n] for n in nodes), from_node=names[src])
         level, strategy_index = divmod(offset - 1, len(spec.strategies))
         workers = (spec.worker_levels[level] if level < len(spec.worker_levels)
                    else int(state.jobs.requested_gpus[row]))
+        if workers == state.jobs.workers[row]:
+            return NOOP  # moves at the same size are migrations, not scale actions
         nodes = choose_nodes(state, row, workers, spec.strategies[strategy_index])
         if nodes is None:
             return NOOP
-        return Action(ActionKind.SCALE, job_id, workers, tuple(names[n] for n in nodes))
+        return Action(_SCALE, job_id, workers, tuple(names[n] for n in nodes))
 
     def encode_scale(self, slot: int, workers: int | None, strategy: Strategy) -> int:
         """Discrete index of 'scale slot to `workers` (None: its requested count)'."""

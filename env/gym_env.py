@@ -20,10 +20,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from env.featurizer import Featurizer, FeatureSpec, select_slots
+from env.featurizer import OBS_BOUND, Featurizer, FeatureSpec
 from env.params import SimParams
 from env.scenario import Scenario, build_scenario
 from env.state import ActionKind
+
+_NOOP = ActionKind.NOOP
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +58,10 @@ class ClusterAllocEnv(gym.Env):
         self._cluster = cluster
         self._scenarios: dict[tuple[int, int], Scenario] = {}
         spec = self.featurizer.spec
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (spec.obs_size,), np.float32)
+        self.observation_space = gym.spaces.Box(-OBS_BOUND, OBS_BOUND, (spec.obs_size,), np.float32)
         self.action_space = gym.spaces.Discrete(spec.num_actions)
         self.sim = None
         self._state = None
-        self._slots = None
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None,
@@ -80,8 +81,8 @@ class ClusterAllocEnv(gym.Env):
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Apply one discrete action; advance time after a no-op or invalid action."""
         sim = self.sim
-        decoded = self.featurizer.decode(self._state, int(action), self._slots)
-        if decoded.kind != ActionKind.NOOP:
+        decoded = self.featurizer.decode(self._state, int(action))
+        if decoded.kind != _NOOP:
             applied = sim.apply(decoded)  # counts an invalid action itself
         else:
             applied = False
@@ -102,7 +103,7 @@ class ClusterAllocEnv(gym.Env):
 
     def action_masks(self) -> np.ndarray:
         """Valid actions now (read by sb3-contrib's MaskablePPO)."""
-        return self.featurizer.action_mask(self._state, self._slots)
+        return self.featurizer.action_mask(self._state)
 
     # ------------------------------------------------------------------ internals
     def _scenario(self, index: int, seed: int) -> Scenario:
@@ -119,10 +120,9 @@ class ClusterAllocEnv(gym.Env):
 
     def _refresh(self) -> None:
         self._state = self.sim.state()
-        self._slots = select_slots(self._state, self.featurizer.spec.top_k)
 
     def _observation(self) -> np.ndarray:
-        return self.featurizer.observe(self._state, self._slots)
+        return self.featurizer.observe(self._state)
 
     def _totals(self) -> tuple[float, float, float]:
         acc = self.sim.accounting

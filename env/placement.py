@@ -13,6 +13,7 @@ import numpy as np
 from env.state import ClusterState, Strategy
 
 _NO_ROOM = np.int64(1 << 30)
+_PACKED = Strategy.PACKED
 
 
 def free_gpus_for(state: ClusterState, job_row: int | None, exclude_node: int = -1) -> np.ndarray:
@@ -51,7 +52,7 @@ def _pick(free: np.ndarray, workers: int, strategy: Strategy) -> tuple[int, ...]
     chosen: list[int] = []
     need = workers
     free = free.copy()
-    if strategy == Strategy.PACKED:
+    if strategy == _PACKED:
         while need > 0:
             fits = np.where(free >= need, free, _NO_ROOM)
             best = int(fits.argmin())

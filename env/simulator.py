@@ -52,7 +52,9 @@ ThroughputFn = Callable[[tuple[int, ...]], float]
 """Iterations per second of one job for a placement shape (GPUs per node, largest first)."""
 
 _ARRIVAL, _RESTORED, _COMPLETE, _HEALTH = 0, 1, 2, 3
-_QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
+_QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
+                                  int(JobStatus.RESTARTING))
+_NOOP, _SCALE = ActionKind.NOOP, ActionKind.SCALE
 _NOT_SUBMITTED, _FINISHED = -1, 3  # job status codes beyond JobStatus
 _LINGER_S = 3600.0  # an ended warning episode stays visible in windowed counts for an hour
 
@@ -95,6 +97,7 @@ class Simulator:
         self._snapshot_totals = self._gpus_total.copy()
         self._snapshot_racks = self._racks.copy()
         self._down = np.zeros(n_nodes, dtype=bool)
+        self._failures_pending = np.zeros(n_nodes, dtype=np.int32)  # fails not yet repaired
         self._cordoned = np.zeros(n_nodes, dtype=bool)
         self._episodes: dict[int, WarningEpisode] = {}
         self._node_jobs: list[set[int]] = [set() for _ in range(n_nodes)]
@@ -144,6 +147,8 @@ class Simulator:
         self._demand_history: list[float] = []
         self.invalid_actions = 0
         self.actions_taken = 0
+        self.events_processed = 0
+        self.decisions = 0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -179,9 +184,10 @@ class Simulator:
         """Run to the end: at each decision point ask `policy` until it says no-op."""
         completed = 0
         while not self.done:
+            self.decisions += 1
             for _ in range(self.params.max_actions_per_decision):
                 action = policy(self.state())
-                if action.kind == ActionKind.NOOP or not self.apply(action):
+                if action.kind == _NOOP or not self.apply(action):
                     break
             self.advance()
             if on_progress is not None and self.accounting.jobs_completed != completed:
@@ -190,7 +196,7 @@ class Simulator:
 
     def apply(self, action: Action) -> bool:
         """Carry out `action` now; an invalid one changes nothing, is counted, returns False."""
-        if action.kind == ActionKind.NOOP:
+        if action.kind == _NOOP:
             return True
         reason = self._validate(action)
         if reason:
@@ -202,9 +208,28 @@ class Simulator:
         self._reallocate(row, nodes)
         return True
 
+    def schedule_failure(self, node_name: str, time_s: float,
+                         warning_lead_s: float = 0.0) -> None:
+        """Make `node_name` fail at `time_s` (after a warning episode of `warning_lead_s`).
+
+        For tests, demos and the digital twin: the failure follows the same path as one drawn
+        by the failure process (lost work, restart, repair after `repair_s`).
+        """
+        assert time_s >= self.time_s, (time_s, self.time_s)
+        node = self.node_index[node_name]
+        events = []
+        if warning_lead_s > 0:
+            episode = WarningEpisode(node, time_s - warning_lead_s, time_s, time_s)
+            episode.xid_s.extend(np.linspace(episode.start_s, time_s, 8, endpoint=False))
+            events.append(HealthEvent(episode.start_s, "warn", node, episode))
+        events.append(HealthEvent(time_s, "fail", node))
+        events.append(HealthEvent(time_s + self.params.failures.repair_s, "repair", node))
+        for event in events:
+            self._push_health(event)
+
     def validate(self, action: Action) -> str:
         """Why `action` cannot be carried out now ("" when it can)."""
-        return self._validate(action) if action.kind != ActionKind.NOOP else ""
+        return self._validate(action) if action.kind != _NOOP else ""
 
     def state(self) -> ClusterState:
         """A snapshot of everything a policy may see, as it would be read from a live cluster.
@@ -277,14 +302,14 @@ class Simulator:
             nodes = [self.node_index[n] for n in action.nodes]
         except KeyError as err:
             return f"unknown node {err.args[0]!r}"
-        if action.kind == ActionKind.SCALE:
+        if action.kind == _SCALE:
             n = action.workers
             if n and not self._min_w[row] <= n <= self._max_w[row]:
                 return f"{n} workers is outside [{self._min_w[row]}, {self._max_w[row]}]"
-            if n == 0 and self._status[row] == JobStatus.QUEUED:
+            if n == 0 and self._status[row] == _QUEUED:
                 return "job is already suspended"
         else:
-            if self._status[row] == JobStatus.QUEUED:
+            if self._status[row] == _QUEUED:
                 return "job is not running"
             src = self.node_index.get(action.from_node, -1)
             if src not in self._placement[row]:
@@ -307,7 +332,7 @@ class Simulator:
     def _reallocate(self, row: int, nodes: tuple[int, ...]) -> None:
         """Checkpoint the job (no loss), release its GPUs and start it on `nodes` (may be ())."""
         t = self.time_s
-        if self._status[row] != JobStatus.QUEUED:
+        if self._status[row] != _QUEUED:
             self._done[row] = self._progress(row, t)
             self._release(row, t)
         if not nodes:
@@ -335,7 +360,7 @@ class Simulator:
         self._anchor[row] = t
         self._busy_from[row] = t + restore
         self._version[row] += 1
-        self._status[row] = JobStatus.RESTARTING
+        self._status[row] = _RESTARTING
         self._allocation_changed()
         if not self._started_once[row]:
             self._started_once[row] = True
@@ -352,7 +377,7 @@ class Simulator:
         self._attained[row] += self._workers[row] * held
         self._run_s[row] += held
         workers = int(self._workers[row])
-        was_training = self._status[row] == JobStatus.RUNNING
+        was_training = self._status[row] == _RUNNING
         if was_training:
             self.accounting.training_stopped(row, t)
         self.accounting.change(alloc=-workers, busy=-workers if was_training else 0,
@@ -364,17 +389,17 @@ class Simulator:
         self._workers[row] = 0
         self._rate[row] = 0.0
         self._version[row] += 1
-        self._status[row] = JobStatus.QUEUED
+        self._status[row] = _QUEUED
         self._allocation_changed()
 
     def _progress(self, row: int, t: float) -> float:
-        if self._status[row] != JobStatus.RUNNING:
+        if self._status[row] != _RUNNING:
             return float(self._done[row])
         return float(self._done[row] + self._rate[row] * (t - self._busy_from[row]))
 
     def _last_checkpoint(self, row: int, t: float) -> tuple[float, float]:
         """(progress, time) of the job's latest checkpoint at time t."""
-        if self._status[row] != JobStatus.RUNNING:
+        if self._status[row] != _RUNNING:
             return float(self._done[row]), float(self._anchor[row])
         interval = self.params.checkpoint_interval_s
         trained = math.floor((t - self._busy_from[row]) / interval) * interval
@@ -394,18 +419,22 @@ class Simulator:
         if until <= self._health_pulled_until:
             return
         for event in self._health.events_until(until):
-            self._health_events[self._seq + 1] = event
-            self._push(event.time_s, _HEALTH, self._seq + 1, 0)
+            self._push_health(event)
         self._health_pulled_until = until
+
+    def _push_health(self, event: HealthEvent) -> None:
+        self._push(event.time_s, _HEALTH, self._seq + 1, 0)
+        self._health_events[self._seq] = event
 
     def _process_until(self, target: float) -> None:
         events = self._events
         while events and events[0][0] <= target:
             t, kind, _, a, b = heapq.heappop(events)
+            self.events_processed += 1
             self.accounting.advance(t)
             self.time_s = t
             if kind == _ARRIVAL:
-                self._status[a] = JobStatus.QUEUED
+                self._status[a] = _QUEUED
                 self._active[a] = None
                 self._snapshot_rows = None
                 self.accounting.change(queued_gpus=int(self._requested[a]))
@@ -421,7 +450,7 @@ class Simulator:
         self.time_s = target
 
     def _on_restored(self, row: int, t: float) -> None:
-        self._status[row] = JobStatus.RUNNING
+        self._status[row] = _RUNNING
         self._allocation_changed()
         self.accounting.change(busy=int(self._workers[row]))
         self.accounting.training_started(row, t)
@@ -446,8 +475,13 @@ class Simulator:
         elif event.kind == "calm":
             pass  # the episode lingers in windowed counts; dropped in _node_snapshot
         elif event.kind == "fail":
-            self._fail_node(node, t)
+            self._failures_pending[node] += 1
+            if self._failures_pending[node] == 1:  # a node that is down cannot fail again
+                self._fail_node(node, t)
         elif event.kind == "repair":
+            self._failures_pending[node] -= 1
+            if self._failures_pending[node] > 0:
+                return
             self._down[node] = False
             self._gpus_free[node] = self._gpus_total[node]
             self._snapshot_nodes = None
@@ -514,8 +548,3 @@ class Simulator:
                 forecast = tuple(float(v) for v in self._demand_forecast(history))
         return Demand(pending_gpus=self.accounting.queued_gpus, arrivals_1h=int(hi - lo),
                       forecast_gpus=forecast)
-
-    def node_telemetry(self) -> np.ndarray:
-        """(nodes, len(NODE_FEATURE_NAMES)) telemetry features now (for the risk model)."""
-        return np.stack([node_features(self._episodes.get(i), self.time_s,
-                                       self.params.failures) for i in range(len(self.node_names))])

@@ -50,6 +50,9 @@ class ActionKind(IntEnum):
     """Move job J's workers off node N (checkpoint first: no work lost, pays the restore)."""
 
 
+_SCALE, _MIGRATE = ActionKind.SCALE, ActionKind.MIGRATE
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     """One allocation decision; `nodes` lists the node name of each worker of the new placement."""
@@ -62,9 +65,9 @@ class Action:
     """MIGRATE only: the node the job must leave."""
 
     def __post_init__(self) -> None:
-        if self.kind == ActionKind.SCALE:
+        if self.kind == _SCALE:
             assert self.job_id and len(self.nodes) == self.workers, self
-        elif self.kind == ActionKind.MIGRATE:
+        elif self.kind == _MIGRATE:
             assert self.job_id and self.from_node and self.nodes, self
 
     def describe(self) -> str:

@@ -1,0 +1,112 @@
+"""`rlalloc bench sim`: how fast the simulator replays a trace and steps as an environment.
+
+Two figures matter: the wall time to replay the full 82k-job Philly trace on a 128x8 cluster
+under static FIFO (target: under 30 s), and environment steps per second with random valid
+actions on a 16x4 cluster (target: well above 5,000, so PPO's update loop, not the simulator,
+bounds training). Peak memory is the process's maximum resident set size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from env.errors import UserError
+from env.output import write_json
+from env.progress import progress_bar
+
+DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+                 / "pollux" / "philly.csv")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc bench sim`."""
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                        help="trace to replay (default: ../shared/data/traces/pollux/philly.csv)")
+    parser.add_argument("--cluster", default="128x8", help="replay cluster (default: %(default)s)")
+    parser.add_argument("--policy", default="static", help="replay policy (default: %(default)s)")
+    parser.add_argument("--env-cluster", default="16x4",
+                        help="cluster of the environment-step benchmark (default: %(default)s)")
+    parser.add_argument("--env-steps", type=int, default=20_000,
+                        help="environment steps to time (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+
+
+def bench_replay(trace: Path, cluster: str, policy_name: str) -> dict[str, float]:
+    """Load and replay `trace` once; wall times, events and decisions per second."""
+    from agent.registry import load_policy
+    from env.scenario import build_scenario
+
+    if not trace.is_file():
+        raise UserError(f"--trace {trace}: no such file; pass --trace PATH to a workload CSV")
+    policy = load_policy(policy_name)
+    start = time.perf_counter()
+    scenario = build_scenario(str(trace), cluster)
+    load_s = time.perf_counter() - start
+    sim = scenario.simulator()
+    with progress_bar() as progress:
+        task = progress.add_task("replay", total=len(scenario.workload.jobs))
+        start = time.perf_counter()
+        sim.run(policy.act, on_progress=lambda n: progress.advance(task, n))
+        replay_s = time.perf_counter() - start
+    metrics = sim.accounting.summary()
+    return {
+        "jobs": len(scenario.workload.jobs),
+        "trace_load_s": load_s,
+        "philly_replay_s": replay_s,
+        "events": sim.events_processed,
+        "events_per_s": sim.events_processed / replay_s,
+        "decisions_per_s": sim.decisions / replay_s,
+        "replay_avg_jct_s": metrics["avg_jct_s"],
+        "replay_gpu_util": metrics["gpu_util"],
+    }
+
+
+def bench_env_steps(cluster: str, steps: int, seed: int = 0) -> dict[str, float]:
+    """Steps per second of `ClusterAllocEnv` under uniformly random valid actions."""
+    from env.gym_env import ClusterAllocEnv
+
+    env = ClusterAllocEnv(cluster=cluster)
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    episodes = 0
+    with progress_bar() as progress:
+        task = progress.add_task("env steps", total=steps)
+        start = time.perf_counter()
+        for i in range(steps):
+            action = rng.choice(np.flatnonzero(env.action_masks()))
+            _, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                episodes += 1
+                env.reset()
+            if i % 1000 == 999:
+                progress.advance(task, 1000)
+        elapsed = time.perf_counter() - start
+    return {"env_steps": steps, "env_steps_per_s": steps / elapsed, "env_episodes": episodes}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run both benchmarks, print a table, optionally write JSON."""
+    if args.env_steps < 1:
+        raise UserError("--env-steps must be at least 1")
+    figures = bench_replay(args.trace, args.cluster, args.policy)
+    figures.update(bench_env_steps(args.env_cluster, args.env_steps))
+    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    figures["machine"] = f"{platform.machine()} {platform.python_version()}"
+    table = Table(title=f"rlalloc bench sim: {args.trace.name} on {args.cluster}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    if args.out:
+        write_json(args.out, figures)
+        print(f"wrote {args.out}")
+    return 0

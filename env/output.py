@@ -1,0 +1,57 @@
+"""Writing results without ever destroying earlier ones.
+
+Every command that writes results goes through here: an existing result file is never
+overwritten unless the user passed ``--force``, and files are written to a temporary name and
+renamed, so an interrupted run leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from env.errors import UserError
+
+
+def prepare_out_dir(out: Path, produces: list[str], force: bool) -> Path:
+    """Create `out` if needed; refuse if any file in `produces` exists there and not `force`."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory; choose another path")
+    existing = [name for name in produces if (out / name).exists()]
+    if existing and not force:
+        raise UserError(f"--out {out}: already holds {', '.join(existing)}; "
+                        "pass --force to replace them or choose another directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create directory ({err.strerror})") from err
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"{path}: cannot write ({err.strerror}); check the directory") from err
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """`write_atomic` of `payload` as indented JSON (numpy scalars converted)."""
+    write_atomic(Path(path), json.dumps(payload, indent=2, default=_plain) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

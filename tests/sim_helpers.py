@@ -1,0 +1,67 @@
+"""Tiny hand-made worlds and an invariant checker shared by the simulator tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from env.cluster import uniform_cluster
+from env.params import SimParams
+from env.placement import choose_nodes
+from env.profiles import GENERIC_SCALING
+from env.simulator import JobSpeed, Simulator
+from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from env.workload.spec import JobSpec, Workload
+
+GENERIC = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
+                   GENERIC_SCALING.beta)
+
+
+def job(job_id: str, submit_s: float, gpus: int, work: float, restore_s: float = 30.0,
+        max_workers: int = 8) -> JobSpec:
+    """A generic-speed job (work in single-GPU seconds)."""
+    return JobSpec(job_id, submit_s, gpus, work, 1, max_workers, restore_s)
+
+
+def simulator(jobs: list[JobSpec], nodes: int = 2, gpus: int = 4, seed: int = 0,
+              params: SimParams | None = None) -> Simulator:
+    """A simulator over `jobs` on `nodes` x `gpus`, with failures off unless `params` say."""
+    from env.failures import FailureParams
+
+    params = params or SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
+    return Simulator(uniform_cluster(nodes, gpus), Workload("test", tuple(jobs)),
+                     [GENERIC] * len(jobs), params, seed)
+
+
+def fifo(state: ClusterState) -> Action:
+    """Strict FIFO with requested GPUs, packed (the test's own reference policy)."""
+    jobs = state.jobs
+    queued = np.flatnonzero(jobs.status == JobStatus.QUEUED)
+    if not len(queued):
+        return NOOP
+    row = int(queued[np.argmin(jobs.submit_s[queued])])
+    gpus = int(jobs.requested_gpus[row])
+    nodes = choose_nodes(state, None, gpus, Strategy.PACKED)
+    if nodes is None:
+        return NOOP
+    return Action(ActionKind.SCALE, jobs.job_id[row], gpus,
+                  tuple(state.nodes.name[n] for n in nodes))
+
+
+def check_invariants(state: ClusterState) -> None:
+    """What must hold in every state the simulator hands out."""
+    nodes, jobs = state.nodes, state.jobs
+    used = np.zeros(nodes.count, dtype=np.int64)
+    for placement in jobs.placement:
+        for node in placement:
+            used[node] += 1
+    assert (nodes.gpus_free >= 0).all(), "negative free GPUs"
+    up = nodes.ready
+    assert (used[up] + nodes.gpus_free[up] == nodes.gpus_total[up]).all(), "GPUs not conserved"
+    assert (used <= nodes.gpus_total).all(), "GPU over-allocated"
+    assert (used[~up] == 0).all(), "a job runs on a node that is down"
+    assert (jobs.workers == np.array([len(p) for p in jobs.placement])).all()
+    queued = jobs.status == JobStatus.QUEUED
+    assert (jobs.workers[queued] == 0).all()
+    assert ((jobs.workers[~queued] >= jobs.min_workers[~queued])
+            & (jobs.workers[~queued] <= jobs.max_workers[~queued])).all()
+    assert ((jobs.progress >= 0) & (jobs.progress <= 1)).all()

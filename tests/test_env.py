@@ -1,0 +1,110 @@
+"""The Gymnasium environment: API checkers, mask exactness, reward = -total JCT."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import env
+from env.failures import FailureParams
+from env.featurizer import Featurizer, FeatureSpec, select_slots
+from env.gym_env import ClusterAllocEnv
+from env.params import SimParams
+from env.state import ActionKind
+
+NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
+
+
+def small_env(**kwargs) -> ClusterAllocEnv:
+    return ClusterAllocEnv(workloads=("synthetic:30:1.0",), cluster="4x4", **kwargs)
+
+
+def test_registered_id_makes_the_environment():
+    made = gym.make(env.ENV_ID)
+    assert isinstance(made.unwrapped, ClusterAllocEnv)
+    made.close()
+
+
+def test_gymnasium_and_sb3_checkers_pass():
+    gym_check_env(small_env(), skip_render_check=True)
+    sb3_check_env(small_env())
+
+
+def test_masked_actions_are_exactly_the_ones_the_simulator_accepts():
+    environment = small_env(params=NO_FAILURES)
+    environment.reset(seed=0)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(300):
+        state = environment._state
+        mask = environment.action_masks()
+        for index in np.flatnonzero(mask)[1:]:
+            action = environment.featurizer.decode(state, int(index))
+            assert action.kind != ActionKind.NOOP, index
+            assert environment.sim.validate(action) == "", (index, action)
+            checked += 1
+        for index in np.flatnonzero(~mask)[:20]:
+            action = environment.featurizer.decode(state, int(index))
+            assert action.kind == ActionKind.NOOP or environment.sim.validate(action), index
+        _, _, terminated, truncated, _ = environment.step(int(rng.choice(np.flatnonzero(mask))))
+        if terminated or truncated:
+            environment.reset()
+    assert checked > 100
+
+
+def test_episode_return_is_minus_total_jct_in_hours():
+    environment = small_env(params=NO_FAILURES)
+    environment.reset(seed=1)
+    featurizer = environment.featurizer
+    total = 0.0
+    while True:
+        mask = environment.action_masks()
+        # start the oldest queued job at its requested size when possible, else wait
+        slots = featurizer.slots(environment._state)
+        action = 0
+        for k, row in enumerate(slots):
+            if environment._state.jobs.status[row] == 0:
+                from env.state import Strategy
+                index = featurizer.encode_scale(k, None, Strategy.PACKED)
+                if mask[index]:
+                    action = index
+                break
+        _, reward, terminated, truncated, info = environment.step(action)
+        total += reward
+        if terminated or truncated:
+            break
+    assert terminated
+    metrics = info["metrics"]
+    expected = -metrics["avg_jct_s"] * metrics["jobs_completed"] / 3600.0
+    assert total == pytest.approx(expected, rel=1e-9)
+
+
+def test_dqn_style_invalid_actions_are_noops_and_counted():
+    environment = small_env(params=NO_FAILURES)
+    environment.reset(seed=0)
+    mask = environment.action_masks()
+    invalid = int(np.flatnonzero(~mask)[0])
+    free_before = environment._state.nodes.gpus_free.copy()
+    _, _, _, _, info = environment.step(invalid)
+    assert info["invalid_actions"] == 1
+    assert environment.sim.actions_taken == 0
+    assert free_before.sum() >= environment._state.nodes.gpus_free.sum()
+
+
+def test_slot_order_is_stable_and_observation_shape_fixed():
+    spec = FeatureSpec(top_k=4)
+    environment = small_env(features=spec, params=NO_FAILURES)
+    obs, _ = environment.reset(seed=0)
+    assert obs.shape == (spec.obs_size,) and obs.dtype == np.float32
+    for _ in range(20):
+        environment.step(0)
+    state = environment._state
+    slots = select_slots(state, spec.top_k)
+    again = select_slots(state, spec.top_k)
+    assert (slots == again).all()
+    queued = [r for r in slots if state.jobs.status[r] == 0]
+    assert queued == sorted(queued, key=lambda r: state.jobs.submit_s[r])
+    assert np.isfinite(Featurizer(spec).observe(state)).all()

@@ -1,0 +1,194 @@
+"""The simulator's invariants: GPUs conserved, work conserved, lost work, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from env.failures import FailureParams
+from env.params import SimParams
+from env.state import NOOP, Action, ActionKind
+from tests.sim_helpers import GENERIC, check_invariants, fifo, job, simulator
+
+
+def run_checked(sim, policy) -> None:
+    """Run to completion, checking the invariants in every state handed to the policy."""
+
+    def checked(state):
+        check_invariants(state)
+        return policy(state)
+
+    sim.run(checked)
+
+
+def finish_times(sim) -> dict[str, float]:
+    acc = sim.accounting
+    return {job_id: float(acc._finish[i]) for i, job_id in enumerate(sim.job_ids)}
+
+
+def test_job_finishes_exactly_when_its_work_is_done():
+    # one 2-GPU job on one node: speed from the generic model for shape (2,)
+    sim = simulator([job("a", 10.0, 2, work=1000.0)])
+    sim.run(fifo)
+    rate = GENERIC.iterations_per_s((2,))
+    assert finish_times(sim)["a"] == pytest.approx(10.0 + 1000.0 / rate, rel=1e-9)
+    assert sim.accounting.summary()["avg_queue_s"] == 0.0
+
+
+def test_packed_is_faster_than_spread_for_the_same_gpus():
+    assert GENERIC.iterations_per_s((4,)) > GENERIC.iterations_per_s((2, 2))
+    spread = simulator([job("a", 0.0, 4, work=4000.0)])
+    nodes = ("node-0000", "node-0000", "node-0001", "node-0001")
+    assert spread.apply(Action(ActionKind.SCALE, "a", 4, nodes)) is False  # not yet submitted
+    spread.advance()
+    assert spread.apply(Action(ActionKind.SCALE, "a", 4, nodes))
+    spread.run(lambda s: NOOP)
+    packed = simulator([job("a", 0.0, 4, work=4000.0)])
+    packed.run(fifo)
+    assert finish_times(packed)["a"] < finish_times(spread)["a"]
+
+
+def test_resize_pays_restore_and_conserves_work():
+    sim = simulator([job("a", 0.0, 1, work=3000.0, restore_s=40.0)])
+    sim.advance()  # arrival
+    assert sim.apply(fifo(sim.state()))
+    while sim.time_s < 500.0:
+        sim.advance()
+    t_resize = sim.time_s
+    done = t_resize * GENERIC.iterations_per_s((1,))
+    assert sim.apply(Action(ActionKind.SCALE, "a", 4, ("node-0001",) * 4))
+    sim.run(lambda s: NOOP)
+    expected = t_resize + 40.0 + (3000.0 - done) / GENERIC.iterations_per_s((4,))
+    assert finish_times(sim)["a"] == pytest.approx(expected, rel=1e-9)
+    assert sim.accounting.summary()["restarts_per_job"] == 1.0
+
+
+def test_failure_loses_exactly_the_work_since_the_last_checkpoint():
+    interval = 600.0
+    params = SimParams(checkpoint_interval_s=interval,
+                       failures=FailureParams(failures_per_gpu_day=0.0))
+    sim = simulator([job("a", 0.0, 2, work=50_000.0, restore_s=20.0)], params=params)
+    sim.schedule_failure("node-0000", 1500.0)
+    sim.advance()
+    assert sim.apply(fifo(sim.state()))  # packed: both workers on node-0000
+    while sim.time_s < 1500.0:
+        sim.advance()
+    state = sim.state()
+    rate = GENERIC.iterations_per_s((2,))
+    # checkpoints at 600 and 1200: 300 s of training lost, progress back to 1200 s worth
+    assert state.jobs.status[0] == 0
+    assert state.jobs.progress[0] == pytest.approx(1200.0 * rate / 50_000.0, rel=1e-6)
+    summary = sim.accounting.summary()
+    assert summary["lost_gpu_hours"] == pytest.approx(2 * 300.0 / 3600.0)
+    assert summary["failures"] == 1
+    assert not state.nodes.ready[0] and state.nodes.gpus_free[0] == 0
+    # it restarts on the healthy node, pays its restore and finishes the remaining work
+    assert sim.apply(fifo(state))
+    assert set(sim.state().jobs.placement[0]) == {1}
+    sim.run(lambda s: NOOP)
+    remaining = 50_000.0 - 1200.0 * rate
+    assert finish_times(sim)["a"] == pytest.approx(1500.0 + 20.0 + remaining / rate, rel=1e-9)
+    summary = sim.accounting.summary()
+    assert summary["progress_preserved"] == pytest.approx(
+        1 - 300.0 / (1500.0 + remaining / rate), rel=1e-6)
+    assert summary["mean_recovery_s"] == pytest.approx(20.0)
+
+
+def test_migration_moves_a_job_without_losing_work():
+    sim = simulator([job("a", 0.0, 2, work=9000.0, restore_s=50.0)])
+    sim.schedule_failure("node-0000", 2000.0, warning_lead_s=1200.0)
+    sim.advance()
+    assert sim.apply(fifo(sim.state()))
+    while not sim.state().nodes.warned[0]:
+        sim.advance()
+    t = sim.time_s
+    assert 800.0 <= t < 2000.0
+    assert sim.apply(Action(ActionKind.MIGRATE, "a", 2, ("node-0001",) * 2,
+                            from_node="node-0000"))
+    sim.run(lambda s: NOOP)
+    summary = sim.accounting.summary()
+    assert summary["lost_gpu_hours"] == 0.0 and summary["progress_preserved"] == 1.0
+    rate = GENERIC.iterations_per_s((2,))
+    assert finish_times(sim)["a"] == pytest.approx(9000.0 / rate + 50.0, rel=1e-9)
+
+
+def test_invalid_actions_change_nothing_and_are_counted():
+    sim = simulator([job("a", 0.0, 2, work=100.0), job("b", 0.0, 8, work=100.0)])
+    sim.advance()
+    before = sim.state()
+    bad = [
+        Action(ActionKind.SCALE, "zzz", 1, ("node-0000",)),              # unknown job
+        Action(ActionKind.SCALE, "a", 9, ("node-0000",) * 9),             # beyond max_workers
+        Action(ActionKind.SCALE, "a", 5, ("node-0000",) * 5),             # node holds only 4
+        Action(ActionKind.SCALE, "a", 1, ("nowhere",)),                   # unknown node
+        Action(ActionKind.MIGRATE, "a", 1, ("node-0001",), from_node="node-0000"),  # not running
+    ]
+    for action in bad:
+        assert sim.validate(action)
+        assert sim.apply(action) is False
+    assert sim.invalid_actions == len(bad)
+    after = sim.state()
+    assert (after.nodes.gpus_free == before.nodes.gpus_free).all()
+
+
+@pytest.mark.parametrize("failures", [0.0, 5.0])
+def test_invariants_hold_under_random_valid_actions(failures):
+    from env.featurizer import Featurizer
+
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=failures))
+    rng = np.random.default_rng(3)
+    jobs = [job(f"j{i}", float(i * 60), int(rng.choice([1, 2, 4])),
+                float(rng.uniform(200, 3000))) for i in range(40)]
+    sim = simulator(jobs, nodes=3, params=params)
+    featurizer = Featurizer()
+    random_moves = 0
+
+    def random_policy(state):
+        # mostly FIFO so jobs finish; now and then any valid action (resize, move, suspend)
+        nonlocal random_moves
+        if rng.random() < 0.3:
+            random_moves += 1
+            mask = featurizer.action_mask(state)
+            return featurizer.decode(state, int(rng.choice(np.flatnonzero(mask))))
+        return fifo(state)
+
+    run_checked(sim, random_policy)
+    summary = sim.accounting.summary()
+    assert summary["jobs_completed"] == 40
+    assert random_moves > 10
+    assert summary["invalid_actions"] == 0  # the mask is exact
+    assert 0 < summary["gpu_busy_util"] <= summary["gpu_util"] <= 1
+    if failures:
+        assert summary["failures"] > 0 and summary["progress_preserved"] < 1
+
+
+def test_same_seed_gives_identical_metrics_and_different_seed_differs():
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=3.0))
+    rng = np.random.default_rng(0)
+    jobs = [job(f"j{i}", float(i * 30), int(rng.choice([1, 2])),
+                float(rng.uniform(500, 5000))) for i in range(60)]
+
+    def metrics(seed):
+        sim = simulator(jobs, nodes=2, params=params, seed=seed)
+        sim.run(fifo)
+        return sim.accounting.summary()
+
+    first = metrics(1)
+    assert first == metrics(1)
+    assert first != metrics(2)  # the failure process depends on the seed
+
+
+def test_snapshot_is_not_changed_by_later_simulation():
+    sim = simulator([job("a", 0.0, 1, work=5000.0), job("b", 100.0, 2, work=5000.0)])
+    sim.advance()
+    sim.apply(fifo(sim.state()))
+    snapshot = sim.state()
+    frozen = {f.name: getattr(snapshot.jobs, f.name) for f in dataclasses.fields(snapshot.jobs)}
+    copies = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+              for k, v in frozen.items()}
+    sim.run(fifo)
+    for name, value in copies.items():
+        now = getattr(snapshot.jobs, name)
+        assert (np.array_equal(now, value) if isinstance(value, np.ndarray) else now == value), name
