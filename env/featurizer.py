@@ -1,4 +1,4 @@
-"""One featurizer: `ClusterState` -> observation vector, action mask, and discrete action -> `Action`.
+"""One featurizer: `ClusterState` -> observation and action mask; discrete action -> `Action`.
 
 The Gymnasium environment, the evaluation and the in-cluster actuator all go through this
 module, so a policy trained in the simulator sees exactly the same numbers in the cluster.
@@ -206,7 +206,7 @@ class Featurizer:
             jobs.attained_gpu_s[slots].tolist(), jobs.progress[slots].tolist(),
             jobs.scaling_alpha[slots].tolist(), jobs.scaling_beta[slots].tolist(),
             jobs.since_checkpoint_s[slots].tolist(), jobs.restore_s[slots].tolist(),
-            view.placements,
+            view.placements, strict=True,
         )
         now_s, interval = state.time_s, self.spec.checkpoint_interval_s
         log1p, log2, ceil = math.log1p, math.log2, math.ceil

@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from env.featurizer import OBS_BOUND, Featurizer, FeatureSpec
+from env.featurizer import OBS_BOUND, FeatureSpec, Featurizer
 from env.params import SimParams
 from env.scenario import Scenario, build_scenario
 from env.state import ActionKind

@@ -55,6 +55,7 @@ class RunAccounting:
         self.busy_gpus = 0
         self.up_gpus = total
         self.queued_gpus = 0
+        self.queued_jobs = 0
         # integrals
         self._t = 0.0
         self.alloc_gpu_s = 0.0
@@ -106,20 +107,18 @@ class RunAccounting:
         series["t"].append(t)
         series["alloc_gpus"].append(self.alloc_gpus)
         series["busy_gpus"].append(self.busy_gpus)
-        series["queued_jobs"].append(float(self.queued_jobs()))
+        series["queued_jobs"].append(float(self.queued_jobs))
         series["jobs_in_system"].append(float(self._sim.jobs_in_system))
-
-    def queued_jobs(self) -> int:
-        """Jobs in the system holding no GPUs."""
-        return sum(1 for r in self._sim._active if self._sim._status[r] == 0)
 
     def demand_history(self) -> np.ndarray:
         """Per-minute demand so far: (allocated + pending GPUs) / cluster GPUs."""
         return np.asarray(self._demand[-360:], dtype=np.float32)
 
     # --- hooks -----------------------------------------------------------------------------
-    def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0) -> None:
+    def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0,
+               queued_jobs: int = 0) -> None:
         """Levels change now (the caller has advanced the clock already)."""
+        self.queued_jobs += queued_jobs
         self.alloc_gpus += alloc
         self.busy_gpus += busy
         self.up_gpus += up

@@ -13,13 +13,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from env.errors import UserError
 from env.failures import FAILURE_PRESETS
 from env.metrics import METRIC_KEYS
 from env.output import prepare_out_dir, write_json
 from env.params import SimParams
 from env.progress import progress_bar
 from env.scenario import build_scenario
-from env.errors import UserError
 
 DEFAULT_WORKLOAD = "synthetic:200:0.9"
 """The embedded default: 200 generated Philly-like jobs at 90 % offered load (no data files)."""

@@ -19,8 +19,10 @@ Work accounting (the invariants the tests check):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,12 +39,12 @@ from env.failures import (
 from env.metrics import RunAccounting
 from env.params import SimParams
 from env.placement import placement_shape
+from env.snapshot_jobs import SnapshotJobs
 from env.state import (
     Action,
     ActionKind,
     ClusterState,
     Demand,
-    Jobs,
     JobStatus,
     Nodes,
 )
@@ -95,6 +97,8 @@ class Simulator:
         self._gpu_types = tuple(n.gpu_type for n in cluster.nodes)
         self._racks = np.array([n.rack for n in cluster.nodes], dtype=np.int32)
         self._snapshot_totals = self._gpus_total.copy()
+        self._zero_telemetry = np.zeros((n_nodes, len(NODE_FEATURE_NAMES)), dtype=np.float32)
+        self._zero_counts = np.zeros((n_nodes, 4), dtype=np.int32)
         self._snapshot_racks = self._racks.copy()
         self._down = np.zeros(n_nodes, dtype=bool)
         self._failures_pending = np.zeros(n_nodes, dtype=np.int32)  # fails not yet repaired
@@ -112,6 +116,7 @@ class Simulator:
         self._job_row = {job_id: i for i, job_id in enumerate(self.job_ids)}
         col = np.array
         self._submit = col([j.submit_s for j in jobs], dtype=np.float64)
+        self._submit_list = self._submit.tolist()
         self._requested = col([j.requested_gpus for j in jobs], dtype=np.int32)
         self._min_w = col([j.min_workers for j in jobs], dtype=np.int32)
         self._max_w = col([j.max_workers for j in jobs], dtype=np.int32)
@@ -174,8 +179,12 @@ class Simulator:
         tick = self.time_s + self.params.decision_interval_s
         self._pull_health_events(tick)
         next_event = self._events[0][0] if self._events else math.inf
-        target = next_event if not self._active else min(next_event, tick)
-        assert target < math.inf, "no events left but jobs are unfinished"
+        if self._active:
+            target = min(next_event, tick)
+        else:  # idle cluster: jump to the next event, health events on the way included
+            assert next_event < math.inf, "no events left but jobs are unfinished"
+            self._pull_health_events(next_event)
+            target = self._events[0][0]
         self._process_until(target)
         return self.time_s - start
 
@@ -235,34 +244,27 @@ class Simulator:
         """A snapshot of everything a policy may see, as it would be read from a live cluster.
 
         Columns that only change on arrivals/completions or on re-allocations are cached and
-        shared between snapshots until they change; only the time-dependent ones are recomputed.
-        Snapshot arrays are read-only by contract: policies must not write to them.
+        shared between snapshots until they change; the time-dependent ones are computed when
+        first read (`env.snapshot_jobs`). Snapshot arrays are read-only by contract: policies
+        must not write to them.
         """
         t = self.time_s
         if self._snapshot_rows is None:
             self._refresh_membership_columns()
         if self._snapshot_alloc is None:
             self._refresh_allocation_columns()
-        rows = self._snapshot_rows
         static, alloc = self._snapshot_static, self._snapshot_alloc
-        status, workers = alloc["status"], alloc["workers"]
-        training = status == _RUNNING
-        busy_since = np.where(training, t - self._busy_from[rows], 0.0)
-        held = np.where(status != _QUEUED, t - self._anchor[rows], 0.0)
-        progress = (self._done[rows] + self._rate[rows] * busy_since) / static["work"]
-        jobs = Jobs(
-            job_id=static["job_id"], status=status, submit_s=static["submit_s"],
-            requested_gpus=static["requested_gpus"], min_workers=static["min_workers"],
-            max_workers=static["max_workers"], workers=workers, placement=alloc["placement"],
-            speed_1gpu=static["speed_1gpu"], scaling_alpha=static["scaling_alpha"],
-            scaling_beta=static["scaling_beta"],
-            throughput=np.where(training, self._rate[rows], 0.0).astype(np.float32),
-            progress=np.minimum(progress, 1.0).astype(np.float32),
-            attained_gpu_s=self._attained[rows] + workers * held,
-            run_s=self._run_s[rows] + held,
-            since_checkpoint_s=np.mod(busy_since,
-                                      self.params.checkpoint_interval_s).astype(np.float32),
-            restore_s=static["restore_s"], restarts=alloc["restarts"],
+        jobs = SnapshotJobs(
+            {
+                "job_id": static["job_id"], "status": alloc["status"],
+                "submit_s": static["submit_s"], "requested_gpus": static["requested_gpus"],
+                "min_workers": static["min_workers"], "max_workers": static["max_workers"],
+                "workers": alloc["workers"], "placement": alloc["placement"],
+                "speed_1gpu": static["speed_1gpu"], "scaling_alpha": static["scaling_alpha"],
+                "scaling_beta": static["scaling_beta"], "restore_s": static["restore_s"],
+                "restarts": alloc["restarts"],
+            },
+            alloc["inputs"], t, self.params.checkpoint_interval_s,
         )
         return ClusterState(time_s=t, nodes=self._node_snapshot(), jobs=jobs,
                             demand=self._demand(), time_of_day_s=t % 86_400.0)
@@ -271,7 +273,7 @@ class Simulator:
         rows = np.fromiter(self._active, dtype=np.int64, count=len(self._active))
         self._snapshot_rows = rows
         self._snapshot_static = {
-            "job_id": tuple([self.job_ids[r] for r in rows.tolist()]),
+            "job_id": _pick(self.job_ids, rows),
             "submit_s": self._submit[rows],
             "requested_gpus": self._requested[rows],
             "min_workers": self._min_w[rows],
@@ -289,8 +291,14 @@ class Simulator:
         self._snapshot_alloc = {
             "status": self._status[rows],
             "workers": self._workers[rows],
-            "placement": tuple([self._placement[r] for r in self._snapshot_rows.tolist()]),
+            "placement": _pick(self._placement, rows),
             "restarts": self._restarts[rows],
+            "inputs": {
+                "done": self._done[rows], "rate": self._rate[rows],
+                "busy_from": self._busy_from[rows], "anchor": self._anchor[rows],
+                "attained": self._attained[rows], "run_s": self._run_s[rows],
+                "work": self._snapshot_static["work"],
+            },
         }
 
     # ------------------------------------------------------------------ actions
@@ -365,7 +373,8 @@ class Simulator:
         if not self._started_once[row]:
             self._started_once[row] = True
             self.accounting.job_started(row, t)
-        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self._requested[row]))
+        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self._requested[row]),
+                               queued_jobs=-1)
         if restore > 0:
             self._push(t + restore, _RESTORED, row, int(self._version[row]))
         else:
@@ -381,7 +390,7 @@ class Simulator:
         if was_training:
             self.accounting.training_stopped(row, t)
         self.accounting.change(alloc=-workers, busy=-workers if was_training else 0,
-                               queued_gpus=int(self._requested[row]))
+                               queued_gpus=int(self._requested[row]), queued_jobs=1)
         for node in self._placement[row]:
             self._gpus_free[node] += 1
             self._node_jobs[node].discard(row)
@@ -437,7 +446,7 @@ class Simulator:
                 self._status[a] = _QUEUED
                 self._active[a] = None
                 self._snapshot_rows = None
-                self.accounting.change(queued_gpus=int(self._requested[a]))
+                self.accounting.change(queued_gpus=int(self._requested[a]), queued_jobs=1)
             elif kind == _RESTORED:
                 if b == self._version[a]:
                     self._on_restored(a, t)
@@ -462,7 +471,7 @@ class Simulator:
         self._done[row] = self._work[row]
         self._release(row, t)
         self._status[row] = _FINISHED
-        self.accounting.change(queued_gpus=-int(self._requested[row]))
+        self.accounting.change(queued_gpus=-int(self._requested[row]), queued_jobs=-1)
         del self._active[row]
         self._snapshot_rows = None
         self.accounting.job_finished(row, t)
@@ -508,18 +517,24 @@ class Simulator:
         if self._snapshot_nodes is not None and not self._episodes:
             return self._snapshot_nodes
         t = self.time_s
-        n = len(self.node_names)
-        telemetry = np.zeros((n, len(NODE_FEATURE_NAMES)), dtype=np.float32)
-        for node, episode in list(self._episodes.items()):
-            if t - episode.end_s > _LINGER_S:
-                del self._episodes[node]
-                continue
-            telemetry[node] = node_features(episode, t, self.params.failures)
+        if self._episodes:
+            telemetry = np.zeros((len(self.node_names), len(NODE_FEATURE_NAMES)),
+                                 dtype=np.float32)
+            for node, episode in list(self._episodes.items()):
+                if t - episode.end_s > _LINGER_S:
+                    del self._episodes[node]
+                    continue
+                telemetry[node] = node_features(episode, t, self.params.failures)
+            counts = telemetry[:, :4].astype(np.int32)
+            temp_excess, temp_delta = telemetry[:, 4], telemetry[:, 5]
+        else:  # healthy cluster: all-zero telemetry, shared
+            telemetry = self._zero_telemetry
+            counts, temp_excess, temp_delta = self._zero_counts, 0.0, telemetry[:, 5]
         util = np.where(self._down, 0.0, 1.0 - self._gpus_free / self._gpus_total)
         temperature = (self.params.base_temperature_c
-                       + self.params.busy_temperature_rise_c * util + telemetry[:, 4])
-        risk = (self._node_risk(telemetry) if self._node_risk is not None
-                else np.zeros(n, dtype=np.float32))
+                       + self.params.busy_temperature_rise_c * util + temp_excess)
+        risk = (np.asarray(self._node_risk(telemetry), dtype=np.float32)
+                if self._node_risk is not None else self._zero_telemetry[:, 0])
         self._snapshot_nodes = Nodes(
             name=self.node_names,
             gpus_total=self._snapshot_totals,
@@ -528,19 +543,19 @@ class Simulator:
             rack=self._snapshot_racks,
             ready=~self._down,
             cordoned=self._cordoned.copy(),
-            xid_errors_5m=telemetry[:, 0].astype(np.int32),
-            ecc_errors_30m=telemetry[:, 2].astype(np.int32),
-            ready_flaps_60m=telemetry[:, 3].astype(np.int32),
+            xid_errors_5m=counts[:, 0],
+            ecc_errors_30m=counts[:, 2],
+            ready_flaps_60m=counts[:, 3],
             temperature_c=temperature.astype(np.float32),
-            temperature_delta_30m_c=telemetry[:, 5],
+            temperature_delta_30m_c=temp_delta,
             gpu_util=util.astype(np.float32),
-            failure_risk=np.asarray(risk, dtype=np.float32),
+            failure_risk=risk,
         )
         return self._snapshot_nodes
 
     def _demand(self) -> Demand:
-        lo = np.searchsorted(self._submit, self.time_s - 3600.0, side="right")
-        hi = np.searchsorted(self._submit, self.time_s, side="right")
+        lo = bisect.bisect_right(self._submit_list, self.time_s - 3600.0)
+        hi = bisect.bisect_right(self._submit_list, self.time_s)
         forecast = (0.0, 0.0, 0.0)
         if self._demand_forecast is not None:
             history = self.accounting.demand_history()
@@ -548,3 +563,11 @@ class Simulator:
                 forecast = tuple(float(v) for v in self._demand_forecast(history))
         return Demand(pending_gpus=self.accounting.queued_gpus, arrivals_1h=int(hi - lo),
                       forecast_gpus=forecast)
+
+
+def _pick(items: Sequence, rows: np.ndarray) -> tuple:
+    """`tuple(items[r] for r in rows)` at C speed (a hot path of every snapshot)."""
+    if len(rows) == 0:
+        return ()
+    picked = operator.itemgetter(*rows.tolist())(items)
+    return picked if len(rows) > 1 else (picked,)

@@ -14,8 +14,8 @@ and copying a few arrays is much cheaper than building thousands of objects. `No
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cached_property
 from enum import IntEnum
+from functools import cached_property
 
 import numpy as np
 

@@ -23,7 +23,7 @@ DCGM_HOSTNAME_LABEL = "Hostname"
 
 # --- kube-state-metrics ----------------------------------------------------------------------
 KSM_NODE_CONDITION = "kube_node_status_condition"
-"""Labels: node, condition (Ready, ...), status (true/false/unknown); value 1 for the current one."""
+"""Labels: node, condition (Ready, ...), status (true/false/unknown); 1 for the current one."""
 KSM_NODE_UNSCHEDULABLE = "kube_node_spec_unschedulable"
 """1 when the node is cordoned."""
 KSM_POD_PHASE = "kube_pod_status_phase"

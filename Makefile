@@ -1,0 +1,33 @@
+# One entry point for a fresh machine: `make demo` (set up, run the main job) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo prometheus test lint bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install rlalloc with its dev tools
+
+demo: setup  ## compare the shipped policies with the baselines on the embedded default workload
+	$(BIN)/rlalloc evaluate --out runs/demo --force
+
+prometheus:  ## the real Prometheus server the actuator tests start (Debian's package)
+	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup prometheus lint  ## the one gate: lint, then every test (CI runs exactly this)
+	$(BIN)/python -m pytest -q
+
+bench: setup  ## the benchmarks whose figures are in the README
+	$(BIN)/rlalloc bench sim --out runs/bench/sim.json
+	$(BIN)/rlalloc bench recovery --out runs/bench/recovery.json
+	$(BIN)/rlalloc bench forecast --out runs/bench/forecast.json
+	$(BIN)/rlalloc bench actuator --out runs/bench/actuator.json

@@ -1,0 +1,47 @@
+"""Cluster specs: the short form, YAML files, and one-line errors for bad ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from env.cluster import parse_cluster
+from env.errors import UserError
+
+
+def test_short_spec_gives_uniform_racked_nodes():
+    cluster = parse_cluster("16x4")
+    assert len(cluster.nodes) == 16 and cluster.total_gpus == 64
+    assert {n.gpu_type for n in cluster.nodes} == {"T4"}
+    assert [n.rack for n in cluster.nodes[:9]] == [0] * 8 + [1]
+    assert parse_cluster("128x8:A100").describe() == "128x8:A100"
+
+
+def test_yaml_groups_make_a_heterogeneous_cluster(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes:\n  - {count: 2, gpus: 4}\n  - {count: 1, gpus: 8, gpu_type: A100, rack: 5}\n")
+    cluster = parse_cluster(str(path))
+    assert [n.gpus for n in cluster.nodes] == [4, 4, 8]
+    assert cluster.nodes[2].gpu_type == "A100" and cluster.nodes[2].rack == 5
+    assert cluster.describe() == "2x4+1x8:A100"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("nodes: []\n", "non-empty 'nodes'"),
+    ("nodes:\n  - {count: 2}\n", "'gpus'"),
+    ("nodes:\n  - {count: 0, gpus: 4}\n", "at least 1"),
+    ("nodes: [\n", "not valid YAML"),
+])
+def test_bad_yaml_is_one_clear_error(tmp_path, text, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        parse_cluster(str(path))
+    assert fragment in str(err.value) and str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_spec_names_the_accepted_forms():
+    with pytest.raises(UserError, match="NODESxGPUS"):
+        parse_cluster("sixteen")
+    with pytest.raises(UserError, match="at least 1"):
+        parse_cluster("0x4")
