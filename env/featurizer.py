@@ -111,45 +111,70 @@ def _speedup_scalar(n: int, k: int, alpha: float, beta: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class _NodeView:
+    """Everything derived from the nodes alone; `Nodes` objects are shared by the simulator's
+    snapshots until an allocation or health change, so this is cached by their identity."""
+
+    usable: np.ndarray
+    at_risk: np.ndarray
+    any_risk: bool
+    total_free: int
+    per_node: int
+    features: np.ndarray
+    """The node-only cluster features (indices 0-1 and 11-17 of the observation)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _View:
     """What observe, mask and decode all need from one state, computed once."""
 
     slots: np.ndarray
     placements: list[tuple[int, ...]]
-    at_risk: np.ndarray
-    any_risk: bool
-    usable: np.ndarray
-    total_free: int
+    nodes: _NodeView
 
 
 class Featurizer:
     """Turns states into observations and masks, and discrete actions into `Action`s.
 
-    The three calls on one state share their common work through a one-entry cache keyed by
-    the state object's identity (states are immutable snapshots).
+    The three calls on one state share their common work through one-entry caches keyed by
+    the identity of the state and of its nodes (states are immutable snapshots).
     """
 
     def __init__(self, spec: FeatureSpec | None = None) -> None:
         self.spec = spec or FeatureSpec()
         self._levels = np.asarray(self.spec.worker_levels, dtype=np.int64)
         self._cached: tuple[ClusterState, _View] | None = None
+        self._cached_nodes: tuple[object, _NodeView] | None = None
 
     def _view(self, state: ClusterState) -> _View:
         if self._cached is not None and self._cached[0] is state:
             return self._cached[1]
         slots = select_slots(state, self.spec.top_k)
+        view = _View(slots=slots, placements=[state.jobs.placement[r] for r in slots.tolist()],
+                     nodes=self._node_view(state))
+        self._cached = (state, view)
+        return view
+
+    def _node_view(self, state: ClusterState) -> _NodeView:
         nodes = state.nodes
+        if self._cached_nodes is not None and self._cached_nodes[0] is nodes:
+            return self._cached_nodes[1]
         usable = nodes.ready & ~nodes.cordoned
         at_risk = at_risk_nodes(state)
-        view = _View(
-            slots=slots,
-            placements=[state.jobs.placement[r] for r in slots.tolist()],
-            at_risk=at_risk,
-            any_risk=bool(at_risk.any()),
-            usable=usable,
-            total_free=int(nodes.gpus_free[usable].sum()),
-        )
-        self._cached = (state, view)
+        free = np.where(usable, nodes.gpus_free, 0)
+        total = max(int(nodes.gpus_total.sum()), 1)
+        n_nodes = max(nodes.count, 1)
+        per_node = max(int(nodes.gpus_total.max(initial=1)), 1)
+        features = np.empty(9, dtype=np.float32)
+        features[0] = free.sum() / total
+        features[1] = nodes.gpus_total[usable].sum() / total
+        features[2] = np.count_nonzero(nodes.warned) / n_nodes
+        features[3] = nodes.failure_risk.max(initial=0.0)
+        features[4:8] = np.count_nonzero(free[:, None] >= _FREE_THRESHOLDS, axis=0) / n_nodes
+        features[8] = free.max(initial=0) / per_node
+        view = _NodeView(usable=usable, at_risk=at_risk, any_risk=bool(at_risk.any()),
+                         total_free=int(free.sum()), per_node=per_node, features=features)
+        self._cached_nodes = (nodes, view)
         return view
 
     def slots(self, state: ClusterState) -> np.ndarray:
@@ -168,36 +193,30 @@ class Featurizer:
         return np.clip(obs, -OBS_BOUND, OBS_BOUND, out=obs)
 
     def _cluster_features(self, state: ClusterState, view: _View) -> np.ndarray:
-        nodes, jobs, demand = state.nodes, state.jobs, state.demand
-        total = max(int(nodes.gpus_total.sum()), 1)
-        usable = view.usable
-        free = np.where(usable, nodes.gpus_free, 0)
-        n_nodes = max(nodes.count, 1)
+        jobs, demand = state.jobs, state.demand
+        node_features = view.nodes.features
+        total = max(int(state.nodes.gpus_total.sum()), 1)
         n_queued = int(np.count_nonzero(jobs.status == _QUEUED))
         day = 2 * math.pi * state.time_of_day_s / 86_400.0
         out = np.empty(CLUSTER_FEATURES, dtype=np.float32)
-        out[:13] = (
-            view.total_free / total,
-            nodes.gpus_total[usable].sum() / total,
+        out[:2] = node_features[:2]
+        out[2:11] = (
             min(n_queued / self.spec.top_k, 4.0),
             min(demand.pending_gpus / total, 4.0),
             min((jobs.count - n_queued) / self.spec.top_k, 4.0),
             min(demand.arrivals_1h / 10.0, 4.0),
             math.sin(day), math.cos(day),
             *demand.forecast_gpus,
-            np.count_nonzero(nodes.warned) / n_nodes,
-            nodes.failure_risk.max(initial=0.0),
         )
-        out[13:17] = np.count_nonzero(free[:, None] >= _FREE_THRESHOLDS, axis=0) / n_nodes
-        out[17] = free.max(initial=0) / max(int(nodes.gpus_total.max(initial=1)), 1)
+        out[11:] = node_features[2:]
         return out
 
     def _job_features(self, state: ClusterState, view: _View) -> np.ndarray:
         """Per-slot features; plain Python over <= top_k slots beats dozens of tiny numpy ops."""
         jobs, nodes = state.jobs, state.nodes
         slots = view.slots
-        per_node = max(int(nodes.gpus_total.max()), 1)
-        at_risk = view.at_risk.tolist() if view.any_risk else None
+        per_node = view.nodes.per_node
+        at_risk = view.nodes.at_risk.tolist() if view.nodes.any_risk else None
         scores = nodes.failure_risk.tolist() if nodes.failure_risk.any() else None
         columns = zip(
             jobs.status[slots].tolist(), jobs.workers[slots].tolist(),
@@ -243,8 +262,8 @@ class Featurizer:
         """bool mask over the discrete actions; exact: every True action changes the state."""
         spec = self.spec
         view = self._view(state)
-        slots, placements, usable, total_free = (view.slots, view.placements, view.usable,
-                                                 view.total_free)
+        slots, placements = view.slots, view.placements
+        usable, total_free = view.nodes.usable, view.nodes.total_free
         mask = np.zeros(spec.num_actions, dtype=bool)
         mask[0] = True
         if not len(slots):
@@ -266,9 +285,9 @@ class Featurizer:
         block[:, 0] = workers > 0
         block[:, 1:1 + spec.levels_per_slot * n_strategies] = np.repeat(feasible, n_strategies,
                                                                        axis=1)
-        if view.any_risk:
+        if view.nodes.any_risk:
             for k, placement in enumerate(placements):
-                if not placement or not view.at_risk[list(placement)].any():
+                if not placement or not view.nodes.at_risk[list(placement)].any():
                     continue
                 row = int(slots[k])
                 src = self._migration_source(state, row)
@@ -300,8 +319,8 @@ class Featurizer:
             return Action(_SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
         if offset == spec.actions_per_slot - 1:
             placement = state.jobs.placement[row]
-            view = self._view(state)
-            if not placement or not view.at_risk[list(placement)].any():
+            at_risk = self._view(state).nodes.at_risk
+            if not placement or not at_risk[list(placement)].any():
                 return NOOP  # migration is for jobs on warned or risky nodes only
             src = self._migration_source(state, row)
             nodes = choose_nodes(state, row, int(state.jobs.workers[row]), _PACKED,
