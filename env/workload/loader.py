@@ -1,4 +1,5 @@
-"""One entry point for every workload source: ``synthetic[:NUM_JOBS[:LOAD]]`` or a CSV path.
+"""One entry point for every workload source: ``synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]`` or a
+CSV path (MAX_HOURS caps generated run times; see `SyntheticConfig.max_duration_s`).
 
 A CSV's format is recognised from its header (see docs/workloads.md):
 
@@ -23,7 +24,8 @@ from env.workload.synthetic import SyntheticConfig, generate
 
 SYNTHETIC = "synthetic"
 """Source name of the embedded generator (`env.workload.synthetic`)."""
-_USAGE = f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD]] (e.g. {SYNTHETIC}:500:0.9)"
+_USAGE = (f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
+          f"(e.g. {SYNTHETIC}:500:0.9:24)")
 
 
 def load_workload(
@@ -58,15 +60,17 @@ def load_workload(
 
 def _synthetic_config(source: str, seed: int) -> SyntheticConfig:
     parts = source.split(":")[1:]
-    if len(parts) > 2:
+    if len(parts) > 3:
         raise UserError(f"workload {source!r}: too many fields; {_USAGE}")
     try:
         num_jobs = int(parts[0]) if parts else SyntheticConfig.num_jobs
         load = float(parts[1]) if len(parts) > 1 else SyntheticConfig.load
+        max_hours = float(parts[2]) if len(parts) > 2 else None
     except ValueError as err:
-        raise UserError(f"workload {source!r}: NUM_JOBS must be an integer and LOAD a number; "
-                        f"{_USAGE}") from err
-    return SyntheticConfig(num_jobs=num_jobs, load=load, seed=seed)
+        raise UserError(f"workload {source!r}: NUM_JOBS must be an integer, LOAD and MAX_HOURS "
+                        f"numbers; {_USAGE}") from err
+    return SyntheticConfig(num_jobs=num_jobs, load=load, seed=seed,
+                           max_duration_s=max_hours * 3600.0 if max_hours else None)
 
 
 def _header(path: Path) -> set[str]:

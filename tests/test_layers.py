@@ -1,0 +1,30 @@
+"""Layering: the state contract and featurizer stay light; the actuator never needs the
+simulator's internals or the training stack (kopf-style import contracts, checked in a fresh
+interpreter so nothing else already imported hides a violation)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "stable_baselines3", "sb3_contrib", "kubernetes", "pandas", "scipy")
+
+
+def imported_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module", ["env.state", "env.featurizer", "env.placement",
+                                    "env.telemetry_names", "env.failures"])
+def test_contract_modules_import_nothing_heavy(module):
+    loaded = imported_after(f"import {module}")
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_simulator_core_does_not_need_torch_or_the_rl_library():
+    loaded = imported_after("import env.simulator, env.gym_env")
+    assert not loaded & {"torch", "stable_baselines3", "sb3_contrib", "kubernetes"}
