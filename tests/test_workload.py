@@ -208,7 +208,17 @@ def test_canonical_unknown_application(tmp_path):
 
 
 def test_bad_synthetic_source():
-    assert "synthetic[:NUM_JOBS[:LOAD]]" in rejected("synthetic:many")
+    assert "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]" in rejected("synthetic:many")
+    assert "too many fields" in rejected("synthetic:1:1:1:1")
+
+
+def test_synthetic_max_hours_caps_run_times():
+    capped = load_workload("synthetic:300:0.9:2", CLUSTER, seed=1)
+    uncapped = load_workload("synthetic:300:0.9", CLUSTER, seed=1)
+    packed_1gpu = 1.0  # generic speed of one GPU: work == run time for 1-GPU jobs
+    one_gpu = [j.work / packed_1gpu for j in capped.jobs if j.requested_gpus == 1]
+    assert max(one_gpu) <= 2 * 3600.0
+    assert max(j.work for j in uncapped.jobs if j.requested_gpus == 1) > 2 * 3600.0
 
 
 # --- generator ---------------------------------------------------------------------------------
