@@ -1,0 +1,125 @@
+"""The act step: an accepted `Action` -> Kubernetes writes.
+
+- Scale (n > 0) with node affinity on: one JSON merge patch of the PyTorchJob setting
+  `Worker.replicas`, the pod template's required node affinity (the policy's nodes, added to
+  every existing node-selector term so the user's own constraints still hold) and the placement
+  annotation (per-node counts). One request, so the count and the placement change together or
+  not at all. Existing workers on nodes the new placement does not use are then deleted, so the
+  training operator recreates them where the affinity says.
+- Scale with node affinity off, and every suspend (n = 0): the `/scale` subresource.
+- Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
+  delete the job's pods there — with grace 0 when the node is unreachable, since a pod stuck
+  Terminating on a dead kubelet would block its replacement. Each step is idempotent and safe
+  on its own, and the disruptive one comes last: if an earlier step fails, nothing has moved and
+  the next cycle decides again.
+
+Every PyTorchJob patch is validated against the Training Operator's CRD schema before it is
+sent (the API server would reject or prune it; an emulator would not).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+from actuator.config import ActuatorConfig
+from actuator.k8s_names import (
+    HOSTNAME_LABEL,
+    PLACEMENT_ANNOTATION,
+    REQUESTED_WORKERS_ANNOTATION,
+    format_placement,
+)
+from actuator.kube import KubeClient
+from actuator.state_builder import BuiltState, JobRef, PodRef
+from env.state import Action, ActionKind
+from trainer_jobs.crd_schema import validate_pytorchjob
+
+
+class Applier:
+    """Carries out accepted actions on the cluster through a `KubeClient`."""
+
+    def __init__(self, kube: KubeClient, config: ActuatorConfig,
+                 validate: Callable[[dict], None] = validate_pytorchjob) -> None:
+        self._kube = kube
+        self._config = config
+        self._validate = validate
+
+    def apply(self, action: Action, built: BuiltState) -> None:
+        """Carry out `action`; raises `KubeError` (or a validation error) when it could not."""
+        ref = built.jobs[action.job_id]
+        row = built.state.job_index(action.job_id)
+        requested = int(built.state.jobs.requested_gpus[row])
+        if action.kind == ActionKind.SCALE and (action.workers == 0
+                                                or not self._config.node_affinity):
+            self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
+            return
+        if self._config.node_affinity:
+            patch = placement_patch(ref, action, requested)
+            self._validate(merge_patch(ref.obj, patch))
+            self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
+        if action.kind == ActionKind.SCALE:
+            leaving = misplaced_pods(ref.pods, action)
+        else:
+            if action.from_node not in built.state.nodes.name or not built.state.nodes.cordoned[
+                    built.state.nodes.name.index(action.from_node)]:
+                self._kube.cordon(action.from_node)
+            leaving = [p for p in ref.pods if p.node == action.from_node]
+        for pod in leaving:
+            grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
+            self._kube.delete_pod(pod.namespace, pod.name, grace)
+
+
+def placement_patch(ref: JobRef, action: Action, requested_workers: int) -> dict:
+    """Merge patch pinning the job's workers to `action.nodes` (and recording the request)."""
+    annotations = {PLACEMENT_ANNOTATION: format_placement(action.nodes)}
+    if REQUESTED_WORKERS_ANNOTATION not in (ref.obj["metadata"].get("annotations") or {}):
+        annotations[REQUESTED_WORKERS_ANNOTATION] = str(requested_workers)
+    worker = (ref.obj.get("spec", {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+    pod_spec = (worker.get("template") or {}).get("spec") or {}
+    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    ours = {"key": HOSTNAME_LABEL, "operator": "In", "values": sorted(set(action.nodes))}
+    terms = []
+    for term in required.get("nodeSelectorTerms") or [{}]:
+        expressions = [e for e in term.get("matchExpressions") or []
+                       if e.get("key") != HOSTNAME_LABEL]
+        terms.append({**term, "matchExpressions": expressions + [ours]})
+    return {
+        "metadata": {"annotations": annotations},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {
+            "replicas": len(action.nodes),
+            "template": {"spec": {"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": terms}}}}},
+        }}},
+    }
+
+
+def misplaced_pods(pods: tuple[PodRef, ...], action: Action) -> list[PodRef]:
+    """Pods the operator keeps after the resize (index < n) but on nodes the placement does not
+    give them; the highest indices leave first, as the operator scales down."""
+    room: dict[str, int] = {}
+    for node in action.nodes:
+        room[node] = room.get(node, 0) + 1
+    leaving = []
+    for pod in sorted(pods, key=lambda p: p.index):
+        if pod.index >= action.workers:
+            continue  # removed by the operator itself
+        if room.get(pod.node, 0) > 0:
+            room[pod.node] -= 1
+        else:
+            leaving.append(pod)
+    return leaving
+
+
+def merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386 JSON merge patch of `target` (a new dict; `target` is not changed)."""
+    result = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge_patch(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result

@@ -1,0 +1,303 @@
+"""Every knob of the actuator in one frozen dataclass, from a YAML file, the environment and flags.
+
+Precedence (lowest to highest): the defaults below, the YAML file (a ConfigMap mounted into the
+pod), environment variables ``RLALLOC_ACTUATOR_<FIELD>`` (upper case), then command-line flags.
+The PromQL queries are a nested mapping (`queries:`) and come from the file only. A malformed
+file or value ends the start-up with one `UserError` naming the file/variable, the key and the fix,
+so a bad ConfigMap shows up as one line in `kubectl logs`, not as a traceback at the first cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from env.errors import UserError
+from env.telemetry_names import (
+    DCGM_ECC_DBE_VOLATILE,
+    DCGM_GPU_TEMP,
+    DCGM_GPU_UTIL,
+    DCGM_HOSTNAME_LABEL,
+    DCGM_ROW_REMAP_FAILURE,
+    DCGM_XID_ERRORS,
+    KSM_NODE_CONDITION,
+    MANAGED_LABEL,
+    TRAINER_LAST_CHECKPOINT_TIME,
+    TRAINER_SAMPLES_PER_S,
+    TRAINER_STEP,
+    TRAINER_TOTAL_STEPS,
+)
+
+ENV_PREFIX = "RLALLOC_ACTUATOR_"
+"""Environment variables named ENV_PREFIX + FIELD (upper case) override the file."""
+
+_H = DCGM_HOSTNAME_LABEL
+
+
+@dataclass(frozen=True)
+class Queries:
+    """PromQL for each signal; the defaults use the real exporters' names (env.telemetry_names).
+
+    Per-node queries must return one series per node labelled by `ActuatorConfig.node_label`
+    (dcgm-exporter's `Hostname`) or, for kube-state-metrics, by `node`; per-job queries one series
+    per job labelled `namespace` and `ActuatorConfig.trainer_job_label`. Windows are real time:
+    the twin (`rlalloc twin --print-config`) prints them scaled to its acceleration.
+    """
+
+    gpu_util: str = f"avg by ({_H}) ({DCGM_GPU_UTIL}) / 100"
+    """Mean GPU utilisation per node in [0, 1]."""
+    gpu_temperature: str = f"avg by ({_H}) ({DCGM_GPU_TEMP})"
+    """Mean GPU temperature per node, Celsius."""
+    gpu_temperature_delta: str = f"avg by ({_H}) (delta({DCGM_GPU_TEMP}[30m]))"
+    """Temperature change per node over the last 30 minutes."""
+    xid_errors: str = f"sum by ({_H}) (changes({DCGM_XID_ERRORS}[5m]))"
+    """New XID errors per node in 5 minutes (the gauge holds the last XID, so count changes)."""
+    ecc_errors: str = f"sum by ({_H}) (increase({DCGM_ECC_DBE_VOLATILE}[30m]))"
+    """New uncorrectable (double-bit) ECC errors per node in 30 minutes."""
+    row_remap_failures: str = f"max by ({_H}) ({DCGM_ROW_REMAP_FAILURE})"
+    """1 when a GPU of the node failed to remap an HBM row; counted as one more ECC error."""
+    ready_flaps: str = (f'sum by (node) (resets({KSM_NODE_CONDITION}'
+                        f'{{condition="Ready",status="true"}}[1h]))')
+    """Ready -> NotReady transitions per node in the last hour (kube-state-metrics)."""
+    dcgm_last_sample: str = f"max by ({_H}) (timestamp({DCGM_GPU_TEMP}))"
+    """Time of each node's newest DCGM sample; older than `max_metric_age_s` = missing."""
+    trainer_throughput: str = f"max by (namespace, job) ({TRAINER_SAMPLES_PER_S})"
+    """Training throughput per job."""
+    trainer_step: str = f"max by (namespace, job) ({TRAINER_STEP})"
+    """Optimizer steps done per job."""
+    trainer_total_steps: str = f"max by (namespace, job) ({TRAINER_TOTAL_STEPS})"
+    """Steps each job is configured to run (progress = step / total)."""
+    trainer_last_checkpoint: str = f"max by (namespace, job) ({TRAINER_LAST_CHECKPOINT_TIME})"
+    """Unix time of each job's latest complete checkpoint."""
+    trainer_last_sample: str = f"max by (namespace, job) (timestamp({TRAINER_STEP}))"
+    """Time of each job's newest trainer sample; older than `max_metric_age_s` = missing."""
+    demand_history: str = (
+        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"})'
+        ' / sum(kube_node_status_allocatable{resource="nvidia_com_gpu"})')
+    """Cluster GPU demand as a share of capacity; read as a 6 h per-minute range for the
+    forecaster (only when `forecaster` is set)."""
+    clock: str = ""
+    """PromQL scalar giving the cluster's clock in Unix seconds; empty = this machine's clock.
+    The digital twin exports `rlalloc_twin_clock_seconds` so policies see simulated time."""
+
+
+@dataclass(frozen=True)
+class ActuatorConfig:
+    """Settings of `rlalloc actuate` (see docs/actuator.md for the install and rollback steps)."""
+
+    prometheus_url: str = "http://prometheus-k8s.monitoring.svc:9090"
+    """Base URL of the Prometheus HTTP API."""
+    prometheus_timeout_s: float = 5.0
+    """Per-query timeout; a slower Prometheus counts as down for the cycle (no moves)."""
+    max_metric_age_s: float = 120.0
+    """A sample older than this is stale and treated as missing."""
+    kubeconfig: str = ""
+    """Path of a kubeconfig; empty = in-cluster service account, else ~/.kube/config."""
+    kube_context: str = ""
+    """kubeconfig context to use; empty = the current context."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose PyTorchJobs may be managed; empty = all namespaces."""
+    managed_label: str = MANAGED_LABEL
+    """Opt-in label; only PyTorchJobs carrying it with value "true" are ever touched."""
+    policy: str = "elastic"
+    """Policy name or path for `agent.registry.load_policy` (static, tiresias, elastic,
+    reactive, proactive, ppo, dqn, or a saved model)."""
+    interval_s: float = 30.0
+    """Seconds between decision cycles."""
+    dry_run: bool = False
+    """Decide and log, but write nothing to the Kubernetes API (no lease, no events either)."""
+    max_actions_per_cycle: int = 8
+    """Actions the policy may take in one cycle before the next observation."""
+    cooldown_s: float = 300.0
+    """A job changed less than this long ago is left alone (failover moves are exempt)."""
+    max_disruptions_per_cycle: int = 2
+    """Moves that restart running workers (resize, suspend, migrate) allowed per cycle."""
+    max_disruptions_per_hour: int = 20
+    """Moves that restart running workers allowed in any sliding hour."""
+    require_node_telemetry: bool = True
+    """Refuse to place workers on a node whose DCGM metrics are missing or stale."""
+    node_affinity: bool = True
+    """Pin new workers to the policy's nodes (required node affinity on the pod template);
+    False = only change the worker count through the /scale subresource."""
+    pod_grace_s: int = 30
+    """Grace period when deleting a job's pod on a reachable node (the trainer checkpoints on
+    SIGTERM); pods on an unreachable node are deleted with grace 0."""
+    api_retries: int = 4
+    """Retries of a Kubernetes API call answered 409, 429 or 5xx (or not answered)."""
+    api_backoff_s: float = 0.5
+    """First retry delay; doubles each retry (429 Retry-After wins when longer)."""
+    api_timeout_s: float = 10.0
+    """Timeout of one Kubernetes API request."""
+    leader_election: bool = True
+    """Hold a coordination.k8s.io Lease before writing, so only one replica acts."""
+    lease_name: str = "rlalloc-actuator"
+    """Name of the Lease object."""
+    lease_namespace: str = "rlalloc-system"
+    """Namespace of the Lease object."""
+    lease_duration_s: float = 30.0
+    """How long a lease holds without renewal; a standby takes over after this."""
+    identity: str = ""
+    """This replica's name in the Lease; empty = $POD_NAME, else the host name."""
+    listen_host: str = "0.0.0.0"
+    """Address of the /metrics, /healthz and /livez server."""
+    listen_port: int = 8080
+    """Port of the /metrics, /healthz and /livez server (0 = any free port)."""
+    node_label: str = DCGM_HOSTNAME_LABEL
+    """Label of the DCGM series that names the Kubernetes node."""
+    trainer_job_label: str = "job"
+    """Label of the trainer series naming the PyTorchJob (scrape with honor_labels: true)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource counted as GPUs on nodes and pods."""
+    rack_label: str = "topology.rlalloc.io/rack"
+    """Node label giving the rack (or switch); nodes without it are in rack 0."""
+    gpu_type_label: str = "nvidia.com/gpu.product"
+    """Node label giving the GPU model (set by GPU feature discovery)."""
+    event_component: str = "rlalloc-actuator"
+    """`source.component` of the Events the actuator writes."""
+    forecaster: str = ""
+    """`module:function` mapping the per-minute demand history (numpy array) to forecasts
+    5, 15 and 60 minutes ahead; empty = no forecast (zeros, as in the simulator without one)."""
+    queries: Queries = field(default_factory=Queries)
+    """PromQL per signal (file only)."""
+
+    def __post_init__(self) -> None:
+        problems = _range_problems(self)
+        if problems:
+            raise UserError("invalid actuator setting: " + "; ".join(problems))
+
+
+def _range_problems(config: ActuatorConfig) -> list[str]:
+    positive = ("prometheus_timeout_s", "max_metric_age_s", "interval_s", "api_timeout_s",
+                "lease_duration_s")
+    non_negative = ("cooldown_s", "max_disruptions_per_cycle", "max_disruptions_per_hour",
+                    "api_retries", "api_backoff_s", "pod_grace_s")
+    problems = [f"{name} must be > 0 (got {getattr(config, name)})"
+                for name in positive if not getattr(config, name) > 0]
+    problems += [f"{name} must be >= 0 (got {getattr(config, name)})"
+                 for name in non_negative if getattr(config, name) < 0]
+    if config.max_actions_per_cycle < 1:
+        problems.append(f"max_actions_per_cycle must be >= 1 (got {config.max_actions_per_cycle})")
+    if not 0 <= config.listen_port <= 65535:
+        problems.append(f"listen_port must be a TCP port (got {config.listen_port})")
+    if not config.prometheus_url.startswith(("http://", "https://")):
+        problems.append(f"prometheus_url must start with http:// or https:// "
+                        f"(got {config.prometheus_url!r})")
+    if config.forecaster and ":" not in config.forecaster:
+        problems.append(f"forecaster must look like module:function (got {config.forecaster!r})")
+    return problems
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None,
+                overrides: dict[str, Any] | None = None) -> ActuatorConfig:
+    """Build the config from the YAML file at `path`, then `environ`, then `overrides` (flags).
+
+    `overrides` holds only the flags the user gave (None values are ignored). Raises
+    `UserError` for unknown keys, wrong types and out-of-range values.
+    """
+    values: dict[str, Any] = {}
+    if path:
+        values.update(_read_file(Path(path)))
+    environ = os.environ if environ is None else environ
+    for f in fields(ActuatorConfig):
+        name = ENV_PREFIX + f.name.upper()
+        if f.name != "queries" and name in environ:
+            values[f.name] = _coerce(f, environ[name], f"environment variable {name}")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(_field(key), value, f"flag --{key.replace('_', '-')}")
+    try:
+        return ActuatorConfig(**values)
+    except UserError as err:
+        sources = ", ".join([str(path)] if path else []) or "flags/environment"
+        raise UserError(f"{sources}: {err}") from err
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the actuator config ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}; fix the file") from err
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping of settings, got {type(doc).__name__}")
+    values: dict[str, Any] = {}
+    for key, raw in doc.items():
+        f = _field(str(key), where=str(path))
+        if f.name == "queries":
+            values["queries"] = _queries(raw, path)
+        else:
+            values[f.name] = _coerce(f, raw, f"{path}: {key}")
+    return values
+
+
+def _queries(raw: object, path: Path) -> Queries:
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: queries must be a mapping of signal name to PromQL")
+    known = {f.name for f in fields(Queries)}
+    for key, value in raw.items():
+        if key not in known:
+            raise UserError(f"{path}: queries.{key} is not a known signal; "
+                            f"use one of {', '.join(sorted(known))}")
+        if not isinstance(value, str):
+            raise UserError(f"{path}: queries.{key} must be a PromQL string")
+    return Queries(**raw)
+
+
+def _field(name: str, where: str = "") -> dataclasses.Field:
+    for f in fields(ActuatorConfig):
+        if f.name == name:
+            return f
+    prefix = f"{where}: " if where else ""
+    raise UserError(f"{prefix}unknown actuator setting {name!r}; known settings: "
+                    f"{', '.join(f.name for f in fields(ActuatorConfig))}")
+
+
+_HINTS = typing.get_type_hints(ActuatorConfig)
+
+
+def _coerce(f: dataclasses.Field, raw: object, where: str) -> Any:
+    """Convert `raw` (YAML value, env string or flag value) to the field's type, or explain."""
+    kind = _HINTS[f.name]
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            return int(raw)
+        if kind is float:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if kind is str:
+            if isinstance(raw, (dict, list)):
+                raise ValueError(raw)
+            return str(raw)
+        if typing.get_origin(kind) is tuple or isinstance(kind, types.GenericAlias):
+            items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, (list, tuple)):
+                raise ValueError(raw)
+            return tuple(str(item).strip() for item in items if str(item).strip())
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{where}: expected {getattr(kind, '__name__', kind)} for "
+                        f"{f.name}, got {raw!r}") from err
+    raise AssertionError(f"unhandled config field type {kind!r} of {f.name}")

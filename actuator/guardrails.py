@@ -1,0 +1,210 @@
+"""The decide step: state + policy + guardrail settings + history -> decisions. Pure, no I/O.
+
+The policy is asked as in the simulator: again after every accepted action (on the state as it
+will be once that action is carried out), until it answers no-op, an action is refused, or
+`max_actions_per_cycle` is reached. Every proposal passes the guardrails below, which are the
+actuator's promises to the cluster's owner whatever the policy does:
+
+- only managed (opted-in) jobs, only within their elasticPolicy min..max;
+- never more GPUs than are free: per node, counting the job's own GPUs and the actions already
+  accepted this cycle; never on a node that is down, cordoned or (optionally) without fresh
+  telemetry;
+- a per-job cooldown after every change (failover moves are exempt: a warned node will not wait);
+- a cap on disruptive moves (those that restart running workers) per cycle and per sliding hour.
+
+A refused action comes back with its reason, for the log line and the Kubernetes Event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from actuator.config import ActuatorConfig
+from env.state import Action, ActionKind, ClusterState, JobStatus
+
+_HOUR_S = 3600.0
+
+
+class Policy(Protocol):
+    """What the actuator needs of a policy (agent.policy.Policy satisfies it)."""
+
+    def act(self, state: ClusterState) -> Action:
+        """The next action for `state` (NOOP: nothing to do)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecisionHistory:
+    """What the guardrails remember across cycles."""
+
+    last_change_s: dict[str, float] = field(default_factory=dict)
+    """Job id -> when an accepted action last changed it."""
+    disruptions_s: tuple[float, ...] = ()
+    """Times of the disruptive moves accepted in the last hour."""
+
+    def record(self, job_id: str, time_s: float, disruptive: bool) -> DecisionHistory:
+        """This history after a change of `job_id` at `time_s` (older disruptions dropped)."""
+        recent = tuple(t for t in self.disruptions_s if time_s - t < _HOUR_S)
+        return DecisionHistory({**self.last_change_s, job_id: time_s},
+                               recent + ((time_s,) if disruptive else ()))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One proposal of the policy and what the guardrails made of it."""
+
+    action: Action
+    accepted: bool
+    reason: str = ""
+    """Why it was refused ("" when accepted)."""
+    disruptive: bool = False
+    """It restarts running workers (resize, suspend or move of a running job)."""
+
+
+@dataclass(frozen=True)
+class CycleDecisions:
+    """Result of one decide step."""
+
+    decisions: tuple[Decision, ...]
+    history: DecisionHistory
+    projected: ClusterState
+    """The state as it will be once the accepted actions are carried out."""
+
+
+def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
+           history: DecisionHistory,
+           nodes_without_telemetry: frozenset[str] = frozenset()) -> CycleDecisions:
+    """Ask `policy` for actions on `state` and pass each through the guardrails."""
+    now = state.time_s
+    history = DecisionHistory(history.last_change_s,
+                              tuple(t for t in history.disruptions_s if now - t < _HOUR_S))
+    decisions: list[Decision] = []
+    cycle_disruptions = 0
+    for _ in range(config.max_actions_per_cycle):
+        action = policy.act(state)
+        if action.kind == ActionKind.NOOP:
+            break
+        disruptive = is_disruptive(state, action)
+        reason = check(state, action, config, history, nodes_without_telemetry)
+        if not reason and disruptive and cycle_disruptions >= config.max_disruptions_per_cycle:
+            reason = (f"disruption cap: {config.max_disruptions_per_cycle} disruptive moves "
+                      "per cycle already taken")
+        if not reason and disruptive and (len(history.disruptions_s)
+                                          >= config.max_disruptions_per_hour):
+            reason = (f"disruption cap: {config.max_disruptions_per_hour} disruptive moves "
+                      "in the last hour")
+        decisions.append(Decision(action, not reason, reason, disruptive))
+        if reason:
+            break
+        cycle_disruptions += int(disruptive)
+        history = history.record(action.job_id, now, disruptive)
+        state = project(state, action)
+    return CycleDecisions(tuple(decisions), history, state)
+
+
+def is_disruptive(state: ClusterState, action: Action) -> bool:
+    """True when `action` restarts workers that are running now."""
+    try:
+        row = state.job_index(action.job_id)
+    except KeyError:
+        return False
+    return bool(state.jobs.workers[row] > 0)
+
+
+def check(state: ClusterState, action: Action, config: ActuatorConfig,
+          history: DecisionHistory, nodes_without_telemetry: frozenset[str]) -> str:
+    """Why the guardrails refuse `action` on `state` ("" when they accept it)."""
+    jobs, nodes = state.jobs, state.nodes
+    try:
+        row = state.job_index(action.job_id)
+    except KeyError:
+        return (f"job {action.job_id} is not managed: only PyTorchJobs labelled "
+                f"{config.managed_label}=true may be changed")
+    workers = int(jobs.workers[row])
+    low, high = int(jobs.min_workers[row]), int(jobs.max_workers[row])
+    names = nodes.name
+    current = tuple(names[i] for i in jobs.placement[row])
+    if action.kind == ActionKind.SCALE:
+        if action.workers and not low <= action.workers <= high:
+            return f"{action.workers} workers is outside the job's elasticPolicy [{low}, {high}]"
+        if action.workers == 0 and workers == 0:
+            return "the job is already suspended"
+    elif action.kind == ActionKind.MIGRATE:
+        if workers == 0:
+            return "the job is not running, there is nothing to move"
+        if action.from_node not in current:
+            return f"the job has no worker on {action.from_node}"
+        if action.from_node in action.nodes:
+            return f"the new placement still uses {action.from_node}"
+        if len(action.nodes) != workers:
+            return f"a move keeps the worker count ({workers}), got {len(action.nodes)}"
+    index = {name: i for i, name in enumerate(names)}
+    unknown = [n for n in action.nodes if n not in index]
+    if unknown:
+        return f"unknown node {unknown[0]}"
+    if tuple(sorted(action.nodes)) == tuple(sorted(current)):
+        return "placement unchanged"
+    need = np.bincount([index[n] for n in action.nodes], minlength=nodes.count)
+    own = np.bincount(list(jobs.placement[row]), minlength=nodes.count)
+    for i in np.flatnonzero(need > 0).tolist():
+        if not nodes.ready[i]:
+            return f"node {names[i]} is not Ready"
+        if nodes.cordoned[i]:
+            return f"node {names[i]} is cordoned"
+        if need[i] > nodes.gpus_free[i] + own[i]:
+            return (f"not enough free GPUs on {names[i]}: needs {need[i]}, "
+                    f"{nodes.gpus_free[i] + own[i]} free")
+        if (config.require_node_telemetry and need[i] > own[i]
+                and names[i] in nodes_without_telemetry):
+            return f"no fresh DCGM telemetry for node {names[i]}"
+    last = history.last_change_s.get(action.job_id)
+    if action.kind != ActionKind.MIGRATE and last is not None:
+        if state.time_s - last < config.cooldown_s:
+            return (f"cooldown: changed {state.time_s - last:.0f}s ago, "
+                    f"{config.cooldown_s:.0f}s required")
+    return ""
+
+
+_RULES = (("is not managed", "unmanaged"), ("elasticPolicy", "elastic_range"),
+          ("free GPUs", "free_gpus"), ("is cordoned", "node_unusable"),
+          ("is not Ready", "node_unusable"), ("telemetry", "node_telemetry"),
+          ("cooldown", "cooldown"), ("disruption cap", "disruption_cap"))
+
+
+def rule_of(reason: str) -> str:
+    """Short, stable name of the guardrail behind a refusal `reason` (a metric label)."""
+    for fragment, rule in _RULES:
+        if fragment in reason:
+            return rule
+    return "invalid_action"
+
+
+def project(state: ClusterState, action: Action) -> ClusterState:
+    """`state` as it will be once `action` is carried out: the job holds its new GPUs (and is
+    restarting), its old ones are free again. Only the allocation columns change."""
+    row = state.job_index(action.job_id)
+    nodes, jobs = state.nodes, state.jobs
+    index = {name: i for i, name in enumerate(nodes.name)}
+    placement = tuple(sorted(index[n] for n in action.nodes))
+    free = nodes.gpus_free.copy()
+    np.add.at(free, list(jobs.placement[row]), 1)
+    np.subtract.at(free, list(placement), 1)
+    status, workers = jobs.status.copy(), jobs.workers.copy()
+    restarts = jobs.restarts.copy()
+    if jobs.workers[row] > 0 and placement:
+        restarts[row] += 1
+    status[row] = int(JobStatus.RESTARTING if placement else JobStatus.QUEUED)
+    workers[row] = len(placement)
+    placements = jobs.placement[:row] + (placement,) + jobs.placement[row + 1:]
+    throughput = jobs.throughput.copy()
+    throughput[row] = 0.0
+    requested = jobs.requested_gpus[row]
+    was_queued, now_queued = jobs.workers[row] == 0, not placement
+    pending = state.demand.pending_gpus + int(requested) * (int(now_queued) - int(was_queued))
+    return replace(state, nodes=replace(nodes, gpus_free=free),
+                   jobs=replace(jobs, status=status, workers=workers, placement=placements,
+                                throughput=throughput, restarts=restarts),
+                   demand=replace(state.demand, pending_gpus=pending))

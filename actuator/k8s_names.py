@@ -1,0 +1,53 @@
+"""Kubernetes names rlalloc relies on: the PyTorchJob API, the training operator's pod labels,
+and rlalloc's own annotations.
+
+One module so the actuator that reads and writes them and the digital twin that imitates the
+training operator agree. Annotations carry what the API objects do not: the worker count the user
+asked for (the actuator changes `Worker.replicas`), the job's scaling curve and restore time (for
+policies that reason about speed-up), and the placement the policy chose (per-node worker counts,
+which node affinity alone cannot express).
+"""
+
+PYTORCHJOB_GROUP = "kubeflow.org"
+PYTORCHJOB_VERSION = "v1"
+PYTORCHJOB_PLURAL = "pytorchjobs"
+PYTORCHJOB_KIND = "PyTorchJob"
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+"""Label the training operator puts on every pod of a job."""
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+"""Replica type of a pod (`worker` for elastic PyTorchJobs)."""
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+"""Index of the pod among its replica type; scaling down removes the highest indices."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""Node label used by the placement's node affinity."""
+
+REQUESTED_WORKERS_ANNOTATION = "rlalloc.io/requested-workers"
+"""Workers the user asked for; written on the first change if absent (from Worker.replicas)."""
+PLACEMENT_ANNOTATION = "rlalloc.io/placement"
+"""Workers per node the policy chose, e.g. ``node-a=2,node-b=1``."""
+SPEED_ANNOTATION = "rlalloc.io/speed-1gpu"
+"""Iterations per second on one GPU (scaling curve, optional)."""
+ALPHA_ANNOTATION = "rlalloc.io/scaling-alpha"
+BETA_ANNOTATION = "rlalloc.io/scaling-beta"
+"""Scaling-curve coefficients (see env.state.Jobs.scaling_alpha), optional."""
+RESTORE_ANNOTATION = "rlalloc.io/restore-seconds"
+"""Checkpoint-restore time of the job, optional."""
+
+
+def format_placement(nodes: tuple[str, ...]) -> str:
+    """``node-a=2,node-b=1`` for a worker-per-node tuple such as ('node-a', 'node-a', 'node-b')."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    return ",".join(f"{node}={count}" for node, count in sorted(counts.items()))
+
+
+def parse_placement(text: str) -> dict[str, int]:
+    """Inverse of `format_placement` (empty or malformed parts are skipped)."""
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        node, _, count = part.strip().partition("=")
+        if node and count.isdigit():
+            counts[node] = int(count)
+    return counts

@@ -1,0 +1,244 @@
+"""Every Kubernetes API call of the actuator, through the official `kubernetes` client.
+
+Reads come back as plain JSON dicts (`_preload_content=False`): the state builder wants the raw
+objects, and skipping the client's model classes makes listing thousands of pods several times
+faster. Label and field selectors are sent to the server and applied again here, so a server
+that ignores them (an emulator, an old proxy) cannot widen what the actuator touches.
+
+Writes are retried on 409, 429 (honouring Retry-After) and 5xx, and on connection errors, with
+exponential backoff and a bounded number of attempts; other errors fail at once. Each write is a
+single request, so a failed call leaves the object as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from actuator.config import ActuatorConfig
+from actuator.k8s_names import (
+    PYTORCHJOB_GROUP,
+    PYTORCHJOB_KIND,
+    PYTORCHJOB_PLURAL,
+    PYTORCHJOB_VERSION,
+)
+from env.errors import UserError
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+_TERMINAL = ("Succeeded", "Failed")
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed (after its retries); `status` is the HTTP status or 0."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def api_client_from(config: ActuatorConfig) -> k8s.ApiClient:
+    """An API client from the in-cluster service account or a kubeconfig (see `kubeconfig`)."""
+    configuration = k8s.Configuration()
+    try:
+        if config.kubeconfig:
+            k8s_config.load_kube_config(config.kubeconfig, context=config.kube_context or None,
+                                        client_configuration=configuration)
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except ConfigException:
+                k8s_config.load_kube_config(context=config.kube_context or None,
+                                            client_configuration=configuration)
+    except (ConfigException, OSError) as err:
+        raise UserError(f"cannot configure the Kubernetes client ({err}); run in a pod with a "
+                        "service account or pass --kubeconfig") from err
+    configuration.retries = 0  # retries are ours, with backoff (see KubeClient._call)
+    return k8s.ApiClient(configuration)
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    """The current time as Kubernetes writes it (MicroTime when `micro`)."""
+    now = datetime.now(UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def has_labels(obj: dict, selector: dict[str, str]) -> bool:
+    """True when `obj` carries every label of `selector` with the same value."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class KubeClient:
+    """The reads and writes the actuator makes; see the module docstring for the retry policy."""
+
+    def __init__(self, config: ActuatorConfig, api_client: k8s.ApiClient,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._config = config
+        self._core = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
+        self._coordination = k8s.CoordinationV1Api(api_client)
+        self._sleep = sleep
+        self.retries_done = 0
+        """Retries made so far (exported as a metric)."""
+
+    # ------------------------------------------------------------------------------- reads
+    def list_nodes(self) -> list[dict]:
+        """All nodes."""
+        return self._items(lambda: self._core.list_node(**self._raw()), "list nodes")
+
+    def list_pods(self) -> list[dict]:
+        """Pods of every namespace that are not finished (they hold GPUs, managed or not)."""
+        items = self._items(lambda: self._core.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed", **self._raw()),
+            "list pods")
+        return [p for p in items if (p.get("status") or {}).get("phase") not in _TERMINAL]
+
+    def list_pytorchjobs(self) -> list[dict]:
+        """PyTorchJobs carrying the opt-in label, in the configured namespaces."""
+        selector = {self._config.managed_label: "true"}
+        label_selector = f"{self._config.managed_label}=true"
+        if self._config.namespaces:
+            items = []
+            for namespace in self._config.namespaces:
+                items += self._items(
+                    lambda ns=namespace: self._custom.list_namespaced_custom_object(
+                        PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, ns, PYTORCHJOB_PLURAL,
+                        label_selector=label_selector, **self._raw()),
+                    f"list pytorchjobs in {namespace}")
+        else:
+            items = self._items(lambda: self._custom.list_cluster_custom_object(
+                PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL,
+                label_selector=label_selector, **self._raw()), "list pytorchjobs")
+        return [job for job in items if has_labels(job, selector)]
+
+    # ------------------------------------------------------------------------------ writes
+    def patch_pytorchjob(self, namespace: str, name: str, patch: dict) -> None:
+        """JSON merge patch of a PyTorchJob (one request: all of it applies or none)."""
+        self._call(lambda: self._custom.patch_namespaced_custom_object(
+            PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name, patch,
+            _request_timeout=self._config.api_timeout_s), f"patch pytorchjob {namespace}/{name}")
+
+    def scale_pytorchjob(self, namespace: str, name: str, replicas: int) -> None:
+        """Set the worker count through the PyTorchJob's /scale subresource."""
+        self._call(lambda: self._custom.patch_namespaced_custom_object_scale(
+            PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name,
+            {"spec": {"replicas": replicas}}, _request_timeout=self._config.api_timeout_s),
+            f"scale pytorchjob {namespace}/{name}")
+
+    def cordon(self, node: str) -> None:
+        """Mark `node` unschedulable."""
+        self._call(lambda: self._core.patch_node(
+            node, {"spec": {"unschedulable": True}}, _request_timeout=self._config.api_timeout_s),
+            f"cordon node {node}")
+
+    def delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
+        """Delete a pod (404 = already gone, fine)."""
+        try:
+            self._call(lambda: self._core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=grace_s,
+                _request_timeout=self._config.api_timeout_s), f"delete pod {namespace}/{name}")
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+    def create_event(self, namespace: str, involved: dict, reason: str, message: str,
+                     warning: bool, instance: str) -> None:
+        """Record a Kubernetes Event on `involved` (apiVersion/kind/name/namespace/uid)."""
+        now = now_rfc3339()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{involved['name']}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": involved, "reason": reason, "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": self._config.event_component, "host": instance},
+            "reportingComponent": self._config.event_component, "reportingInstance": instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self._call(lambda: self._core.create_namespaced_event(
+            namespace, body, _request_timeout=self._config.api_timeout_s),
+            f"create event on {involved['name']}")
+
+    # ------------------------------------------------------------------------------ leases
+    def read_lease(self, namespace: str, name: str) -> dict | None:
+        """The Lease as a dict, or None when it does not exist."""
+        try:
+            response = self._call(lambda: self._coordination.read_namespaced_lease(
+                name, namespace, **self._raw()), f"read lease {namespace}/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+        return json.loads(response.data)
+
+    def create_lease(self, namespace: str, body: dict) -> None:
+        """Create a Lease; raises `KubeError` with status 409 when it already exists."""
+        self._call(lambda: self._coordination.create_namespaced_lease(
+            namespace, body, _request_timeout=self._config.api_timeout_s),
+            f"create lease {namespace}", retry_conflict=False)
+
+    def patch_lease(self, namespace: str, name: str, patch: dict) -> None:
+        """Patch a Lease; a `metadata.resourceVersion` in `patch` makes it conditional (409 when
+        another replica changed it first, which is not retried)."""
+        self._call(lambda: self._coordination.patch_namespaced_lease(
+            name, namespace, patch, _request_timeout=self._config.api_timeout_s),
+            f"patch lease {namespace}/{name}", retry_conflict=False)
+
+    # ----------------------------------------------------------------------------- helpers
+    def _raw(self) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self._config.api_timeout_s}
+
+    def _items(self, fn: Callable[[], Any], what: str) -> list[dict]:
+        return json.loads(self._call(fn, what).data).get("items") or []
+
+    def _call(self, fn: Callable[[], Any], what: str, retry_conflict: bool = True) -> Any:
+        """Run `fn`, retrying retryable failures with exponential backoff."""
+        attempts = self._config.api_retries + 1
+        delay = self._config.api_backoff_s
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except ApiException as err:
+                status = int(err.status or 0)
+                retryable = status in RETRYABLE_STATUS and (status != 409 or retry_conflict)
+                if not retryable or attempt == attempts - 1:
+                    raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
+                                    + (f" after {attempt + 1} attempts" if attempt else ""),
+                                    status) from err
+                wait = max(delay, _retry_after(err))
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                if attempt == attempts - 1:
+                    raise KubeError(f"{what}: {type(err).__name__} after {attempts} attempts"
+                                    ) from err
+                wait = delay
+            log.debug("retrying %s in %.2fs", what, wait)
+            self.retries_done += 1
+            self._sleep(wait)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _retry_after(err: ApiException) -> float:
+    headers = err.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+
+
+def involved_pytorchjob(namespace: str, name: str, uid: str) -> dict:
+    """The `involvedObject` of an Event about a PyTorchJob."""
+    return {"apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": PYTORCHJOB_KIND,
+            "name": name, "namespace": namespace, "uid": uid}

@@ -1,0 +1,200 @@
+"""The control loop: observe -> build state -> decide (policy + guardrails) -> act, every cycle.
+
+Everything with side effects is injected (Kubernetes client, metrics source, policy), so the
+same loop runs in the cluster, against the digital twin and in tests. A cycle that cannot observe
+(Prometheus or the API down or slow) makes no move and turns /healthz red, and the loop keeps
+going; a standby replica only tries to take the lease. Only actions that were really applied
+(or, in dry-run, would have been) enter the guardrails' history, so a failed move is not held
+back by its own cooldown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actuator.apply import Applier
+from actuator.config import ActuatorConfig
+from actuator.guardrails import Decision, DecisionHistory, Policy, decide, rule_of
+from actuator.kube import KubeClient, KubeError, involved_pytorchjob
+from actuator.leader import LeaderElector
+from actuator.observe import MetricsSource, ObserveError
+from actuator.server import ActuatorMetrics, Health
+from actuator.state_builder import BuiltState, Ledger, Observation, build_state
+from env.state import ActionKind
+from trainer_jobs.crd_schema import PyTorchJobValidationError
+
+log = logging.getLogger("rlalloc.actuator")
+
+APPLIED, REFUSED, FAILED, DRY_RUN = "applied", "refused", "failed", "dry_run"
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (for tests and the benchmark)."""
+
+    leader: bool = False
+    observed: bool = False
+    error: str = ""
+    outcomes: list[tuple[Decision, str]] = field(default_factory=list)
+    """Each decision with its outcome (applied, refused, failed, dry_run)."""
+    built: BuiltState | None = None
+
+
+class Controller:
+    """One actuator replica."""
+
+    def __init__(self, config: ActuatorConfig, kube: KubeClient, metrics_source: MetricsSource,
+                 policy: Policy, identity: str,
+                 forecast: Callable[[np.ndarray], np.ndarray] | None = None,
+                 metrics: ActuatorMetrics | None = None, health: Health | None = None) -> None:
+        self.config = config
+        self.identity = identity
+        self.metrics = metrics or ActuatorMetrics()
+        self.health = health or Health(stale_after_s=5 * config.interval_s + 60.0)
+        self._kube = kube
+        self._source = metrics_source
+        self._policy = policy
+        self._forecast = forecast
+        self._applier = Applier(kube, config)
+        self._elector = (LeaderElector(kube, config, identity)
+                         if config.leader_election and not config.dry_run else None)
+        self._ledger = Ledger()
+        self._history = DecisionHistory()
+        self._cycle = 0
+
+    # ------------------------------------------------------------------------- one cycle
+    def run_cycle(self) -> CycleReport:
+        """Observe, decide and (if leader and not dry-run) act once."""
+        started = time.perf_counter()
+        self._cycle += 1
+        report = CycleReport()
+        report.leader = self._elector.try_acquire() if self._elector else not self.config.dry_run
+        self.metrics.leader.set(int(report.leader))
+        if self._elector and not report.leader:
+            self.health.set(True, "standby: another replica holds the lease")
+            return report
+        try:
+            built = self._observe()
+        except (ObserveError, KubeError) as err:
+            self.metrics.errors.labels("observe").inc()
+            self.metrics.healthy.set(0)
+            self.health.set(False, f"cannot observe the cluster: {err}")
+            log.warning("cycle skipped, no moves: %s", err,
+                        extra={"event": {"cycle": self._cycle, "identity": self.identity}})
+            report.error = str(err)
+            return report
+        report.observed, report.built = True, built
+        self._ledger = built.ledger
+        decided = decide(built.state, self._policy, self.config, self._history,
+                         built.nodes_without_telemetry)
+        history = self._history
+        for decision in decided.decisions:
+            outcome, detail = self._carry_out(decision, built)
+            report.outcomes.append((decision, outcome))
+            self._report(decision, outcome, detail, built)
+            if outcome in (APPLIED, DRY_RUN):
+                history = history.record(decision.action.job_id, built.state.time_s,
+                                         decision.disruptive)
+            elif outcome == FAILED:
+                break  # later actions were decided assuming this one happened
+        self._history = history
+        elapsed = time.perf_counter() - started
+        self.metrics.cycle_seconds.observe(elapsed)
+        self.metrics.healthy.set(1)
+        self.metrics.last_success.set(time.time())
+        self.health.set(True, "ok")
+        return report
+
+    def _observe(self) -> BuiltState:
+        snapshot = self._source.fetch(with_demand_history=self._forecast is not None)
+        observation = Observation(
+            time_s=snapshot.clock_s, nodes=self._kube.list_nodes(), pods=self._kube.list_pods(),
+            jobs=self._kube.list_pytorchjobs(), metrics=snapshot.results,
+            demand_history=snapshot.demand_history)
+        return build_state(observation, self.config, self._ledger, self._forecast)
+
+    def _carry_out(self, decision: Decision, built: BuiltState) -> tuple[str, str]:
+        if not decision.accepted:
+            self.metrics.refused.labels(rule_of(decision.reason)).inc()
+            return REFUSED, decision.reason
+        if self.config.dry_run:
+            return DRY_RUN, "dry run: nothing written"
+        if self._elector and not self._elector.is_leader:
+            return FAILED, "lost the lease before acting"
+        retries_before = self._kube.retries_done
+        try:
+            self._applier.apply(decision.action, built)
+        except (KubeError, PyTorchJobValidationError) as err:
+            self.metrics.errors.labels("act").inc()
+            return FAILED, str(err)
+        finally:
+            self.metrics.api_retries.inc(self._kube.retries_done - retries_before)
+        return APPLIED, ""
+
+    def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> None:
+        """Count the decision, log it as one JSON line and record it as an Event on the job."""
+        action = decision.action
+        kind = ActionKind(action.kind).name.lower()
+        self.metrics.decisions.labels(kind, outcome).inc()
+        event = {"cycle": self._cycle, "identity": self.identity, "decision": kind,
+                 "job": action.job_id, "workers": action.workers, "nodes": list(action.nodes),
+                 "from_node": action.from_node, "outcome": outcome, "reason": detail,
+                 "disruptive": decision.disruptive, "dry_run": self.config.dry_run}
+        level = logging.INFO if outcome in (APPLIED, DRY_RUN) else logging.WARNING
+        log.log(level, "%s: %s%s", outcome, action.describe(), f" ({detail})" if detail else "",
+                extra={"event": event})
+        ref = built.jobs.get(action.job_id)
+        if self.config.dry_run or ref is None:
+            return
+        reason = _EVENT_REASONS[outcome] if outcome != APPLIED else _applied_reason(
+            action, built)
+        message = action.describe() + (f": {detail}" if detail else "")
+        try:
+            self._kube.create_event(ref.namespace, involved_pytorchjob(ref.namespace, ref.name,
+                                                                        ref.uid),
+                                    reason, message, warning=outcome != APPLIED,
+                                    instance=self.identity)
+        except KubeError as err:
+            self.metrics.errors.labels("event").inc()
+            log.warning("could not record the event: %s", err)
+
+    # --------------------------------------------------------------------------- running
+    def run(self, stop: threading.Event) -> None:
+        """Cycle every `interval_s` until `stop` is set, then give the lease up."""
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.run_cycle()
+                except Exception:  # a bug in a policy must not take the controller down
+                    self.metrics.errors.labels("decide").inc()
+                    self.health.set(False, "the last cycle failed unexpectedly; see the log")
+                    log.exception("cycle failed")
+                stop.wait(max(self.config.interval_s - (time.monotonic() - started), 0.0))
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Release the lease (if held) so a standby replica takes over at once."""
+        if self._elector is not None:
+            self._elector.release()
+            self.metrics.leader.set(0)
+
+
+_EVENT_REASONS = {REFUSED: "ActionRefused", FAILED: "ActionFailed"}
+
+
+def _applied_reason(action: object, built: BuiltState) -> str:
+    """Event reason of an applied action: Started, Scaled, Suspended or Migrated."""
+    if action.kind == ActionKind.MIGRATE:
+        return "Migrated"
+    if action.workers == 0:
+        return "Suspended"
+    row = built.state.job_index(action.job_id)
+    return "Started" if built.state.jobs.workers[row] == 0 else "Scaled"

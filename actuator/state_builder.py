@@ -1,0 +1,406 @@
+"""Observation (Kubernetes objects + Prometheus query results) -> `ClusterState`: pure, no I/O.
+
+The actuator's half of the state contract: the simulator builds a `ClusterState` from its own
+arrays, this module builds the same object from what a live cluster shows, so a policy cannot
+tell the two apart. Current facts (which pods run where, what is cordoned, what is Ready) come
+from the API objects, which are fresher than kube-state-metrics; telemetry and history (XID/ECC
+counts, temperatures, flaps, trainer throughput and checkpoints) come from Prometheus.
+
+What neither source keeps — GPU-seconds a job has received, time it has been allocated, how
+often it restarted — is integrated here across cycles in a `Ledger` (workers x elapsed time), the
+same way the simulator accumulates it; it restarts from zero when the actuator restarts.
+
+Stale or absent samples are *missing*: a node without fresh DCGM samples gets no telemetry (and
+`nodes_without_telemetry` names it so the guardrails keep new workers off it); a job without
+fresh trainer samples has no throughput and is not counted as running; its progress is the last
+one read (a suspended job exports nothing, and does not progress).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from actuator.config import ActuatorConfig
+from actuator.k8s_names import (
+    ALPHA_ANNOTATION,
+    BETA_ANNOTATION,
+    JOB_NAME_LABEL,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    REQUESTED_WORKERS_ANNOTATION,
+    RESTORE_ANNOTATION,
+    SPEED_ANNOTATION,
+)
+from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
+
+MetricResults = dict[str, list[dict]]
+"""Query name (a `Queries` field) -> Prometheus instant-vector result (`data.result`)."""
+
+_JOB_DEFAULTS = JobInfo("", JobStatus.QUEUED, 0.0, 1, 1, 1)
+_NODE_DEFAULTS = NodeInfo("", 0, 0)
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one cycle read, as plain JSON-like data (what the APIs returned)."""
+
+    time_s: float
+    """The cluster's clock when the observation was taken (Unix seconds)."""
+    nodes: list[dict]
+    pods: list[dict]
+    """Pods of all namespaces (all of them use GPUs, managed or not)."""
+    jobs: list[dict]
+    """PyTorchJobs (filtered here by the opt-in label and namespaces)."""
+    metrics: MetricResults
+    demand_history: np.ndarray | None = None
+    """Per-minute demand series for the forecaster (None when no forecaster is configured)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the ledger remembers of one job between cycles."""
+
+    attained_gpu_s: float = 0.0
+    run_s: float = 0.0
+    restarts: int = 0
+    placement: tuple[str, ...] = ()
+    """Node name of each worker at the last observation."""
+    started: bool = False
+    progress: float = 0.0
+    """Last progress read from the trainer (kept while the job holds no GPUs and exports
+    nothing: a suspended job does not progress)."""
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Per-job history integrated across cycles (see module docstring)."""
+
+    time_s: float | None = None
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A worker pod of a managed job, as the apply step needs it."""
+
+    namespace: str
+    name: str
+    node: str
+    index: int
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A managed PyTorchJob as the apply step needs it: its address, object and pods."""
+
+    namespace: str
+    name: str
+    uid: str
+    obj: dict
+    """The PyTorchJob as read (to validate patched versions against the CRD)."""
+    pods: tuple[PodRef, ...]
+    """Its live worker pods bound to a node."""
+
+
+@dataclass(frozen=True)
+class BuiltState:
+    """The state a policy sees, plus what the guardrails and the apply step need beside it."""
+
+    state: ClusterState
+    ledger: Ledger
+    jobs: dict[str, JobRef]
+    """job_id -> the job's objects."""
+    nodes_without_telemetry: frozenset[str]
+    unreachable_nodes: frozenset[str]
+    """Nodes whose Ready condition is Unknown or False (pods there are deleted with grace 0)."""
+
+
+def job_id_of(namespace: str, name: str) -> str:
+    """The `ClusterState` job id of a PyTorchJob."""
+    return f"{namespace}/{name}"
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds of a Kubernetes timestamp (RFC 3339, e.g. ``2024-05-01T12:00:00Z``)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
+                forecast: Callable[[np.ndarray], np.ndarray] | None = None) -> BuiltState:
+    """The `ClusterState` for `obs`, and the ledger updated to `obs.time_s`."""
+    now = obs.time_s
+    fresh_nodes = _fresh(obs.metrics.get("dcgm_last_sample", []), (config.node_label,),
+                         config.max_metric_age_s)
+    node_names, node_records, unreachable = _nodes(obs, config, fresh_nodes)
+    node_index = {name: i for i, name in enumerate(node_names)}
+    workers_by_job = _worker_pods(obs.pods, node_index)
+    fresh_jobs = _fresh(obs.metrics.get("trainer_last_sample", []),
+                        ("namespace", config.trainer_job_label), config.max_metric_age_s)
+    trainer = {name: _values(obs.metrics.get(name, []), ("namespace", config.trainer_job_label))
+               for name in ("trainer_throughput", "trainer_step", "trainer_total_steps",
+                            "trainer_last_checkpoint")}
+
+    managed, arrivals_1h = [], 0
+    namespaces = set(config.namespaces)
+    for obj in obs.jobs:
+        meta = obj.get("metadata", {})
+        if (meta.get("labels") or {}).get(config.managed_label) != "true":
+            continue
+        if namespaces and meta.get("namespace") not in namespaces:
+            continue
+        created = parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else now
+        if now - 3600.0 < created <= now:
+            arrivals_1h += 1
+        if not _finished(obj):
+            managed.append((created, meta.get("name", ""), obj))
+    managed.sort(key=lambda item: (item[0], item[1]))
+
+    job_records: list[JobInfo] = []
+    refs: dict[str, JobRef] = {}
+    records: dict[str, JobRecord] = {}
+    dt = max(now - ledger.time_s, 0.0) if ledger.time_s is not None else 0.0
+    for created, name, obj in managed:
+        namespace = obj["metadata"].get("namespace", "default")
+        job_id = job_id_of(namespace, name)
+        pods = workers_by_job.get((namespace, name), [])
+        placement = tuple(sorted(node_index[p.node] for p in pods))
+        names = tuple(sorted(p.node for p in pods))
+        key = (namespace, name)
+        fresh = key in fresh_jobs
+        throughput = trainer["trainer_throughput"].get(key, 0.0) if fresh else 0.0
+        step = trainer["trainer_step"].get(key, 0.0) if fresh else 0.0
+        total = trainer["trainer_total_steps"].get(key, 0.0) if fresh else 0.0
+        checkpoint = trainer["trainer_last_checkpoint"].get(key) if fresh else None
+        replicas = _worker_replicas(obj)
+        all_running = all(p.running for p in pods)
+        if not pods:
+            status = JobStatus.QUEUED
+        elif throughput > 0 and all_running and len(pods) == replicas:
+            status = JobStatus.RUNNING
+        else:
+            status = JobStatus.RESTARTING
+        previous = ledger.jobs.get(job_id, JobRecord())
+        held = len(previous.placement)
+        progress = min(step / total, 1.0) if total > 0 else previous.progress
+        record = JobRecord(
+            attained_gpu_s=previous.attained_gpu_s + held * dt,
+            run_s=previous.run_s + (dt if held else 0.0),
+            restarts=previous.restarts + int(bool(names) and names != previous.placement
+                                              and previous.started),
+            placement=names, started=previous.started or bool(names), progress=progress)
+        records[job_id] = record
+        min_w, max_w = _elastic_range(obj, replicas)
+        annotations = obj["metadata"].get("annotations") or {}
+        job_records.append(JobInfo(
+            job_id=job_id, status=status, submit_s=created,
+            requested_gpus=_requested(annotations, replicas, min_w),
+            min_workers=min_w, max_workers=max_w, workers=len(pods), placement=placement,
+            speed_1gpu=_float(annotations, SPEED_ANNOTATION, _JOB_DEFAULTS.speed_1gpu),
+            scaling_alpha=_float(annotations, ALPHA_ANNOTATION, _JOB_DEFAULTS.scaling_alpha),
+            scaling_beta=_float(annotations, BETA_ANNOTATION, _JOB_DEFAULTS.scaling_beta),
+            throughput=throughput if status == JobStatus.RUNNING else 0.0,
+            progress=progress,
+            attained_gpu_s=record.attained_gpu_s, run_s=record.run_s,
+            since_checkpoint_s=max(now - checkpoint, 0.0) if checkpoint is not None else 0.0,
+            restore_s=_float(annotations, RESTORE_ANNOTATION, _JOB_DEFAULTS.restore_s),
+            restarts=record.restarts))
+        refs[job_id] = JobRef(namespace, name, obj["metadata"].get("uid", ""), obj,
+                              tuple(PodRef(p.namespace, p.name, p.node, p.index) for p in pods))
+
+    jobs = Jobs.from_records(job_records)
+    queued = jobs.status == int(JobStatus.QUEUED)
+    history = obs.demand_history
+    forecast_gpus = (0.0, 0.0, 0.0)
+    if forecast is not None and history is not None and len(history):
+        forecast_gpus = tuple(float(v) for v in forecast(history))
+    demand = Demand(pending_gpus=int(jobs.requested_gpus[queued].sum()),
+                    arrivals_1h=arrivals_1h, forecast_gpus=forecast_gpus)
+    nodes = Nodes.from_records(node_records)
+    state = ClusterState(time_s=now, nodes=nodes, jobs=jobs, demand=demand,
+                         time_of_day_s=now % 86_400.0)
+    fresh_names = {key[0] for key in fresh_nodes}
+    return BuiltState(state=state, ledger=Ledger(now, records), jobs=refs,
+                      nodes_without_telemetry=frozenset(node_names) - fresh_names,
+                      unreachable_nodes=frozenset(unreachable))
+
+
+# ---------------------------------------------------------------------------------------- nodes
+def _nodes(obs: Observation, config: ActuatorConfig,
+           fresh: set) -> tuple[tuple[str, ...], list[NodeInfo], list[str]]:
+    label = config.node_label
+    util = _values(obs.metrics.get("gpu_util", []), (label,))
+    temperature = _values(obs.metrics.get("gpu_temperature", []), (label,))
+    temperature_delta = _values(obs.metrics.get("gpu_temperature_delta", []), (label,))
+    xid = _values(obs.metrics.get("xid_errors", []), (label,))
+    ecc = _values(obs.metrics.get("ecc_errors", []), (label,))
+    remap = _values(obs.metrics.get("row_remap_failures", []), (label,))
+    flaps = _values(obs.metrics.get("ready_flaps", []), ("node",))
+    used = _gpus_in_use(obs.pods, config.gpu_resource)
+    nodes = sorted(obs.nodes, key=lambda n: n["metadata"]["name"])
+    racks = _rack_numbers(nodes, config.rack_label)
+    names, records, unreachable = [], [], []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        total = _quantity((node.get("status") or {}).get("allocatable", {}), config.gpu_resource)
+        ready = _ready(node)
+        if not ready:
+            unreachable.append(name)
+        key = (name,)
+        has_telemetry = key in fresh
+        names.append(name)
+        records.append(NodeInfo(
+            name=name, gpus_total=total,
+            gpus_free=max(total - used.get(name, 0), 0) if ready else 0,
+            gpu_type=labels.get(config.gpu_type_label, _NODE_DEFAULTS.gpu_type),
+            rack=racks[name], ready=ready,
+            cordoned=bool((node.get("spec") or {}).get("unschedulable", False)),
+            xid_errors_5m=round(xid.get(key, 0.0)) if has_telemetry else 0,
+            ecc_errors_30m=(round(ecc.get(key, 0.0)) + round(remap.get(key, 0.0))
+                            if has_telemetry else 0),
+            ready_flaps_60m=round(flaps.get(key, 0.0)),
+            temperature_c=(temperature.get(key, _NODE_DEFAULTS.temperature_c) if has_telemetry
+                           else _NODE_DEFAULTS.temperature_c),
+            temperature_delta_30m_c=temperature_delta.get(key, 0.0) if has_telemetry else 0.0,
+            gpu_util=util.get(key, 0.0) if has_telemetry else 0.0))
+    return tuple(names), records, unreachable
+
+
+def _ready(node: dict) -> bool:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
+
+
+def _rack_numbers(nodes: list[dict], rack_label: str) -> dict[str, int]:
+    """Rack per node: the label as an integer, or the rank of its value among all values."""
+    values = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(rack_label, "0")
+              for n in nodes}
+    if all(v.lstrip("-").isdigit() for v in values.values()):
+        return {name: int(v) for name, v in values.items()}
+    rank = {v: i for i, v in enumerate(sorted(set(values.values())))}
+    return {name: rank[v] for name, v in values.items()}
+
+
+def _quantity(resources: dict, key: str) -> int:
+    value = resources.get(key)
+    return int(value) if value not in (None, "") else 0
+
+
+# ----------------------------------------------------------------------------------------- pods
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    namespace: str
+    name: str
+    node: str
+    index: int
+    running: bool
+
+
+def _gpus_in_use(pods: Iterable[dict], resource: str) -> dict[str, int]:
+    """GPUs requested by the live pods bound to each node (terminating pods still hold theirs)."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+            continue
+        gpus = 0
+        for container in pod["spec"].get("containers") or []:
+            resources = container.get("resources") or {}
+            gpus += _quantity(resources.get("requests") or resources.get("limits") or {},
+                              resource)
+        if gpus:
+            used[node] = used.get(node, 0) + gpus
+    return used
+
+
+def _worker_pods(pods: Iterable[dict], node_index: dict[str, int]) -> dict[tuple, list[_Pod]]:
+    """Live, bound, not-terminating worker pods of each (namespace, job name)."""
+    by_job: dict[tuple, list[_Pod]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        job = labels.get(JOB_NAME_LABEL)
+        if not job or labels.get(REPLICA_TYPE_LABEL, "worker").lower() != "worker":
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or node not in node_index or phase in _TERMINAL_PHASES:
+            continue
+        if meta.get("deletionTimestamp"):
+            continue
+        index = labels.get(REPLICA_INDEX_LABEL, "0")
+        by_job.setdefault((meta.get("namespace", "default"), job), []).append(
+            _Pod(meta.get("namespace", "default"), meta["name"], node,
+                 int(index) if index.isdigit() else 0, phase == "Running"))
+    return by_job
+
+
+# ----------------------------------------------------------------------------------------- jobs
+def _finished(obj: dict) -> bool:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") in ("Succeeded", "Failed") and condition.get("status") == "True":
+            return True
+    return False
+
+
+def _worker_replicas(obj: dict) -> int:
+    worker = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+    return int(worker.get("replicas", 1))
+
+
+def _elastic_range(obj: dict, replicas: int) -> tuple[int, int]:
+    """elasticPolicy min/max replicas; a job without one may only keep its replica count."""
+    elastic = (obj.get("spec") or {}).get("elasticPolicy") or {}
+    fixed = max(replicas, 1)
+    low = int(elastic.get("minReplicas", fixed))
+    return low, max(int(elastic.get("maxReplicas", fixed)), low)
+
+
+def _requested(annotations: dict, replicas: int, min_workers: int) -> int:
+    value = annotations.get(REQUESTED_WORKERS_ANNOTATION, "")
+    if value.isdigit():
+        return int(value)
+    return replicas if replicas > 0 else min_workers
+
+
+def _float(annotations: dict, key: str, default: float) -> float:
+    try:
+        return float(annotations[key])
+    except (KeyError, ValueError):
+        return default
+
+
+# -------------------------------------------------------------------------------------- metrics
+def _values(results: list[dict], labels: tuple[str, ...]) -> dict[tuple, float]:
+    """Series value by label values; series missing a label, or NaN, are skipped."""
+    out: dict[tuple, float] = {}
+    for series in results:
+        metric = series.get("metric", {})
+        key = tuple(metric.get(label) for label in labels)
+        if None in key:
+            continue
+        value = float(series["value"][1])
+        if value == value:  # not NaN
+            out[key] = value
+    return out
+
+
+def _fresh(results: list[dict], labels: tuple[str, ...], max_age_s: float) -> set:
+    """Keys whose newest sample (query value, from timestamp()) is at most `max_age_s` older
+    than the query's evaluation time."""
+    fresh = set()
+    for series in results:
+        metric = series.get("metric", {})
+        key = tuple(metric.get(label) for label in labels)
+        evaluated_at, sample_time = float(series["value"][0]), float(series["value"][1])
+        if None not in key and evaluated_at - sample_time <= max_age_s:
+            fresh.add(key)
+    return fresh
+

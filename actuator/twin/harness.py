@@ -1,0 +1,105 @@
+"""Start a whole twin: simulator + Kubernetes API on a port + exporter on another + ticking.
+
+Shared by `rlalloc twin` and the actuator's end-to-end tests, so the demo a new user runs is the
+harness the tests trust.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from actuator.config import Queries
+from actuator.twin.exporter import CLOCK_METRIC, TwinExporter
+from actuator.twin.kube_api import ApiServerThread, TwinKubeAPI
+from actuator.twin.runtime import Twin
+from env.params import SimParams
+from env.scenario import Scenario
+
+
+@dataclass
+class RunningTwin:
+    """A started twin; `call` runs a function in its thread (where the twin's state lives)."""
+
+    server: ApiServerThread
+    twin: Twin
+    exporter: TwinExporter
+    metrics_port: int
+
+    @property
+    def kube_url(self) -> str:
+        """Base URL of the twin's Kubernetes API."""
+        return self.server.url
+
+    @property
+    def api(self) -> TwinKubeAPI:
+        """The API emulator (its request log and fault injection)."""
+        return self.server.api
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` in the twin's thread and return its result."""
+        return self.server.call(fn, *args)
+
+    def stop(self) -> None:
+        """Stop ticking and serving the API (the exporter thread is a daemon)."""
+        self.server.stop()
+
+
+def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: float = 0.25,
+               namespace: str = "default", epoch_s: float = 0.0,
+               params: SimParams | None = None, host: str = "127.0.0.1", kube_port: int = 0,
+               metrics_port: int = 0) -> RunningTwin:
+    """Start the twin of `scenario` running `speed` x real time (see `Twin`).
+
+    Unless `params` say otherwise, the simulator's decision interval is one tick of simulated
+    time, so a tick never jumps past more than one periodic step.
+    """
+    params = params or SimParams(decision_interval_s=max(speed * tick_s, 1.0))
+    server = ApiServerThread(TwinKubeAPI(), host, kube_port).start()
+    sim = scenario.simulator(params, seed)
+    twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
+    exporter = TwinExporter()
+    exporter.publish(twin.frame)
+    port = exporter.serve(metrics_port, host)
+    last = [time.monotonic()]
+
+    def step() -> None:
+        now = time.monotonic()
+        twin.tick(now - last[0])
+        last[0] = now
+        exporter.publish(twin.frame)
+
+    server.every(tick_s, step)
+    return RunningTwin(server, twin, exporter, port)
+
+
+_WINDOWS = {"[5m]": 300.0, "[30m]": 1800.0, "[1h]": 3600.0}
+
+
+def actuator_settings(speed: float, prometheus_url: str, scrape_interval_s: float = 1.0) -> dict:
+    """Actuator settings (the YAML mapping) for running against a twin at `speed`.
+
+    Query windows shrink with the acceleration (never below four scrapes), and the clock is the
+    twin's, so "five minutes" means five simulated minutes to the actuator as to the simulator.
+    """
+    queries = {}
+    for f in fields(Queries):
+        query = getattr(Queries(), f.name)
+        for window, sim_s in _WINDOWS.items():
+            wall_s = max(round(sim_s / speed), round(4 * scrape_interval_s))
+            query = query.replace(window, f"[{wall_s}s]")
+        queries[f.name] = query
+    queries["clock"] = CLOCK_METRIC
+    return {"prometheus_url": prometheus_url, "queries": queries,
+            "max_metric_age_s": max(30.0, 10 * scrape_interval_s)}
+
+
+def prometheus_config(metrics_target: str, scrape_interval_s: float = 1.0) -> dict:
+    """A Prometheus config scraping the twin's exporter; `honor_labels` keeps the trainer
+    series' own `job` label (the PyTorchJob) instead of the scrape job's."""
+    interval = f"{scrape_interval_s:g}s"
+    return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "scrape_configs": [{"job_name": "rlalloc-twin", "honor_labels": True,
+                                "static_configs": [{"targets": [metrics_target]}]}]}

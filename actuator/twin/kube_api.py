@@ -1,0 +1,327 @@
+"""The twin's Kubernetes API: kmock's `KubernetesEmulator` served over real HTTP, plus what a real
+API server does that the emulator does not (and the actuator relies on).
+
+kmock stores objects, serves list/get/create/patch/delete and keeps a request log, but treats
+every path the same way. This subclass adds, before the emulator touches its store:
+
+- the PyTorchJob `/scale` subresource (GET returns an `autoscaling/v1` Scale; PATCH sets
+  `spec.pytorchReplicaSpecs.Worker.replicas`, as the CRD's `specReplicasPath` says) — without it
+  the emulator would merge `{"spec": {"replicas": n}}` into the job itself;
+- `metadata.resourceVersion` on every write, and the optimistic-concurrency check of a patch that
+  carries one (409 Conflict), which leader election depends on;
+- `uid` and `creationTimestamp` on create;
+- validation of every PyTorchJob as it would be stored, against the Training Operator's CRD
+  schema (422 Invalid, nothing stored) — the API server's job;
+- injected faults (`inject_fault`): the next matching requests are answered with the given
+  statuses without touching the store, like a real overloaded or flaky API server.
+
+Label and field selectors are still ignored (the actuator filters again on its side).
+`ApiServerThread` runs the server and the twin's own code in one event loop thread, so the twin's
+writes and the HTTP handlers never interleave mid-update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock import KubernetesEmulator, Server, action
+
+from actuator.apply import merge_patch
+from actuator.k8s_names import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL, PYTORCHJOB_VERSION
+from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
+
+log = logging.getLogger(__name__)
+
+PODS = kmock.resource("", "v1", "pods")
+NODES = kmock.resource("", "v1", "nodes")
+EVENTS = kmock.resource("", "v1", "events")
+LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
+PYTORCHJOBS = kmock.resource(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL)
+_HISTORY_KEPT = 2
+"""Versions of each object kept (the emulator keeps all of them; a long demo would grow)."""
+
+
+@dataclass
+class _Fault:
+    method: str
+    path_contains: str
+    statuses: list[int]
+    retry_after_s: int
+
+
+@attrs.define(kw_only=True)
+class TwinKubeAPI(KubernetesEmulator):
+    """`KubernetesEmulator` with the additions listed in the module docstring."""
+
+    _version: int = attrs.field(default=0, init=False)
+    _faults: list[_Fault] = attrs.field(factory=list, init=False)
+    _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for resource, kind, namespaced in ((PODS, "Pod", True), (NODES, "Node", False),
+                                           (EVENTS, "Event", True), (LEASES, "Lease", True),
+                                           (PYTORCHJOBS, "PyTorchJob", True)):
+            self.resources[resource] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, subresources=(
+                    {"scale", "status"} if resource == PYTORCHJOBS else set()),
+                verbs={"get", "list", "watch", "create", "patch", "delete"})
+
+    # ------------------------------------------------------------------- test & twin API
+    def inject_fault(self, method: str, path_contains: str, *statuses: int,
+                     retry_after_s: int = 0) -> None:
+        """Answer the next ``len(statuses)`` requests whose method is `method` ("*" = any) and
+        whose path contains `path_contains` with these HTTP statuses, in order."""
+        with self._faults_lock:
+            self._faults.append(_Fault(method.upper(), path_contains, list(statuses),
+                                       retry_after_s))
+
+    def get(self, resource: kmock.resource, namespace: str | None, name: str) -> dict | None:
+        """A deep copy of the stored object, or None (call from the server's thread)."""
+        key = (resource, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def list(self, resource: kmock.resource) -> list[dict]:
+        """Deep copies of every live object of `resource` (call from the server's thread)."""
+        return [copy.deepcopy(obj.raw) for (res, _, _), obj in self.objects.items()
+                if res == resource and not obj.deleted]
+
+    def put(self, resource: kmock.resource, namespace: str | None, name: str,
+            obj: dict) -> None:
+        """Create or replace an object (the twin's own writes), keeping server-set metadata."""
+        key = (resource, namespace, name)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        old = self.get(resource, namespace, name)
+        if old is not None:
+            for field in ("uid", "creationTimestamp"):
+                if field in old["metadata"]:
+                    meta.setdefault(field, old["metadata"][field])
+        self._stamp(meta, creating=old is None)
+        if key in self.objects and not self.objects[key].deleted:
+            self.objects[key].history.append(obj)
+            del self.objects[key].history[:-_HISTORY_KEPT]
+        else:
+            self.objects[key] = obj
+
+    def patch(self, resource: kmock.resource, namespace: str | None, name: str,
+              patch: dict) -> None:
+        """Merge-patch an existing object (the twin's own writes)."""
+        current = self.get(resource, namespace, name)
+        if current is not None:
+            self.put(resource, namespace, name, merge_patch(current, patch))
+
+    def remove(self, resource: kmock.resource, namespace: str | None, name: str) -> None:
+        """Delete an object (the twin's own writes; no-op if it is gone)."""
+        key = (resource, namespace, name)
+        if key in self.objects:
+            del self.objects[key]
+
+    # ------------------------------------------------------------------------ HTTP side
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        fault = self._take_fault(request)
+        if fault is not None:
+            return fault
+        if request.resource == PYTORCHJOBS and request.subresource == "scale":
+            return self._scale(request)
+        if request.resource is not None and request.subresource is None:
+            refusal = self._check_write(request)
+            if refusal is not None:
+                return refusal
+        response = await super()._handle(request)
+        if request.action in (action.UPDATE, action.CREATE) and request.resource is not None:
+            self._trim(request)
+        return response
+
+    def _take_fault(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        with self._faults_lock:
+            for fault in self._faults:
+                if (fault.method in ("*", str(request.method.value).upper())
+                        and fault.path_contains in request.url.path and fault.statuses):
+                    status = fault.statuses.pop(0)
+                    if not fault.statuses:
+                        self._faults.remove(fault)
+                    headers = ({"Retry-After": str(fault.retry_after_s)}
+                               if fault.retry_after_s else None)
+                    return _status(status, "InjectedFault", f"injected HTTP {status}", headers)
+        return None
+
+    def _check_write(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        """Stamp metadata, enforce resourceVersion preconditions, validate PyTorchJobs."""
+        if request.action not in (action.CREATE, action.UPDATE) or not isinstance(
+                request.data, dict):
+            return None
+        meta = request.data.setdefault("metadata", {})
+        if request.action == action.UPDATE:
+            current = self.get(request.resource, request.namespace, request.name)
+            if current is None:
+                return None  # the emulator answers 404
+            wanted = meta.get("resourceVersion")
+            if wanted is not None and wanted != current["metadata"].get("resourceVersion"):
+                return _status(409, "Conflict", f"the object has been modified; "
+                               f"resourceVersion {wanted} is not the current one")
+            stored = merge_patch(current, request.data)
+        else:
+            stored = request.data
+            meta.setdefault("namespace", request.namespace)
+        if request.resource == PYTORCHJOBS:
+            try:
+                validate_pytorchjob(stored)
+            except PyTorchJobValidationError as err:
+                return _status(422, "Invalid", str(err))
+        self._stamp(meta, creating=request.action == action.CREATE)
+        return None
+
+    def _scale(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        job = self.get(PYTORCHJOBS, request.namespace, request.name)
+        if job is None:
+            return _status(404, "NotFound", f"pytorchjobs {request.name} not found")
+        if request.method.value.upper() in ("PATCH", "PUT"):
+            replicas = ((request.data or {}).get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                return _status(422, "Invalid", "spec.replicas must be a non-negative integer")
+            patched = merge_patch(job, {"spec": {"pytorchReplicaSpecs": {
+                "Worker": {"replicas": replicas}}}})
+            try:
+                validate_pytorchjob(patched)
+            except PyTorchJobValidationError as err:
+                return _status(422, "Invalid", str(err))
+            self.put(PYTORCHJOBS, request.namespace, request.name, patched)
+            job = self.get(PYTORCHJOBS, request.namespace, request.name)
+        worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+        active = (((job.get("status") or {}).get("replicaStatuses") or {})
+                  .get("Worker") or {}).get("active", 0)
+        return aiohttp.web.json_response({
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": request.name, "namespace": request.namespace,
+                         "resourceVersion": job["metadata"].get("resourceVersion")},
+            "spec": {"replicas": worker.get("replicas", 1)},
+            "status": {"replicas": active}})
+
+    def _stamp(self, meta: dict, creating: bool) -> None:
+        self._version += 1
+        meta["resourceVersion"] = str(self._version)
+        if creating:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp",
+                            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    def _trim(self, request: kmock.Request) -> None:
+        name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+        namespace = request.namespace or ((request.data or {}).get("metadata") or {}).get(
+            "namespace")
+        key = (request.resource, namespace, name)
+        if key in self.objects:
+            del self.objects[key].history[:-_HISTORY_KEPT]
+
+
+def _status(code: int, reason: str, message: str,
+            headers: dict[str, str] | None = None) -> aiohttp.web.StreamResponse:
+    """A Kubernetes `Status` error response."""
+    return aiohttp.web.json_response(
+        {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+         "code": code, "reason": reason, "message": message}, status=code, headers=headers)
+
+
+class ApiServerThread:
+    """Runs a `TwinKubeAPI` on a real HTTP port in a background thread with its own event loop.
+
+    `call` runs a function in that thread (so it never races the HTTP handlers) and returns
+    its result; `every` schedules one periodically there.
+    """
+
+    def __init__(self, api: TwinKubeAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.api = api
+        self._host, self._port = host, port
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stopped: asyncio.Future | None = None
+        self._thread = threading.Thread(target=self._run, name="twin-kube-api", daemon=True)
+        self.url = ""
+        self._error: BaseException | None = None
+
+    def start(self) -> ApiServerThread:
+        """Start serving; returns once the port is open."""
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and join the thread."""
+        if self._stopped is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopped.set_result, None)
+            self._thread.join(10)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` in the server's thread and return its result."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # handed back to the caller
+                future.set_exception(err)
+
+        self._loop.call_soon_threadsafe(run)
+        return future.result(60)
+
+    def every(self, interval_s: float, fn: Callable[[], None]) -> None:
+        """Call `fn` in the server's thread every `interval_s` seconds until `stop`."""
+
+        async def repeat() -> None:
+            while True:
+                try:
+                    fn()
+                except Exception:  # a bug in one tick must not freeze the twin silently
+                    log.exception("twin: periodic step failed")
+                await asyncio.sleep(interval_s)
+
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(repeat()))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as err:  # reported by start()
+            self._error = err
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stopped = self._loop.create_future()
+        async with self.api, Server(self.api, host=self._host, port=self._port or None) as server:
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stopped
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+
+def dump_kubeconfig(url: str) -> str:
+    """A kubeconfig (YAML is a superset of JSON) pointing at an unauthenticated API at `url`."""
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "rlalloc-twin",
+        "clusters": [{"name": "rlalloc-twin", "cluster": {"server": url}}],
+        "users": [{"name": "rlalloc-twin", "user": {}}],
+        "contexts": [{"name": "rlalloc-twin",
+                      "context": {"cluster": "rlalloc-twin", "user": "rlalloc-twin"}}],
+    }, indent=2)

@@ -1,0 +1,182 @@
+"""What a cluster in a given `ClusterState` looks like to the actuator: Kubernetes objects and the
+answers Prometheus gives to the default queries. Pure functions, no simulator.
+
+The twin's runtime mirrors the simulator through `node_object`, `pytorchjob_object` and
+`pod_object`; the parity test and the benchmark turn whole recorded states into objects and query
+results with `cluster_objects` and `query_results`, the inverse of what the state builder does.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import numpy as np
+
+from actuator.k8s_names import (
+    ALPHA_ANNOTATION,
+    BETA_ANNOTATION,
+    HOSTNAME_LABEL,
+    JOB_NAME_LABEL,
+    PYTORCHJOB_GROUP,
+    PYTORCHJOB_KIND,
+    PYTORCHJOB_VERSION,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    REQUESTED_WORKERS_ANNOTATION,
+    RESTORE_ANNOTATION,
+    SPEED_ANNOTATION,
+)
+from actuator.state_builder import MetricResults
+from env.state import ClusterState, JobStatus
+from env.telemetry_names import APPLICATION_LABEL, DCGM_HOSTNAME_LABEL, MANAGED_LABEL
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RACK_LABEL = "topology.rlalloc.io/rack"
+GPU_TYPE_LABEL = "nvidia.com/gpu.product"
+TOTAL_STEPS = 1_000_000.0
+"""Steps the twin's jobs claim to run (the trainer's step gauge is progress x this)."""
+TRAINER_IMAGE = "ghcr.io/rlalloc/trainer-jobs:0.1.0"
+
+
+def k8s_name(job_id: str) -> str:
+    """A DNS-1123 name for a simulator job id (lower case, [a-z0-9-], at most 63 characters)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
+    return name[:63] or "job"
+
+
+def timestamp(unix_s: float) -> str:
+    """Kubernetes timestamp (second precision, as the API server writes it)."""
+    return datetime.fromtimestamp(int(unix_s), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_object(name: str, gpus: int, gpu_type: str, rack: int, ready: bool,
+                unschedulable: bool = False) -> dict:
+    """A Node with `gpus` allocatable GPUs and a Ready condition."""
+    node = {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name, RACK_LABEL: str(rack),
+                                              GPU_TYPE_LABEL: gpu_type}},
+        "spec": {},
+        "status": {"allocatable": {GPU_RESOURCE: str(gpus), "cpu": "32", "memory": "256Gi"},
+                   "capacity": {GPU_RESOURCE: str(gpus)},
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown",
+                                   "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]},
+    }
+    if unschedulable:
+        node["spec"]["unschedulable"] = True
+    return node
+
+
+def pytorchjob_object(namespace: str, name: str, replicas: int, min_workers: int,
+                      max_workers: int, requested: int, created_s: float, speed_1gpu: float,
+                      scaling_alpha: float, scaling_beta: float, restore_s: float,
+                      application: str = "") -> dict:
+    """An elastic PyTorchJob managed by rlalloc (valid against the v1.9.0 CRD)."""
+    labels = {MANAGED_LABEL: "true"}
+    if application:
+        labels[APPLICATION_LABEL] = application
+    return {
+        "apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": PYTORCHJOB_KIND,
+        "metadata": {
+            "name": name, "namespace": namespace, "labels": labels,
+            "creationTimestamp": timestamp(created_s),
+            "annotations": {REQUESTED_WORKERS_ANNOTATION: str(requested),
+                            SPEED_ANNOTATION: repr(float(speed_1gpu)),
+                            ALPHA_ANNOTATION: repr(float(scaling_alpha)),
+                            BETA_ANNOTATION: repr(float(scaling_beta)),
+                            RESTORE_ANNOTATION: repr(float(restore_s))}},
+        "spec": {
+            "elasticPolicy": {"minReplicas": int(min_workers), "maxReplicas": int(max_workers),
+                              "rdzvBackend": "c10d", "maxRestarts": 100},
+            "nprocPerNode": "1",
+            "pytorchReplicaSpecs": {"Worker": {
+                "replicas": int(replicas), "restartPolicy": "OnFailure",
+                "template": {"metadata": {"labels": dict(labels)}, "spec": {"containers": [{
+                    "name": "pytorch", "image": TRAINER_IMAGE,
+                    "resources": {"requests": {GPU_RESOURCE: 1}, "limits": {GPU_RESOURCE: 1}},
+                }]}},
+            }},
+        },
+    }
+
+
+def pod_object(namespace: str, job: str, index: int, node: str | None, running: bool) -> dict:
+    """Worker pod `index` of PyTorchJob `job`, bound to `node` (None: Pending)."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{job}-worker-{index}", "namespace": namespace,
+                     "labels": {JOB_NAME_LABEL: job, REPLICA_TYPE_LABEL: "worker",
+                                REPLICA_INDEX_LABEL: str(index), MANAGED_LABEL: "true"}},
+        "spec": {"containers": [{"name": "pytorch", "image": TRAINER_IMAGE, "resources": {
+            "requests": {GPU_RESOURCE: "1"}, "limits": {GPU_RESOURCE: "1"}}}]},
+        "status": {"phase": "Running" if node and running else "Pending"},
+    }
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
+                    epoch_s: float = 0.0) -> tuple[list[dict], list[dict], list[dict]]:
+    """(nodes, pods, PyTorchJobs) of a cluster in `state`; `names` maps job ids to object names.
+
+    Worker i of a job runs on the i-th node of its (sorted) placement.
+    """
+    nodes, jobs = state.nodes, state.jobs
+    node_objects = [node_object(nodes.name[i], int(nodes.gpus_total[i]), nodes.gpu_type[i],
+                                int(nodes.rack[i]), bool(nodes.ready[i]),
+                                bool(nodes.cordoned[i])) for i in range(nodes.count)]
+    pods, job_objects = [], []
+    for row in range(jobs.count):
+        name = names[jobs.job_id[row]]
+        job_objects.append(pytorchjob_object(
+            namespace, name, int(jobs.workers[row]), int(jobs.min_workers[row]),
+            int(jobs.max_workers[row]), int(jobs.requested_gpus[row]),
+            epoch_s + float(jobs.submit_s[row]), float(jobs.speed_1gpu[row]),
+            float(jobs.scaling_alpha[row]), float(jobs.scaling_beta[row]),
+            float(jobs.restore_s[row])))
+        for index, node in enumerate(jobs.placement[row]):
+            pods.append(pod_object(namespace, name, index, nodes.name[node], True))
+    return node_objects, pods, job_objects
+
+
+def query_results(state: ClusterState, namespace: str, names: dict[str, str],
+                  evaluated_at_s: float, epoch_s: float = 0.0,
+                  job_label: str = "job") -> MetricResults:
+    """What Prometheus answers to the default `Queries` for a cluster in `state`, every sample
+    fresh: the twin exporter's values for node telemetry and trainer metrics."""
+    nodes, jobs = state.nodes, state.jobs
+
+    def per_node(values: np.ndarray) -> list[dict]:
+        return [{"metric": {DCGM_HOSTNAME_LABEL: nodes.name[i]},
+                 "value": [evaluated_at_s, repr(float(values[i]))]} for i in range(nodes.count)]
+
+    allocated = [r for r in range(jobs.count) if jobs.workers[r] > 0]
+
+    def per_job(values: list[float]) -> list[dict]:
+        return [{"metric": {"namespace": namespace, job_label: names[jobs.job_id[r]]},
+                 "value": [evaluated_at_s, repr(float(v))]} for r, v in zip(allocated, values,
+                                                                            strict=True)]
+
+    now = epoch_s + state.time_s
+    return {
+        "gpu_util": per_node(nodes.gpu_util),
+        "gpu_temperature": per_node(nodes.temperature_c),
+        "gpu_temperature_delta": per_node(nodes.temperature_delta_30m_c),
+        "xid_errors": per_node(nodes.xid_errors_5m),
+        "ecc_errors": per_node(nodes.ecc_errors_30m),
+        "row_remap_failures": per_node(np.zeros(nodes.count)),
+        "ready_flaps": [{"metric": {"node": nodes.name[i]},
+                         "value": [evaluated_at_s, repr(float(nodes.ready_flaps_60m[i]))]}
+                        for i in range(nodes.count)],
+        "dcgm_last_sample": per_node(np.full(nodes.count, evaluated_at_s)),
+        "trainer_throughput": per_job([float(jobs.throughput[r])
+                                       if jobs.status[r] == JobStatus.RUNNING else 0.0
+                                       for r in allocated]),
+        "trainer_step": per_job([float(jobs.progress[r]) * TOTAL_STEPS for r in allocated]),
+        "trainer_total_steps": per_job([TOTAL_STEPS] * len(allocated)),
+        "trainer_last_checkpoint": per_job([now - float(jobs.since_checkpoint_s[r])
+                                            for r in allocated]),
+        "trainer_last_sample": per_job([evaluated_at_s] * len(allocated)),
+    }

@@ -1,0 +1,357 @@
+"""The digital twin's engine: the simulator in accelerated real time, shown as a cluster.
+
+Every tick (`tick_s` of wall time, `speed` x that of simulated time) the twin
+
+1. reads what the actuator wrote to the Kubernetes API and reacts as the training operator and
+   the scheduler would: a changed `Worker.replicas` (patch or /scale) adds or removes worker
+   pods; a deleted pod is recreated; pending pods are bound to schedulable nodes with free GPUs —
+   the placement annotation's per-node counts first, within the node affinity — and a job only
+   starts once at least `minReplicas` of its workers can run (gang scheduling to the minimum).
+   The resulting placement is handed to the simulator as a scale action, so the job pays its
+   restore time and runs at the placement's speed;
+2. advances the simulator to the new target time (arrivals, completions, failures happen there);
+3. mirrors the simulator's jobs, pods and nodes back into the API (new jobs arrive as
+   PyTorchJobs with zero replicas: starting them is the actuator's call) and publishes the
+   telemetry frame of the exporter.
+
+The clock the twin shows (objects, trainer timestamps, `rlalloc_twin_clock_seconds`) is
+`epoch_s` + simulated seconds. `script_failure` adds a deterministic failure on top of the
+simulator's own failure process: the node reports XID errors from `warn_at_s` and goes down at
+`fail_at_s`, taking down any worker still on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, parse_placement
+from actuator.twin.exporter import JobTelemetry, NodeTelemetry, PodTelemetry, TelemetryFrame
+from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, TwinKubeAPI
+from actuator.twin.render import (
+    TOTAL_STEPS,
+    k8s_name,
+    node_object,
+    pod_object,
+    pytorchjob_object,
+)
+from env.simulator import Simulator
+from env.state import Action, ActionKind, ClusterState, JobStatus
+
+log = logging.getLogger(__name__)
+
+_FLAP_HOLD_S = 3.0
+"""Wall seconds a readiness flap stays visible in the kube-state-metrics series (> 2 scrapes)."""
+
+
+@dataclass
+class _Pod:
+    index: int
+    node: str | None = None
+    """None while Pending."""
+
+
+@dataclass
+class _Job:
+    sim_id: str
+    name: str
+    pods: list[_Pod] = field(default_factory=list)
+    written_pods: set[str] = field(default_factory=set)
+    """Names of its pod objects in the API."""
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class ScriptedFailure:
+    """A node that warns (XID errors) from `warn_at_s` and fails at `fail_at_s` (sim seconds)."""
+
+    node: str
+    warn_at_s: float
+    fail_at_s: float
+
+
+class Twin:
+    """The simulator mirrored into a `TwinKubeAPI` and an exporter frame (see module docstring).
+
+    All methods run in the API server's thread (`ApiServerThread.call` / `every`).
+    """
+
+    def __init__(self, sim: Simulator, api: TwinKubeAPI, namespace: str = "default",
+                 speed: float = 60.0, epoch_s: float = 0.0) -> None:
+        self.sim = sim
+        self.api = api
+        self.namespace = namespace
+        self.speed = speed
+        self.epoch_s = epoch_s
+        self.frame = TelemetryFrame(epoch_s)
+        self.failure_hits: dict[str, list[str]] = {}
+        """Node -> names of the jobs that still had workers on it when it failed."""
+        self._target_s = sim.time_s
+        self._jobs: dict[str, _Job] = {}
+        self._down: set[str] = set()
+        self._scripted: list[ScriptedFailure] = []
+        self._xid_code: dict[str, int] = {}
+        self._xid_seen: dict[str, int] = {}
+        self._ecc_total: dict[str, float] = {}
+        self._ecc_seen: dict[str, int] = {}
+        self._flaps_seen: dict[str, int] = {}
+        self._flap_until: dict[str, float] = {}
+        self._written: dict[tuple, dict] = {}
+        self._mirror(self.sim.state())
+
+    @property
+    def clock_s(self) -> float:
+        """The twin's clock: epoch + simulated seconds."""
+        return self.epoch_s + max(self._target_s, self.sim.time_s)
+
+    def job_name(self, sim_id: str) -> str:
+        """The PyTorchJob name of a simulator job."""
+        return self._jobs[sim_id].name if sim_id in self._jobs else k8s_name(sim_id)
+
+    def script_failure(self, failure: ScriptedFailure) -> None:
+        """Add a scripted warning-then-failure (see module docstring)."""
+        self._scripted.append(failure)
+
+    def tick(self, wall_dt_s: float) -> None:
+        """React to the API, advance `wall_dt_s` x speed simulated seconds, mirror back."""
+        self._react()
+        self._target_s += wall_dt_s * self.speed
+        while not self.sim.done and self.sim.time_s < self._target_s:
+            self.sim.advance()
+        self._fail_scripted_nodes()
+        self._mirror(self.sim.state())
+
+    # --------------------------------------------------------------- operator + scheduler
+    def _react(self) -> None:
+        state = self.sim.state()
+        cordoned = {n["metadata"]["name"] for n in self.api.list(NODES)
+                    if (n.get("spec") or {}).get("unschedulable")}
+        usable = {name for i, name in enumerate(state.nodes.name)
+                  if state.nodes.ready[i] and name not in self._down and name not in cordoned}
+        live_pods = {p["metadata"]["name"] for p in self.api.list(PODS)
+                     if p["metadata"].get("namespace") == self.namespace}
+        for row, sim_id in enumerate(state.jobs.job_id):
+            job = self._jobs.get(sim_id)
+            obj = self.api.get(PYTORCHJOBS, self.namespace, job.name) if job else None
+            if obj is None:
+                continue
+            state = self._reconcile(state, row, job, obj, usable, live_pods)
+
+    def _reconcile(self, state: ClusterState, row: int, job: _Job, obj: dict,
+                   usable: set[str], live_pods: set[str]) -> ClusterState:
+        worker = obj["spec"]["pytorchReplicaSpecs"]["Worker"]
+        low, high = int(state.jobs.min_workers[row]), int(state.jobs.max_workers[row])
+        desired = min(max(int(worker.get("replicas", 0)), 0), high)
+        pods = [p for p in job.pods
+                if f"{job.name}-worker-{p.index}" in live_pods or p.node is None]
+        pods = [p for p in pods if p.index < desired and p.node not in self._down]
+        have = {p.index for p in pods}
+        pods += [_Pod(i) for i in range(desired) if i not in have]
+        pods.sort(key=lambda p: p.index)
+        names = state.nodes.name
+        index = {name: i for i, name in enumerate(names)}
+        free = state.nodes.gpus_free.astype(np.int64).copy()
+        np.add.at(free, list(state.jobs.placement[row]), 1)  # its own GPUs are re-bound below
+        for pod in pods:
+            if pod.node is not None:
+                free[index[pod.node]] -= 1
+        pending = [p for p in pods if p.node is None]
+        if pending:
+            allowed = _affinity_hosts(worker) or set(names)
+            wanted = parse_placement((obj["metadata"].get("annotations") or {}).get(
+                PLACEMENT_ANNOTATION, ""))
+            for pod in pods:
+                if pod.node is not None and wanted.get(pod.node, 0) > 0:
+                    wanted[pod.node] -= 1
+            bindings = _bind(len(pending), free, names, usable & allowed, wanted)
+            bound = len(pods) - len(pending)
+            if bindings and bound + len(bindings) >= max(low, 1):
+                for pod, node in zip(pending, bindings, strict=False):
+                    pod.node = node
+        running = [p for p in pods if p.node is not None]
+        if 0 < len(running) < low:
+            for pod in running:
+                pod.node = None  # a partial gang cannot train: hand its GPUs back
+            running = []
+        job.pods = pods
+        placement = tuple(sorted(index[p.node] for p in running))
+        if placement == state.jobs.placement[row]:
+            return state
+        action = Action(ActionKind.SCALE, job.sim_id, len(placement),
+                        tuple(names[i] for i in placement))
+        if not self.sim.apply(action):
+            log.warning("twin: simulator refused %s (%s)", action.describe(),
+                        self.sim.validate(action))
+            for pod in running:
+                pod.node = None
+            return state
+        return self.sim.state()
+
+    def _fail_scripted_nodes(self) -> None:
+        for failure in self._scripted:
+            if failure.node in self._down or self.sim.time_s < failure.fail_at_s:
+                continue
+            self._down.add(failure.node)
+            hits = []
+            for job in self._jobs.values():
+                if any(p.node == failure.node for p in job.pods):
+                    hits.append(job.name)
+                    for pod in job.pods:
+                        if pod.node == failure.node:
+                            pod.node = None
+            self.failure_hits[failure.node] = hits
+            log.info("twin: node %s failed (jobs hit: %s)", failure.node, hits or "none")
+
+    # ----------------------------------------------------------------------------- mirror
+    def _mirror(self, state: ClusterState) -> None:
+        nodes, jobs = state.nodes, state.jobs
+        cordoned = {n["metadata"]["name"]: bool((n.get("spec") or {}).get("unschedulable"))
+                    for n in self.api.list(NODES)}
+        for i, name in enumerate(nodes.name):
+            ready = bool(nodes.ready[i]) and name not in self._down
+            self._write(NODES, None, name, node_object(
+                name, int(nodes.gpus_total[i]), nodes.gpu_type[i], int(nodes.rack[i]), ready,
+                cordoned.get(name, False)))
+        active = set(jobs.job_id)
+        for row, sim_id in enumerate(jobs.job_id):
+            if sim_id not in self._jobs:
+                self._jobs[sim_id] = _Job(sim_id, k8s_name(sim_id))
+                self.api.put(PYTORCHJOBS, self.namespace, self._jobs[sim_id].name,
+                             pytorchjob_object(
+                                 self.namespace, self._jobs[sim_id].name, 0,
+                                 int(jobs.min_workers[row]), int(jobs.max_workers[row]),
+                                 int(jobs.requested_gpus[row]),
+                                 self.epoch_s + float(jobs.submit_s[row]),
+                                 float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
+                                 float(jobs.scaling_beta[row]), float(jobs.restore_s[row])))
+            self._mirror_job(state, row, self._jobs[sim_id])
+        for job in self._jobs.values():
+            if job.sim_id not in active and not job.finished:
+                job.finished = True
+                for pod_name in job.written_pods:
+                    self._remove(PODS, self.namespace, pod_name)
+                job.pods, job.written_pods = [], set()
+                self.api.patch(PYTORCHJOBS, self.namespace, job.name, {"status": {
+                    "conditions": [{"type": "Succeeded", "status": "True",
+                                    "reason": "PyTorchJobSucceeded"}],
+                    "replicaStatuses": {"Worker": {"active": 0, "succeeded": 1}}}})
+        self.frame = self._telemetry(state, cordoned)
+
+    def _mirror_job(self, state: ClusterState, row: int, job: _Job) -> None:
+        existing = {f"{job.name}-worker-{p.index}" for p in job.pods}
+        for pod_name in job.written_pods - existing:
+            self._remove(PODS, self.namespace, pod_name)
+        job.written_pods = existing
+        restoring = state.jobs.status[row] != JobStatus.RUNNING
+        for pod in job.pods:
+            self._write(PODS, self.namespace, f"{job.name}-worker-{pod.index}",
+                        pod_object(self.namespace, job.name, pod.index, pod.node,
+                                   running=pod.node is not None))
+        active = sum(1 for p in job.pods if p.node is not None)
+        condition = ("Running" if active and not restoring else
+                     "Restarting" if active else "Created")
+        self._write_status(job, {"replicaStatuses": {"Worker": {"active": active}},
+                                 "conditions": [{"type": condition, "status": "True"}]})
+
+    def _write_status(self, job: _Job, status: dict) -> None:
+        key = (PYTORCHJOBS, self.namespace, job.name)
+        if self._written.get(key) != status:
+            self.api.patch(PYTORCHJOBS, self.namespace, job.name, {"status": status})
+            self._written[key] = status
+
+    def _write(self, resource: object, namespace: str | None, name: str, obj: dict) -> None:
+        """Create or update an object the twin owns, only when it changed (keeps the
+        actuator-owned `spec.unschedulable` of nodes as it is)."""
+        key = (resource, namespace, name)
+        if self._written.get(key) == obj and self.api.get(resource, namespace, name) is not None:
+            return
+        self.api.put(resource, namespace, name, obj)
+        self._written[key] = obj
+
+    def _remove(self, resource: object, namespace: str | None, name: str) -> None:
+        self.api.remove(resource, namespace, name)
+        self._written.pop((resource, namespace, name), None)
+
+    # -------------------------------------------------------------------------- telemetry
+    def _telemetry(self, state: ClusterState, cordoned: dict[str, bool]) -> TelemetryFrame:
+        nodes, jobs = state.nodes, state.jobs
+        now = self.clock_s
+        wall = time.monotonic()
+        warned = {f.node for f in self._scripted if f.warn_at_s <= self.sim.time_s < f.fail_at_s}
+        node_frames = []
+        for i, name in enumerate(nodes.name):
+            xid = int(nodes.xid_errors_5m[i])
+            if xid > self._xid_seen.get(name, 0) or name in warned:
+                self._xid_code[name] = 79 if self._xid_code.get(name) != 79 else 48
+            self._xid_seen[name] = xid
+            ecc = int(nodes.ecc_errors_30m[i])
+            self._ecc_total[name] = (self._ecc_total.get(name, 0.0)
+                                     + max(ecc - self._ecc_seen.get(name, 0), 0))
+            self._ecc_seen[name] = ecc
+            flaps = int(nodes.ready_flaps_60m[i])
+            if flaps > self._flaps_seen.get(name, 0):
+                self._flap_until[name] = wall + _FLAP_HOLD_S
+            self._flaps_seen[name] = flaps
+            ready = bool(nodes.ready[i]) and name not in self._down
+            used = int(nodes.gpus_total[i] - nodes.gpus_free[i]) if ready else 0
+            node_frames.append(NodeTelemetry(
+                name=name, gpus=int(nodes.gpus_total[i]), gpus_used=used,
+                temperature_c=float(nodes.temperature_c[i]) + (10.0 if name in warned else 0.0),
+                xid_code=self._xid_code.get(name, 0), ecc_total=self._ecc_total[name],
+                ready=ready, ready_metric=ready and wall >= self._flap_until.get(name, 0.0),
+                unschedulable=cordoned.get(name, False)))
+        job_frames, pod_frames = [], []
+        for row, sim_id in enumerate(jobs.job_id):
+            job = self._jobs[sim_id]
+            for pod in job.pods:
+                pod_frames.append(PodTelemetry(self.namespace, f"{job.name}-worker-{pod.index}",
+                                               pod.node or "", "Running" if pod.node
+                                               else "Pending"))
+            if jobs.workers[row] == 0:
+                continue
+            running = jobs.status[row] == JobStatus.RUNNING
+            job_frames.append(JobTelemetry(
+                self.namespace, job.name, float(jobs.throughput[row]) if running else 0.0,
+                float(jobs.progress[row]) * TOTAL_STEPS, TOTAL_STEPS, int(jobs.workers[row]),
+                now - float(jobs.since_checkpoint_s[row])))
+        return TelemetryFrame(now, tuple(node_frames), tuple(job_frames), tuple(pod_frames))
+
+
+def _affinity_hosts(worker: dict) -> set[str]:
+    """Host names allowed by the pod template's required node affinity (empty: any)."""
+    affinity = ((worker.get("template") or {}).get("spec") or {}).get("affinity") or {}
+    required = ((affinity.get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    hosts: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In":
+                hosts |= set(expression.get("values") or [])
+    return hosts
+
+
+def _bind(count: int, free: np.ndarray, names: tuple[str, ...], allowed: set[str],
+          wanted: dict[str, int]) -> list[str]:
+    """Nodes for `count` pending pods: the wanted per-node counts first, then the allowed node
+    with the most free GPUs (packing the job on few nodes). May return fewer than `count`."""
+    free = free.copy()
+    index = {name: i for i, name in enumerate(names)}
+    chosen: list[str] = []
+    for node, count_wanted in sorted(wanted.items()):
+        if node not in allowed or node not in index:
+            continue
+        take = min(count_wanted, int(free[index[node]]), count - len(chosen))
+        chosen += [node] * max(take, 0)
+        free[index[node]] -= max(take, 0)
+    candidates = [index[n] for n in allowed if n in index]
+    while len(chosen) < count and candidates:
+        best = max(candidates, key=lambda i: (free[i], -i))
+        take = min(int(free[best]), count - len(chosen))
+        if take <= 0:
+            break
+        chosen += [names[best]] * take
+        free[best] -= take
+    return chosen

@@ -1,0 +1,127 @@
+"""`rlalloc twin`: the simulator as a cluster you can point the actuator (or kubectl) at.
+
+It serves a Kubernetes API (Nodes, Pods, PyTorchJobs, Events, Leases) and a Prometheus exporter
+under the real exporters' metric names, runs the workload in accelerated real time, and reacts to
+the actuator's writes like the training operator and the scheduler. It writes the three files a
+first demo needs — a kubeconfig, a Prometheus config and an actuator config — and prints the two
+commands to run next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from env.errors import UserError
+from env.failures import FAILURE_PRESETS, FailureParams
+from env.params import SimParams
+from env.scenario import build_scenario
+
+if TYPE_CHECKING:
+    from actuator.twin.runtime import ScriptedFailure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc twin`."""
+    parser.add_argument("--workload", default="synthetic:40:0.9",
+                        help="workload CSV or synthetic[:NUM_JOBS[:LOAD]] (default %(default)s)")
+    parser.add_argument("--cluster", default="8x4", help="NODESxGPUS or a cluster YAML file")
+    parser.add_argument("--seed", type=int, default=0, help="seed of workload and failures")
+    parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
+                        help="node failure rate preset (default %(default)s: a few per day, "
+                             "half of them announced by XID/ECC warnings)")
+    parser.add_argument("--speed", type=float, default=60.0,
+                        help="simulated seconds per wall second (default %(default)s)")
+    parser.add_argument("--tick-s", type=float, default=0.25, help="wall seconds per step")
+    parser.add_argument("--namespace", default="default", help="namespace of the jobs")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    parser.add_argument("--kube-port", type=int, default=8001, help="Kubernetes API port")
+    parser.add_argument("--metrics-port", type=int, default=9400, help="exporter port")
+    parser.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
+                        help="where your Prometheus will listen (goes into the actuator config)")
+    parser.add_argument("--scrape-interval-s", type=float, default=1.0,
+                        help="Prometheus scrape interval to configure")
+    parser.add_argument("--out-dir", type=Path, default=Path("twin"),
+                        help="where to write kubeconfig, prometheus.yml, actuator.yaml")
+    parser.add_argument("--fail-node", metavar="NODE:WARN_S:FAIL_S", action="append", default=[],
+                        help="scripted failure: NODE warns (XID errors) from simulated second "
+                             "WARN_S and fails at FAIL_S; repeatable")
+    parser.add_argument("--duration-s", type=float, default=0.0,
+                        help="stop after this many wall seconds (default: until Ctrl-C)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the twin, write the demo files, run until interrupted."""
+    try:  # imported here: kmock is needed by the twin only, not by the rest of the CLI
+        from actuator.twin.harness import actuator_settings, prometheus_config, start_twin
+        from actuator.twin.kube_api import dump_kubeconfig
+    except ImportError as err:
+        raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
+    if args.speed <= 0 or args.tick_s <= 0:
+        raise UserError("--speed and --tick-s must be positive")
+    failures = [_failure(text) for text in args.fail_node]
+    scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
+    params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
+                       failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS[args.failures]))
+    running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
+                         namespace=args.namespace, epoch_s=_midnight_utc(), params=params,
+                         host=args.host, kube_port=args.kube_port,
+                         metrics_port=args.metrics_port)
+    for failure in failures:
+        running.call(running.twin.script_failure, failure)
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kubeconfig").write_text(dump_kubeconfig(running.kube_url))
+    target = f"{args.host}:{running.metrics_port}"
+    (out / "prometheus.yml").write_text(yaml.safe_dump(
+        prometheus_config(target, args.scrape_interval_s), sort_keys=False))
+    settings = actuator_settings(args.speed, args.prometheus_url, args.scrape_interval_s)
+    settings.update(kubeconfig=str((out / "kubeconfig").resolve()),
+                    interval_s=max(300.0 / args.speed, 1.0), lease_namespace=args.namespace)
+    (out / "actuator.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    print(f"twin of {scenario.workload.name} on {scenario.cluster.describe()} at "
+          f"{args.speed:g}x real time\n"
+          f"  Kubernetes API  {running.kube_url}   (kubectl --kubeconfig {out}/kubeconfig "
+          f"get pytorchjobs,pods)\n"
+          f"  exporter        http://{target}/metrics\n"
+          f"next:\n"
+          f"  prometheus --config.file={out}/prometheus.yml --storage.tsdb.path={out}/tsdb\n"
+          f"  rlalloc actuate --config {out}/actuator.yaml --policy proactive", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    deadline = time.monotonic() + args.duration_s if args.duration_s > 0 else None
+    try:
+        while not stop.wait(1.0):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    finally:
+        running.stop()
+    return 0
+
+
+def _failure(text: str) -> ScriptedFailure:
+    """The `ScriptedFailure` of a --fail-node NODE:WARN_S:FAIL_S flag."""
+    from actuator.twin.runtime import ScriptedFailure  # needs kmock: imported late, see run()
+
+    node, _, times = text.partition(":")
+    warn, _, fail = times.partition(":")
+    try:
+        failure = ScriptedFailure(node, float(warn), float(fail))
+    except ValueError as err:
+        raise UserError(f"--fail-node {text!r}: expected NODE:WARN_S:FAIL_S, e.g. "
+                        "node-0001:600:1800") from err
+    if not node or failure.fail_at_s <= failure.warn_at_s:
+        raise UserError(f"--fail-node {text!r}: FAIL_S must come after WARN_S")
+    return failure
+
+
+def _midnight_utc() -> float:
+    """Today's midnight (UTC), the twin's time zero: time of day matches the simulator's."""
+    return float(int(time.time()) // 86_400 * 86_400)

@@ -1,0 +1,210 @@
+"""Shared pieces of the actuator tests: a real Prometheus server, tiny twins, a tiny policy.
+
+Imported by tests/test_actuator_*.py (there is no conftest for them on purpose: the fixtures
+stay next to the tests that use them).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from actuator.config import ActuatorConfig, Queries
+from actuator.kube import KubeClient, api_client_from
+from actuator.loop import Controller
+from actuator.observe import PrometheusSource
+from actuator.twin.harness import RunningTwin, actuator_settings, prometheus_config, start_twin
+from actuator.twin.kube_api import dump_kubeconfig
+from env.cluster import uniform_cluster
+from env.failures import FailureParams
+from env.params import SimParams
+from env.placement import choose_nodes, free_gpus_for
+from env.scenario import Scenario, job_speeds
+from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from env.workload.spec import JobSpec, Workload
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+SCRAPE_S = 1.0
+
+needs_prometheus = pytest.mark.skipif(not Path(PROMETHEUS).exists(),
+                                      reason="the prometheus binary is not installed")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrometheusServer:
+    """/usr/bin/prometheus on 127.0.0.1, scraping `target` every second, storage in `tmp`."""
+
+    def __init__(self, tmp: Path, target: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tmp = tmp
+        self._config = tmp / "prometheus.yml"
+        self._config.write_text(yaml.safe_dump(prometheus_config(target, SCRAPE_S)))
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> PrometheusServer:
+        """Start (or restart) and wait until it is ready."""
+        self._process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={self._config}",
+             f"--storage.tsdb.path={self._tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=(self._tmp / "prometheus.log").open("ab"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"prometheus did not start; see {self._tmp / 'prometheus.log'}")
+
+    def stop(self) -> None:
+        """Stop the server (its data stays for a restart)."""
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(10)
+            self._process = None
+
+    def wait_for(self, query: str, timeout_s: float = 15.0) -> None:
+        """Wait until `query` returns at least one series (the first scrapes are in)."""
+        source = PrometheusSource(ActuatorConfig(prometheus_url=self.url))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if source._client.custom_query(query):
+                    return
+                time.sleep(0.2)
+        finally:
+            source.close()
+        raise TimeoutError(f"no series for {query!r} after {timeout_s}s")
+
+
+def job(name: str, submit_s: float, requested: int, min_workers: int, max_workers: int,
+        work: float = 1e7, restore_s: float = 30.0) -> JobSpec:
+    """A generic-speed job (1 iteration/s on one GPU; `work` iterations)."""
+    return JobSpec(name, submit_s, requested, work, min_workers, max_workers, restore_s)
+
+
+def scenario(jobs: list[JobSpec], nodes: int = 4, gpus: int = 4) -> Scenario:
+    """`jobs` on a uniform cluster of `nodes` x `gpus`."""
+    workload = Workload("test", tuple(jobs))
+    return Scenario(uniform_cluster(nodes, gpus), workload, job_speeds(workload, None))
+
+
+def quiet_params(speed: float, tick_s: float) -> SimParams:
+    """Simulator settings without random failures (the tests script theirs)."""
+    return SimParams(decision_interval_s=max(speed * tick_s, 1.0),
+                     failures=FailureParams(failures_per_gpu_day=0.0))
+
+
+def start_quiet_twin(jobs: list[JobSpec], speed: float = 60.0, tick_s: float = 0.2,
+                     nodes: int = 4, gpus: int = 4) -> RunningTwin:
+    """A twin of `jobs` without random failures."""
+    return start_twin(scenario(jobs, nodes, gpus), speed=speed, tick_s=tick_s,
+                      params=quiet_params(speed, tick_s))
+
+
+def kube_client(tmp: Path, twin: RunningTwin, config: ActuatorConfig) -> KubeClient:
+    """A `KubeClient` for the twin's API, configured through a kubeconfig file (the real path)."""
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(dump_kubeconfig(twin.kube_url))
+    return KubeClient(config, api_client_from(replace(config, kubeconfig=str(kubeconfig))))
+
+
+def twin_config(twin_speed: float, prometheus_url: str, **overrides: object) -> ActuatorConfig:
+    """Actuator settings for a twin at `twin_speed` (scaled windows, twin clock) + overrides."""
+    settings = actuator_settings(twin_speed, prometheus_url, SCRAPE_S)
+    settings["queries"] = Queries(**settings["queries"])
+    settings.update(interval_s=1.0, cooldown_s=60.0, api_backoff_s=0.05,
+                    lease_namespace="default", listen_port=0, prometheus_timeout_s=2.0)
+    settings.update(overrides)
+    return ActuatorConfig(**settings)
+
+
+def controller(tmp: Path, twin: RunningTwin, config: ActuatorConfig, policy: object,
+               identity: str = "actuator-0") -> Controller:
+    """A controller wired to the twin's API and a real Prometheus."""
+    return Controller(config, kube_client(tmp, twin, config), PrometheusSource(config), policy,
+                      identity)
+
+
+def wait_until(predicate: object, timeout_s: float, step_s: float = 0.2) -> bool:
+    """Poll `predicate()` until it is true or `timeout_s` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return bool(predicate())
+
+
+class TinyElastic:
+    """A small elastic policy with obvious answers, for tests (not a baseline).
+
+    In order: move a running job off a warned node; start the oldest queued job on as many
+    GPUs as it asked for and are free (at least its minimum); if a queued job still cannot
+    start, shrink the largest job above its minimum to its minimum; otherwise grow a running
+    job towards its maximum with the free GPUs. Placement: packed, as `choose_nodes` does.
+    """
+
+    name = "tiny-elastic"
+
+    def act(self, state: ClusterState) -> Action:
+        """The next action (see class docstring)."""
+        jobs, nodes = state.jobs, state.nodes
+        names = nodes.name
+        warned = nodes.warned
+        for row in range(jobs.count):
+            placement = jobs.placement[row]
+            risky = [n for n in set(placement) if warned[n]]
+            if risky and jobs.status[row] != JobStatus.QUEUED:
+                chosen = choose_nodes(state, row, int(jobs.workers[row]), Strategy.PACKED,
+                                      exclude_node=risky[0])
+                if chosen is not None and not any(warned[n] for n in chosen):
+                    return Action(ActionKind.MIGRATE, jobs.job_id[row], len(chosen),
+                                  tuple(names[n] for n in chosen), from_node=names[risky[0]])
+        free = int(free_gpus_for(state, None)[~warned].sum())
+        waiting = False
+        for row in np.flatnonzero(jobs.status == JobStatus.QUEUED):
+            want = min(int(jobs.requested_gpus[row]), int(jobs.max_workers[row]), free)
+            if want >= jobs.min_workers[row]:
+                chosen = choose_nodes(state, int(row), want, Strategy.PACKED)
+                if chosen is not None:
+                    return Action(ActionKind.SCALE, jobs.job_id[row], want,
+                                  tuple(names[n] for n in chosen))
+            waiting = True
+        if waiting:
+            above = [r for r in range(jobs.count) if jobs.workers[r] > jobs.min_workers[r]]
+            if above:
+                row = max(above, key=lambda r: (jobs.workers[r], -r))
+                low = int(jobs.min_workers[row])
+                chosen = choose_nodes(state, row, low, Strategy.PACKED)
+                if chosen is not None:
+                    return Action(ActionKind.SCALE, jobs.job_id[row], low,
+                                  tuple(names[n] for n in chosen))
+            return NOOP
+        for row in range(jobs.count):
+            if jobs.status[row] == JobStatus.RUNNING and free > 0 and (
+                    jobs.workers[row] < jobs.max_workers[row]):
+                want = int(min(jobs.max_workers[row], jobs.workers[row] + free))
+                chosen = choose_nodes(state, row, want, Strategy.PACKED)
+                if chosen is not None:
+                    return Action(ActionKind.SCALE, jobs.job_id[row], want,
+                                  tuple(names[n] for n in chosen))
+        return NOOP

@@ -1,0 +1,369 @@
+"""Faults of the actuator's inputs, each on its own: Prometheus down or slow, stale metrics,
+Kubernetes API errors (409/429/5xx), a second replica, a malformed config."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from actuator.config import ActuatorConfig
+from actuator.guardrails import DecisionHistory, decide
+from actuator.kube import KubeError
+from actuator.loop import Controller
+from actuator.observe import MetricsSnapshot, PrometheusSource, RecordedMetrics
+from actuator.server import StatusServer
+from actuator.state_builder import Ledger, Observation, build_state
+from actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
+from actuator.twin.render import cluster_objects, query_results
+from env.cli import main as cli_main
+from env.state import (
+    NOOP,
+    Action,
+    ActionKind,
+    ClusterState,
+    Demand,
+    JobInfo,
+    Jobs,
+    JobStatus,
+    NodeInfo,
+    Nodes,
+)
+from tests.actuator_fixtures import (
+    PrometheusServer,
+    TinyElastic,
+    controller,
+    job,
+    kube_client,
+    needs_prometheus,
+    start_quiet_twin,
+    twin_config,
+    wait_until,
+)
+
+
+# ------------------------------------------------------------------------ a hand-made world
+def _state(running_on: str = "node-0000") -> ClusterState:
+    """Two 4-GPU nodes; job "j" runs 2 workers on `running_on`, job "q" waits for 2."""
+    nodes = Nodes.from_records([NodeInfo("node-0000", 4, 2 if running_on == "node-0000" else 4),
+                                NodeInfo("node-0001", 4, 2 if running_on == "node-0001" else 4)])
+    where = 0 if running_on == "node-0000" else 1
+    jobs = Jobs.from_records([
+        JobInfo("j", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2, placement=(where, where),
+                throughput=1.0),
+        JobInfo("q", JobStatus.QUEUED, 10.0, 2, 2, 2)])
+    return ClusterState(time_s=100.0, nodes=nodes, jobs=jobs, demand=Demand(pending_gpus=2))
+
+
+def _world(tmp_path, state: ClusterState, **overrides: object):
+    """A TwinKubeAPI holding `state`'s objects, a config and a KubeClient for it."""
+    server = ApiServerThread(TwinKubeAPI()).start()
+    names = {job_id: job_id for job_id in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "default", names)
+    for obj in nodes:
+        server.call(server.api.put, NODES, None, obj["metadata"]["name"], obj)
+    for obj in pods:
+        server.call(server.api.put, PODS, "default", obj["metadata"]["name"], obj)
+    for obj in jobs:
+        server.call(server.api.put, PYTORCHJOBS, "default", obj["metadata"]["name"], obj)
+    config = ActuatorConfig(api_backoff_s=0.01, api_retries=3, lease_namespace="default",
+                            leader_election=False, cooldown_s=0.0, **overrides)
+
+    class Twinish:  # what kube_client needs of a twin
+        kube_url = server.url
+
+    metrics = RecordedMetrics(MetricsSnapshot(
+        query_results(state, "default", names, time.time()), state.time_s))
+    return server, config, kube_client(tmp_path, Twinish, config), metrics
+
+
+class Scripted:
+    """A policy that proposes `actions` in turn, then no-ops."""
+
+    name = "scripted"
+
+    def __init__(self, *actions: Action) -> None:
+        self._actions = list(actions)
+
+    def act(self, state: ClusterState) -> Action:
+        return self._actions.pop(0) if self._actions else NOOP
+
+
+def _writes(api: TwinKubeAPI) -> list[str]:
+    return [f"{str(r.method.value).upper()} {r.url.path}" for r in list(api)
+            if str(r.method.value).upper() != "GET"]
+
+
+def _moves(api: TwinKubeAPI) -> list[str]:
+    """Writes that change the cluster (not lease renewals or events)."""
+    return [w for w in _writes(api) if "/leases" not in w and "/events" not in w]
+
+
+# ------------------------------------------------------------------------------ Prometheus
+@needs_prometheus
+@pytest.mark.expensive
+def test_prometheus_down_means_no_moves_unhealthy_and_recovery(tmp_path):
+    twin = start_quiet_twin([job("a", 0, 4, 1, 8)], speed=60.0)
+    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    try:
+        prometheus.wait_for("rlalloc_twin_clock_seconds")
+        ctl = controller(tmp_path, twin, twin_config(60.0, prometheus.url), TinyElastic())
+        status = StatusServer("127.0.0.1", 0, ctl.metrics, ctl.health)
+        status.start()
+        healthz = f"http://127.0.0.1:{status.port}/healthz"
+        assert ctl.run_cycle().observed and _http_status(healthz) == 200
+        prometheus.stop()
+        moves_before = len(_moves(twin.api))
+        stop = threading.Event()
+        thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+        thread.start()
+        assert wait_until(lambda: _http_status(healthz) == 503, 10)
+        time.sleep(2.5)  # a few more cycles while Prometheus is down
+        assert thread.is_alive(), "the loop must keep running without Prometheus"
+        assert len(_moves(twin.api)) == moves_before, "no moves without Prometheus"
+        assert ctl.metrics.errors.labels("observe")._value.get() >= 2
+        assert _http_status(f"http://127.0.0.1:{status.port}/livez") == 200
+        prometheus.start()
+        assert wait_until(lambda: _http_status(healthz) == 200, 20), "did not recover"
+        assert wait_until(lambda: len(_moves(twin.api)) > moves_before, 20), "no moves after"
+        stop.set()
+        thread.join(10)
+        status.stop()
+    finally:
+        prometheus.stop()
+        twin.stop()
+
+
+def test_slow_prometheus_means_no_moves(tmp_path):
+    # a server that accepts connections and never answers: every query times out
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    state = _state()
+    server, config, kube, _ = _world(
+        tmp_path, state, prometheus_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
+        prometheus_timeout_s=0.3)
+    try:
+        ctl = Controller(config, kube, PrometheusSource(config), TinyElastic(), "a-0")
+        started = time.monotonic()
+        report = ctl.run_cycle()
+        assert not report.observed and "Prometheus" in report.error
+        assert time.monotonic() - started < 5
+        assert ctl.health.ready()[0] is False
+        assert _writes(server.api) == []
+    finally:
+        listener.close()
+        server.stop()
+
+
+def test_stale_metrics_are_missing():
+    state = _state()
+    names = {j: j for j in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "default", names)
+    now = 1_000.0
+    results = query_results(state, "default", names, now)
+    results["xid_errors"][1]["value"][1] = "3"  # node-0001 reports XIDs ...
+    results["dcgm_last_sample"][1]["value"][1] = str(now - 600)  # ... but 10 minutes ago
+    results["trainer_last_sample"][0]["value"][1] = str(now - 600)  # and so does job j
+    config = ActuatorConfig(max_metric_age_s=60.0)
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, results), config, Ledger())
+    assert built.nodes_without_telemetry == frozenset({"node-0001"})
+    assert built.state.nodes.xid_errors_5m.tolist() == [0, 0]  # stale XIDs are not evidence
+    row = built.state.job_index("default/j")
+    assert built.state.jobs.status[row] == JobStatus.RESTARTING  # not known to be training
+    assert built.state.jobs.throughput[row] == 0.0
+    # and no new worker goes to the node whose telemetry is missing
+    to_blind = Action(ActionKind.SCALE, "default/q", 2, ("node-0001", "node-0001"))
+    cycle = decide(built.state, Scripted(to_blind), config, DecisionHistory(),
+                   built.nodes_without_telemetry)
+    assert not cycle.decisions[0].accepted
+    assert "no fresh DCGM telemetry for node node-0001" in cycle.decisions[0].reason
+
+
+# --------------------------------------------------------------------------- Kubernetes API
+def test_api_429_and_503_are_retried_and_the_move_applies_once(tmp_path):
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", 429, 503, retry_after_s=0)
+        start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
+        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        report = ctl.run_cycle()
+        assert [o for _, o in report.outcomes] == ["applied"]
+        patches = [w for w in _writes(server.api) if w.startswith("PATCH")]
+        assert len(patches) == 3  # two refused by the faults, one applied
+        q = server.call(server.api.get, PYTORCHJOBS, "default", "q")
+        assert q["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        assert ctl.metrics.api_retries._value.get() == 2
+    finally:
+        server.stop()
+
+
+def test_api_5xx_beyond_the_retries_leaves_the_job_untouched(tmp_path):
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[500] * (config.api_retries + 1))
+        before = server.call(server.api.get, PYTORCHJOBS, "default", "q")
+        start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
+        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        report = ctl.run_cycle()
+        assert [o for _, o in report.outcomes] == ["failed"]
+        assert server.call(server.api.get, PYTORCHJOBS, "default", "q") == before
+        assert ctl.metrics.errors.labels("act")._value.get() == 1
+        events = server.call(server.api.list, EVENTS)
+        assert [e["reason"] for e in events] == ["ActionFailed"]
+    finally:
+        server.stop()
+
+
+def test_failover_stops_before_deleting_pods_when_the_cordon_fails(tmp_path):
+    state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("PATCH", "/nodes/node-0000", *[503] * (config.api_retries + 1))
+        move = Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
+                      from_node="node-0000")
+        ctl = Controller(config, kube, metrics, Scripted(_rename(move)), "a-0")
+        report = ctl.run_cycle()
+        assert [o for _, o in report.outcomes] == ["failed"]
+        assert not any(w.startswith("DELETE") for w in _writes(server.api))
+        assert len([p for p in server.call(server.api.list, PODS)]) == 2
+        # the same move succeeds on the next cycle once the API is back
+        ctl._policy = Scripted(_rename(move))
+        report = ctl.run_cycle()
+        assert [o for _, o in report.outcomes] == ["applied"]
+        node = server.call(server.api.get, NODES, None, "node-0000")
+        assert node["spec"]["unschedulable"] is True
+        assert server.call(server.api.list, PODS) == []  # deleted; the operator recreates them
+    finally:
+        server.stop()
+
+
+def test_api_409_is_retried(tmp_path):
+    state = _state()
+    server, config, kube, _ = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("PATCH", "/nodes/node-0001", 409)
+        kube.cordon("node-0001")
+        assert server.call(server.api.get, NODES, None, "node-0001")["spec"]["unschedulable"]
+        server.api.inject_fault("PATCH", "/nodes/node-0001", 403)
+        with pytest.raises(KubeError) as err:
+            kube.cordon("node-0001")
+        assert err.value.status == 403  # not retryable: fails at once
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------- leader election
+def test_only_the_leader_acts_and_a_standby_takes_over(tmp_path):
+    state = _state()
+    server, config, kube_a, metrics = _world(tmp_path, state)
+    config = replace(config, leader_election=True, lease_duration_s=2.0)
+    try:
+        kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
+        start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+        a = Controller(config, kube_a, metrics, Scripted(start), "replica-a")
+        b = Controller(config, kube_b, metrics, Scripted(start), "replica-b")
+        reports = []
+
+        def cycle(ctl: Controller) -> bool:
+            reports.append(ctl.run_cycle())
+            return reports[-1].leader
+
+        assert cycle(a) and not cycle(b)
+        assert [o for _, o in reports[0].outcomes] == ["applied"] and reports[1].outcomes == []
+        assert b.health.ready() == (True, "standby: another replica holds the lease")
+        assert cycle(a) and not cycle(b)  # a renews; b still stands by
+        # a stops renewing (hangs): b takes over once the lease expires, and a may not act
+        time.sleep(2.2)
+        assert cycle(b) and not cycle(a)
+        # b shuts down gracefully: a takes over at once
+        b.shutdown()
+        assert cycle(a)
+        assert all(r.leader for r in reports if r.outcomes), "a standby acted"
+        assert all(not r.observed for r in reports if not r.leader), "a standby observed"
+    finally:
+        server.stop()
+
+
+def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
+    state = _state()
+    server, config, kube_a, metrics = _world(tmp_path, state)
+    config = replace(config, leader_election=True, lease_duration_s=30.0)
+    try:
+        kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
+        a = Controller(config, kube_a, metrics, Scripted(), "replica-a")
+        b = Controller(config, kube_b, metrics, Scripted(), "replica-b")
+        results: dict[str, bool] = {}
+        barrier = threading.Barrier(2)
+
+        def race(name: str, ctl: Controller) -> None:
+            barrier.wait()
+            results[name] = ctl.run_cycle().leader
+
+        threads = [threading.Thread(target=race, args=(n, c)) for n, c in (("a", a), ("b", b))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert sorted(results.values()) == [False, True]
+    finally:
+        server.stop()
+
+
+# -------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("text, expected", [
+    ("interval_s: [1, 2\n", "not valid YAML at line"),
+    ("intervall_s: 5\n", "unknown actuator setting 'intervall_s'"),
+    ("interval_s: soon\n", "expected float for interval_s, got 'soon'"),
+    ("max_disruptions_per_cycle: -1\n", "max_disruptions_per_cycle must be >= 0"),
+    ("queries:\n  xid: foo\n", "queries.xid is not a known signal"),
+    ("- a\n- b\n", "expected a mapping of settings"),
+])
+def test_malformed_config_is_one_clear_error_at_start_up(tmp_path, capsys, text, expected):
+    path = tmp_path / "actuator.yaml"
+    path.write_text(text)
+    assert cli_main(["actuate", "--config", str(path), "--once"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlalloc: error: ")
+    assert str(path) in err[0] and expected in err[0]
+
+
+def test_config_precedence_file_env_flags(tmp_path):
+    from actuator.config import load_config
+
+    path = tmp_path / "actuator.yaml"
+    path.write_text("interval_s: 10\ndry_run: true\nnamespaces: [a, b]\n")
+    config = load_config(path, {"RLALLOC_ACTUATOR_INTERVAL_S": "20"}, {"dry_run": None})
+    assert (config.interval_s, config.dry_run, config.namespaces) == (20.0, True, ("a", "b"))
+    config = load_config(path, {"RLALLOC_ACTUATOR_INTERVAL_S": "20"}, {"interval_s": "5"})
+    assert config.interval_s == 5.0
+    with pytest.raises(Exception, match="RLALLOC_ACTUATOR_DRY_RUN"):
+        load_config(None, {"RLALLOC_ACTUATOR_DRY_RUN": "maybe"})
+
+
+# ------------------------------------------------------------------------------- helpers
+def _rename(action: Action) -> Action:
+    """`action` with the actuator's job id (namespace/name) for the hand-made world's job."""
+    return replace(action, job_id=f"default/{action.job_id}")
+
+
+def _xid(values: list[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+

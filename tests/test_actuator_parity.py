@@ -1,0 +1,207 @@
+"""The same policy makes the same decisions through the actuator as inside the simulator.
+
+A simulator episode (with stress-level failures, so warnings and moves happen) is recorded:
+every state a policy was shown and the action it answered. Each recorded state is then turned
+into what a cluster in that state shows — Nodes, Pods and PyTorchJobs served over real HTTP by
+the twin's API, and the answers Prometheus gives to the default queries — and the actuator's
+observe path (list calls, query results, state builder with its ledger) rebuilds the state.
+The policy, asked by the actuator's decide step, must answer the very same action.
+
+This needs the cluster to be observed at every decision point, as the actuator's ledger
+integrates GPU-seconds between observations the way the simulator does between its events.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from actuator.config import ActuatorConfig
+from actuator.loop import Controller
+from actuator.observe import MetricsSnapshot
+from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
+from actuator.twin.render import cluster_objects, k8s_name, query_results
+from env.failures import FailureParams
+from env.params import SimParams
+from env.scenario import Scenario, build_scenario
+from env.state import NOOP, Action, ActionKind, ClusterState
+from tests.actuator_fixtures import TinyElastic, kube_client
+
+NAMESPACE = "default"
+MAX_DECISIONS = 100
+SEED = 2
+"""With this seed the episode has warned nodes, failures and (for tiny-elastic) moves."""
+
+
+def _policies() -> list:
+    """TinyElastic, plus the project's heuristics when the agent package provides them."""
+    policies = [pytest.param(TinyElastic, id="tiny-elastic")]
+    try:
+        registry = importlib.import_module("agent.registry")
+        make = {name: (lambda n=name: registry.load_policy(n))
+                for name in ("static", "tiresias", "elastic", "proactive")}
+    except ImportError:
+        try:
+            heuristics = importlib.import_module("agent.heuristics")
+            make = {"static": heuristics.StaticPolicy, "tiresias": heuristics.TiresiasPolicy,
+                    "proactive": lambda: heuristics.ElasticPolicy(
+                        heuristics.ElasticConfig(proactive=True), "proactive")}
+        except (ImportError, AttributeError):
+            make = {}
+    policies += [pytest.param(factory, id=name) for name, factory in make.items()]
+    return policies
+
+
+def _scenario() -> Scenario:
+    """30 synthetic jobs on 8x4 GPUs, submitted at distinct whole seconds (the API's
+    timestamps have second precision)."""
+    base = build_scenario("synthetic:30:1.2", "8x4", seed=SEED)
+    jobs, last = [], -1.0
+    for spec in base.workload.jobs:
+        submit = max(float(round(spec.submit_s)), last + 1.0)
+        jobs.append(replace(spec, submit_s=submit))
+        last = submit
+    return replace(base, workload=replace(base.workload, jobs=tuple(jobs)))
+
+
+def _record(policy: object) -> list[tuple[ClusterState, Action]]:
+    """Every (state, action) of a simulator run, up to MAX_DECISIONS policy calls."""
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=3.0))
+    sim = _scenario().simulator(params, seed=SEED)
+    recorded: list[tuple[ClusterState, Action]] = []
+
+    def recording(state: ClusterState) -> Action:
+        action = policy.act(state)
+        recorded.append((state, action))
+        if len(recorded) >= MAX_DECISIONS:
+            raise StopIteration
+        return action
+
+    try:
+        sim.run(recording)
+    except StopIteration:
+        pass
+    return recorded
+
+
+class _Replay:
+    """MetricsSource answering, for the current recorded state, what Prometheus would."""
+
+    snapshot: MetricsSnapshot
+
+    def fetch(self, with_demand_history: bool) -> MetricsSnapshot:
+        return self.snapshot
+
+
+def _show(api: TwinKubeAPI, state: ClusterState, names: dict[str, str],
+          finished: set[str]) -> None:
+    """Make the API hold exactly the objects of a cluster in `state` (+ finished jobs)."""
+    nodes, pods, jobs = cluster_objects(state, NAMESPACE, names)
+    for resource, namespace in ((PODS, NAMESPACE), (PYTORCHJOBS, NAMESPACE), (NODES, None)):
+        for obj in api.list(resource):
+            api.remove(resource, namespace, obj["metadata"]["name"])
+    for obj in nodes:
+        api.put(NODES, None, obj["metadata"]["name"], obj)
+    for obj in pods:
+        api.put(PODS, NAMESPACE, obj["metadata"]["name"], obj)
+    for obj in jobs:
+        api.put(PYTORCHJOBS, NAMESPACE, obj["metadata"]["name"], obj)
+    for job_id in finished:
+        # a finished job still counts as an arrival of the last hour
+        done = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "metadata": {"name": names[job_id], "namespace": NAMESPACE,
+                             "labels": {"rlalloc.io/managed": "true"},
+                             "creationTimestamp": _submit_stamp[job_id]},
+                "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 0, "template": {}}}},
+                "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
+        api.put(PYTORCHJOBS, NAMESPACE, names[job_id], done)
+
+
+_submit_stamp: dict[str, str] = {}
+
+
+@pytest.mark.expensive
+@pytest.mark.parametrize("make_policy", _policies())
+def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
+    recorded = _record(make_policy())
+    assert len(recorded) == MAX_DECISIONS
+    kinds = {a.kind for _, a in recorded}
+    assert ActionKind.SCALE in kinds
+    if make_policy is TinyElastic:
+        assert ActionKind.MIGRATE in kinds
+    names = {j.job_id: k8s_name(j.job_id) for j in _scenario().workload.jobs}
+    server = ApiServerThread(TwinKubeAPI()).start()
+    config = ActuatorConfig(dry_run=True, max_actions_per_cycle=1, leader_election=False,
+                            max_metric_age_s=60.0)
+
+    class Twinish:
+        kube_url = server.url
+
+    replay = _Replay()
+    actuator = Controller(config, kube_client(tmp_path, Twinish, config), replay,
+                          make_policy(), "parity")
+    seen: set[str] = set()
+    mismatches = []
+    try:
+        for step, (state, expected) in enumerate(recorded):
+            current = set(state.jobs.job_id)
+            for row, job_id in enumerate(state.jobs.job_id):
+                _submit_stamp[job_id] = cluster_objects(state, NAMESPACE, names)[2][row][
+                    "metadata"]["creationTimestamp"]
+            finished = seen - current
+            seen |= current
+            server.call(_show, server.api, state, names, finished)
+            replay.snapshot = MetricsSnapshot(
+                query_results(state, NAMESPACE, names, time.time()), state.time_s)
+            report = actuator.run_cycle()
+            assert report.observed, report.error
+            rebuilt = report.built.state
+            _assert_same_state(state, rebuilt, names)
+            got = report.outcomes[0][0].action if report.outcomes else NOOP
+            if _translate(expected, names) != got:
+                mismatches.append((step, expected.describe(), got.describe()))
+    finally:
+        server.stop()
+    assert mismatches == [], f"{len(mismatches)} of {len(recorded)} decisions differ: " \
+                             f"{mismatches[:5]}"
+
+
+def _translate(action: Action, names: dict[str, str]) -> Action:
+    if action.kind == ActionKind.NOOP:
+        return action
+    return replace(action, job_id=f"{NAMESPACE}/{names[action.job_id]}")
+
+
+def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str, str]) -> None:
+    """The rebuilt state carries the simulator's values (floats to float32 precision)."""
+    assert rebuilt.jobs.job_id == tuple(f"{NAMESPACE}/{names[j]}" for j in sim.jobs.job_id)
+    assert rebuilt.nodes.name == sim.nodes.name
+    for column in ("gpus_total", "gpus_free", "rack", "ready", "cordoned", "xid_errors_5m",
+                   "ecc_errors_30m", "ready_flaps_60m"):
+        np.testing.assert_array_equal(getattr(rebuilt.nodes, column),
+                                      getattr(sim.nodes, column), err_msg=column)
+    for column in ("temperature_c", "temperature_delta_30m_c", "gpu_util"):
+        np.testing.assert_allclose(getattr(rebuilt.nodes, column), getattr(sim.nodes, column),
+                                   rtol=1e-6, atol=1e-6, err_msg=column)
+    for column in ("status", "requested_gpus", "min_workers", "max_workers", "workers",
+                   "restarts"):
+        np.testing.assert_array_equal(getattr(rebuilt.jobs, column), getattr(sim.jobs, column),
+                                      err_msg=column)
+    assert rebuilt.jobs.placement == sim.jobs.placement
+    for column in ("submit_s", "speed_1gpu", "scaling_alpha", "scaling_beta", "throughput",
+                   "attained_gpu_s", "run_s", "since_checkpoint_s", "restore_s"):
+        np.testing.assert_allclose(getattr(rebuilt.jobs, column), getattr(sim.jobs, column),
+                                   rtol=1e-5, atol=1e-3, err_msg=column)
+    # progress is exported by running trainers only; a stopped job keeps its last reading
+    # (after a failure the simulator rolls back to the checkpoint, which the actuator cannot
+    # see until the job runs again)
+    allocated = sim.jobs.workers > 0
+    np.testing.assert_allclose(rebuilt.jobs.progress[allocated], sim.jobs.progress[allocated],
+                               rtol=1e-5, atol=1e-6, err_msg="progress")
+    assert rebuilt.demand.pending_gpus == sim.demand.pending_gpus
+    assert rebuilt.demand.arrivals_1h == sim.demand.arrivals_1h
+    assert rebuilt.time_of_day_s == pytest.approx(sim.time_of_day_s)

@@ -1,0 +1,273 @@
+"""Tiny worlds with obvious answers for the actuator's pure parts: guardrails, state building,
+the patches it writes, and its deployment manifests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from actuator.apply import merge_patch, misplaced_pods, placement_patch
+from actuator.config import ActuatorConfig, load_config
+from actuator.guardrails import DecisionHistory, decide, rule_of
+from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REQUESTED_WORKERS_ANNOTATION
+from actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
+from actuator.twin.render import cluster_objects, pod_object, query_results
+from env.state import (
+    NOOP,
+    Action,
+    ActionKind,
+    ClusterState,
+    Demand,
+    JobInfo,
+    Jobs,
+    JobStatus,
+    NodeInfo,
+    Nodes,
+)
+from trainer_jobs.crd_schema import validate_pytorchjob
+
+DEPLOY = Path(__file__).resolve().parents[1] / "actuator" / "deploy"
+
+
+def _world(time_s: float = 1000.0) -> ClusterState:
+    """node-a: 4 GPUs, 2 used by "run" (min 1, max 4); node-b: 4 free; "wait" queued (2..4)."""
+    nodes = Nodes.from_records([NodeInfo("node-a", 4, 2), NodeInfo("node-b", 4, 4)])
+    jobs = Jobs.from_records([
+        JobInfo("run", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2, placement=(0, 0),
+                throughput=2.0),
+        JobInfo("wait", JobStatus.QUEUED, 10.0, 4, 2, 4)])
+    return ClusterState(time_s=time_s, nodes=nodes, jobs=jobs, demand=Demand(pending_gpus=4))
+
+
+class Scripted:
+    name = "scripted"
+
+    def __init__(self, *actions: Action) -> None:
+        self.actions = list(actions)
+
+    def act(self, state: ClusterState) -> Action:
+        return self.actions.pop(0) if self.actions else NOOP
+
+
+def _decide(*actions: Action, config: ActuatorConfig | None = None,
+            history: DecisionHistory | None = None, state: ClusterState | None = None):
+    config = config or ActuatorConfig(cooldown_s=300.0)
+    return decide(state or _world(), Scripted(*actions), config, history or DecisionHistory())
+
+
+def scale(job: str, *nodes: str) -> Action:
+    return Action(ActionKind.SCALE, job, len(nodes), tuple(nodes))
+
+
+# ------------------------------------------------------------------------------ guardrails
+def test_guardrails_accept_a_valid_start_and_account_its_gpus():
+    cycle = _decide(scale("wait", "node-b", "node-b", "node-b", "node-b"),
+                    scale("run", "node-a", "node-a", "node-b"))  # node-b is full by then
+    assert [d.accepted for d in cycle.decisions] == [True, False]
+    assert cycle.decisions[1].reason == "not enough free GPUs on node-b: needs 1, 0 free"
+    assert cycle.projected.nodes.gpus_free.tolist() == [2, 0]
+    assert cycle.projected.jobs.status.tolist() == [JobStatus.RUNNING, JobStatus.RESTARTING]
+    assert cycle.projected.demand.pending_gpus == 0
+
+
+@pytest.mark.parametrize("action, reason", [
+    (scale("wait", *["node-b"] * 5), "5 workers is outside the job's elasticPolicy [2, 4]"),
+    (scale("wait", "node-b"), "1 workers is outside the job's elasticPolicy [2, 4]"),
+    (scale("ghost", "node-b"), "job ghost is not managed"),
+    (scale("run", "node-a", "node-a"), "placement unchanged"),
+    (Action(ActionKind.SCALE, "wait", 0, ()), "the job is already suspended"),
+    (scale("run", "node-c", "node-c"), "unknown node node-c"),
+    (Action(ActionKind.MIGRATE, "run", 2, ("node-a", "node-b"), from_node="node-a"),
+     "the new placement still uses node-a"),
+    (Action(ActionKind.MIGRATE, "wait", 2, ("node-b", "node-b"), from_node="node-a"),
+     "the job is not running"),
+])
+def test_guardrails_refuse_with_a_reason(action, reason):
+    decision = _decide(action).decisions[0]
+    assert not decision.accepted and decision.reason.startswith(reason)
+    assert rule_of(decision.reason) in ("elastic_range", "unmanaged", "invalid_action")
+
+
+def test_guardrails_refuse_cordoned_and_down_nodes():
+    world = _world()
+    cordoned = replace(world, nodes=replace(world.nodes, cordoned=world.nodes.cordoned | [0, 1]))
+    assert _decide(scale("wait", "node-b", "node-b"), state=cordoned).decisions[0].reason == \
+        "node node-b is cordoned"
+    down = replace(world, nodes=replace(world.nodes, ready=world.nodes.ready & [True, False]))
+    assert _decide(scale("wait", "node-b", "node-b"), state=down).decisions[0].reason == \
+        "node node-b is not Ready"
+
+
+def test_cooldown_holds_a_job_but_not_its_failover():
+    history = DecisionHistory({"run": 900.0})
+    grow = scale("run", "node-a", "node-a", "node-a")
+    assert _decide(grow, history=history).decisions[0].reason.startswith("cooldown: changed 100s")
+    move = Action(ActionKind.MIGRATE, "run", 2, ("node-b", "node-b"), from_node="node-a")
+    assert _decide(move, history=history).decisions[0].accepted
+
+
+def test_disruption_caps_per_cycle_and_per_hour():
+    config = ActuatorConfig(cooldown_s=0.0, max_disruptions_per_cycle=1,
+                            max_disruptions_per_hour=3)
+    shrink = scale("run", "node-a")
+    move = Action(ActionKind.MIGRATE, "run", 1, ("node-b",), from_node="node-a")
+    cycle = _decide(shrink, move, config=config)
+    assert [d.accepted for d in cycle.decisions] == [True, False]
+    assert cycle.decisions[1].reason.startswith("disruption cap: 1 disruptive moves per cycle")
+    busy_hour = DecisionHistory({}, (100.0, 200.0, 300.0))  # 3 in the last hour (t=1000)
+    assert _decide(shrink, config=config, history=busy_hour).decisions[0].reason.startswith(
+        "disruption cap: 3 disruptive moves in the last hour")
+    old = DecisionHistory({}, (-3000.0, -2900.0, -2800.0))  # more than an hour ago
+    assert _decide(shrink, config=config, history=old).decisions[0].accepted
+    # starting a queued job disrupts nobody and is not capped
+    start = scale("wait", "node-b", "node-b")
+    assert _decide(start, config=config, history=busy_hour).decisions[0].accepted
+
+
+# -------------------------------------------------------------------------- state building
+def _observe(state: ClusterState, extra_pods: list[dict] = (), ledger: Ledger = Ledger(),
+             time_s: float | None = None):
+    names = {j: j for j in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "ns", names)
+    results = query_results(state, "ns", names, 5000.0)
+    return build_state(Observation(state.time_s if time_s is None else time_s, nodes,
+                                   pods + list(extra_pods), jobs, results),
+                       ActuatorConfig(), ledger)
+
+
+def test_state_counts_unmanaged_pods_and_ignores_unmanaged_jobs():
+    state = _world()
+    stranger = pod_object("other", "someone-else", 0, "node-b", running=True)
+    built = _observe(state, [stranger])
+    assert built.state.nodes.gpus_free.tolist() == [2, 3]  # the stranger's GPU is not free
+    assert built.state.jobs.job_id == ("ns/run", "ns/wait")
+    names = {j: j for j in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "ns", names)
+    del jobs[1]["metadata"]["labels"]["rlalloc.io/managed"]
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, {}), ActuatorConfig(),
+                        Ledger())
+    assert built.state.jobs.job_id == ("ns/run",)
+
+
+def test_ledger_integrates_gpu_seconds_and_counts_restarts():
+    first = _observe(_world(time_s=1000.0))
+    assert first.state.jobs.attained_gpu_s.tolist() == [0.0, 0.0]
+    second = _observe(_world(time_s=1100.0), ledger=first.ledger)
+    assert second.state.jobs.attained_gpu_s.tolist() == [200.0, 0.0]  # 2 workers x 100 s
+    assert second.state.jobs.run_s.tolist() == [100.0, 0.0]
+    world = _world(time_s=1200.0)
+    moved = replace(world, jobs=replace(world.jobs, placement=((1, 1), ())))
+    third = _observe(moved, ledger=second.ledger)
+    assert third.state.jobs.restarts.tolist() == [1, 0]
+    assert third.state.jobs.attained_gpu_s.tolist() == [400.0, 0.0]
+
+
+def test_unreachable_nodes_are_not_ready_and_have_no_free_gpus():
+    world = _world()
+    down = replace(world, nodes=replace(world.nodes, ready=world.nodes.ready & [True, False]))
+    built = _observe(down)
+    assert built.unreachable_nodes == frozenset({"node-b"})
+    assert built.state.nodes.gpus_free.tolist() == [2, 0]
+
+
+# ------------------------------------------------------------------------------ writes
+def _ref(obj: dict, pods: tuple[PodRef, ...] = ()) -> JobRef:
+    return JobRef("ns", obj["metadata"]["name"], "uid", obj, pods)
+
+
+def test_placement_patch_is_valid_and_keeps_the_users_own_affinity():
+    state = _world()
+    _, _, jobs = cluster_objects(state, "ns", {"run": "run", "wait": "wait"})
+    job = jobs[1]
+    del job["metadata"]["annotations"][REQUESTED_WORKERS_ANNOTATION]
+    user_term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                       "values": ["A100"]}]}
+    job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [user_term]}}}
+    patch = placement_patch(_ref(job), scale("wait", "node-b", "node-b", "node-a"), 4)
+    merged = merge_patch(job, patch)
+    validate_pytorchjob(merged)
+    worker = merged["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 3
+    terms = worker["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        user_term["matchExpressions"][0],
+        {"key": HOSTNAME_LABEL, "operator": "In", "values": ["node-a", "node-b"]}]}]
+    annotations = merged["metadata"]["annotations"]
+    assert annotations[PLACEMENT_ANNOTATION] == "node-a=1,node-b=2"
+    assert annotations[REQUESTED_WORKERS_ANNOTATION] == "4"
+
+
+def test_misplaced_pods_leave_highest_index_first():
+    pods = (PodRef("ns", "j-worker-0", "node-a", 0), PodRef("ns", "j-worker-1", "node-a", 1),
+            PodRef("ns", "j-worker-2", "node-c", 2))
+    # 3 workers, two on node-b and one on node-a: worker-1 and worker-2 must move
+    leaving = misplaced_pods(pods, scale("j", "node-a", "node-b", "node-b"))
+    assert [p.name for p in leaving] == ["j-worker-1", "j-worker-2"]
+    # shrink to 1 on node-a: the operator removes 1 and 2 itself, 0 stays
+    assert misplaced_pods(pods, scale("j", "node-a")) == []
+
+
+# ------------------------------------------------------------------------------ manifests
+def test_deploy_manifests_are_consistent(tmp_path):
+    docs = [d for path in sorted(DEPLOY.glob("*.yaml"))
+            for d in yaml.safe_load_all(path.read_text()) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+            "Deployment"} <= kinds
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    path = tmp_path / "actuator.yaml"
+    path.write_text(config_map["data"]["actuator.yaml"])
+    config = load_config(path, {})
+    assert config.dry_run is True  # ships safe
+    rules = {(group, resource): set(rule["verbs"])
+             for d in docs if d["kind"] in ("ClusterRole", "Role") for rule in d["rules"]
+             for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert rules == {  # exactly what actuator/kube.py calls
+        ("", "nodes"): {"list", "patch"}, ("", "pods"): {"list", "delete"},
+        ("", "events"): {"create"}, ("kubeflow.org", "pytorchjobs"): {"list", "patch"},
+        ("kubeflow.org", "pytorchjobs/scale"): {"patch"},
+        ("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+
+
+# ------------------------------------------------------------------------------ benchmark
+def test_bench_measures_a_cycle():
+    from actuator.bench import measure
+    from tests.actuator_fixtures import TinyElastic
+
+    result = measure(TinyElastic(), n_nodes=50, n_jobs=100, repeats=1)
+    assert result["cycle_s"] > 0 and result["nodes"] == 50 and result["jobs"] == 100
+    assert result["cycle_s"] == pytest.approx(result["build_state_s"]
+                                              + result["policy_and_guardrails_s"])
+
+
+def test_bench_cli_writes_cycle_s(tmp_path):
+    pytest.importorskip("agent.registry")
+    from env.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "actuator", "--nodes", "20", "--jobs", "40", "--repeats", "1",
+                 "--out", str(out)]) == 0
+    assert "cycle_s" in yaml.safe_load(out.read_text())
+
+
+def test_actuator_needs_neither_the_simulator_nor_the_training_stack():
+    import subprocess
+    import sys
+
+    code = ("import sys, actuator.main, actuator.loop, actuator.bench; "
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    forbidden = {"env.simulator", "env.scenario", "env.gym_env", "torch", "stable_baselines3",
+                 "sb3_contrib", "trainer_jobs.train", "actuator.twin.runtime"}
+    assert not loaded & forbidden, loaded & forbidden
