@@ -110,9 +110,15 @@ class RunAccounting:
         series["queued_jobs"].append(float(self.queued_jobs))
         series["jobs_in_system"].append(float(self._sim.jobs_in_system))
 
-    def demand_history(self) -> np.ndarray:
-        """Per-minute demand so far: (allocated + pending GPUs) / cluster GPUs."""
-        return np.asarray(self._demand[-360:], dtype=np.float32)
+    @property
+    def demand_minutes(self) -> int:
+        """Per-minute demand samples recorded so far."""
+        return len(self._demand)
+
+    def demand_history(self, minutes: int) -> np.ndarray:
+        """The last `minutes` per-minute demand samples (fewer early in a run):
+        (allocated + pending GPUs) / cluster GPUs, as the forecaster defines demand."""
+        return np.asarray(self._demand[-minutes:] if minutes else self._demand)
 
     # --- hooks -----------------------------------------------------------------------------
     def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0,

@@ -7,15 +7,21 @@ scaling model fitted to the profiles otherwise.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 from env.cluster import ClusterSpec, parse_cluster
 from env.params import SimParams
 from env.profiles import GENERIC_SCALING, AppProfile, default_profiles_root, load_profiles
+from env.signals import NO_SIGNALS, Signals, load_signals
 from env.simulator import JobSpeed, Simulator
 from env.workload.loader import load_workload
 from env.workload.spec import Workload
+
+DEFAULT_SIGNALS = "standin"
+"""Simulations forecast with the EWMA stand-in: as accurate as the LSTM at the horizons the
+policy uses and ~1000x cheaper (docs/forecaster.md); the shipped risk model scores nodes."""
 
 _GENERIC_SPEED = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
                           GENERIC_SCALING.beta)
@@ -28,10 +34,12 @@ class Scenario:
     cluster: ClusterSpec
     workload: Workload
     speeds: tuple[JobSpeed, ...]
+    signals: Signals = NO_SIGNALS
+    """Demand forecast and failure risk fed into every state (see `env.signals`)."""
 
     def simulator(self, params: SimParams | None = None, seed: int = 0) -> Simulator:
         """A fresh simulator over this scenario (the failure process is seeded by `seed`)."""
-        return Simulator(self.cluster, self.workload, self.speeds, params, seed)
+        return Simulator(self.cluster, self.workload, self.speeds, params, seed, self.signals)
 
 
 def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tuple[JobSpeed, ...]:
@@ -54,11 +62,20 @@ def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tu
 
 
 def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
-                   profiles_root: Path | None = None) -> Scenario:
-    """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`."""
+                   profiles_root: Path | None = None,
+                   signals: str | Signals = DEFAULT_SIGNALS) -> Scenario:
+    """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`,
+    with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones)."""
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
     root = profiles_root or default_profiles_root()
     profiles = load_profiles(root) if needs_profiles and root else None
-    return Scenario(spec, jobs, job_speeds(jobs, profiles))
+    loaded = _signals(signals) if isinstance(signals, str) else signals
+    return Scenario(spec, jobs, job_speeds(jobs, profiles), loaded)
+
+
+@functools.cache
+def _signals(kind: str) -> Signals:
+    """Shipped models are loaded once per process, whatever the number of scenarios."""
+    return load_signals(kind)

@@ -39,6 +39,7 @@ from env.failures import (
 from env.metrics import RunAccounting
 from env.params import SimParams
 from env.placement import placement_shape
+from env.signals import NO_SIGNALS, Signals
 from env.snapshot_jobs import SnapshotJobs
 from env.state import (
     Action,
@@ -76,15 +77,14 @@ class Simulator:
 
     def __init__(self, cluster: ClusterSpec, workload: Workload, speeds: Sequence[JobSpeed],
                  params: SimParams | None = None, seed: int = 0,
-                 demand_forecast: Callable[[np.ndarray], np.ndarray] | None = None,
-                 node_risk: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 signals: Signals = NO_SIGNALS) -> None:
         assert len(speeds) == len(workload.jobs), (len(speeds), len(workload.jobs))
         self.params = params or SimParams()
         self.cluster = cluster
         self.workload = workload
         self._speeds = speeds
-        self._demand_forecast = demand_forecast
-        self._node_risk = node_risk
+        self._signals = signals
+        self._forecast_cache: tuple[int, tuple[float, float, float]] = (-1, (0.0, 0.0, 0.0))
         rng = np.random.default_rng(seed)
         self.time_s = 0.0
 
@@ -99,6 +99,7 @@ class Simulator:
         self._snapshot_totals = self._gpus_total.copy()
         self._zero_telemetry = np.zeros((n_nodes, len(NODE_FEATURE_NAMES)), dtype=np.float32)
         self._zero_counts = np.zeros((n_nodes, 4), dtype=np.int32)
+        self._healthy_risk: float | None = None
         self._snapshot_racks = self._racks.copy()
         self._down = np.zeros(n_nodes, dtype=bool)
         self._failures_pending = np.zeros(n_nodes, dtype=np.int32)  # fails not yet repaired
@@ -533,8 +534,7 @@ class Simulator:
         util = np.where(self._down, 0.0, 1.0 - self._gpus_free / self._gpus_total)
         temperature = (self.params.base_temperature_c
                        + self.params.busy_temperature_rise_c * util + temp_excess)
-        risk = (np.asarray(self._node_risk(telemetry), dtype=np.float32)
-                if self._node_risk is not None else self._zero_telemetry[:, 0])
+        risk = self._node_risks(telemetry)
         self._snapshot_nodes = Nodes(
             name=self.node_names,
             gpus_total=self._snapshot_totals,
@@ -553,16 +553,45 @@ class Simulator:
         )
         return self._snapshot_nodes
 
+    def _forecast(self) -> tuple[float, float, float]:
+        """Demand forecast from the per-minute history, recomputed once per new minute."""
+        forecast = self._signals.demand_forecast
+        minutes = self.accounting.demand_minutes
+        if forecast is None or minutes == 0:
+            return (0.0, 0.0, 0.0)
+        if self._forecast_cache[0] != minutes:
+            history = self.accounting.demand_history(self._signals.history_min)
+            minute_of_day = int((minutes - 1) % 1440)
+            values = forecast(history, minute_of_day)
+            self._forecast_cache = (minutes, (float(values[0]), float(values[1]),
+                                              float(values[2])))
+        return self._forecast_cache[1]
+
+    def _node_risks(self, telemetry: np.ndarray) -> np.ndarray:
+        """Failure risk per node from telemetry now and `risk_lag_s` earlier (0 without a model).
+
+        Healthy nodes all share one risk (that of all-zero telemetry), computed once.
+        """
+        node_risk = self._signals.node_risk
+        if node_risk is None:
+            return self._zero_telemetry[:, 0]
+        if self._healthy_risk is None:
+            zeros = self._zero_telemetry[:1]
+            self._healthy_risk = float(node_risk(zeros, zeros)[0])
+        risk = np.full(len(self.node_names), self._healthy_risk, dtype=np.float32)
+        if self._episodes:
+            earlier_t = self.time_s - self._signals.risk_lag_s
+            nodes = list(self._episodes)
+            earlier = np.array([node_features(self._episodes[n], earlier_t, self.params.failures)
+                                for n in nodes], dtype=np.float32)
+            risk[nodes] = node_risk(telemetry[nodes], earlier)
+        return risk
+
     def _demand(self) -> Demand:
         lo = bisect.bisect_right(self._submit_list, self.time_s - 3600.0)
         hi = bisect.bisect_right(self._submit_list, self.time_s)
-        forecast = (0.0, 0.0, 0.0)
-        if self._demand_forecast is not None:
-            history = self.accounting.demand_history()
-            if len(history):
-                forecast = tuple(float(v) for v in self._demand_forecast(history))
         return Demand(pending_gpus=self.accounting.queued_gpus, arrivals_1h=int(hi - lo),
-                      forecast_gpus=forecast)
+                      forecast_gpus=self._forecast())
 
 
 def _pick(items: Sequence, rows: np.ndarray) -> tuple:
