@@ -4,7 +4,9 @@ A cycle here is what the actuator computes between its API calls: building the `
 from the listed objects and query results (as decoded JSON), asking the policy and passing its
 answers through the guardrails. The input is a synthetic 500-node (8 GPUs each), 1,000-job
 cluster rendered by the twin's renderer into the very objects and query results a cluster in
-that state would return, so nothing but the actuator's own work is timed.
+that state would return (with the look-ahead signals of the default config: the risk model on
+the telemetry now and `risk_lag_s` earlier, the demand forecast on a flat history), so nothing
+but the actuator's own work is timed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from actuator.config import ActuatorConfig
 from actuator.guardrails import DecisionHistory, Policy, decide
 from actuator.main import load_policy
 from actuator.state_builder import Ledger, Observation, build_state
-from actuator.twin.render import cluster_objects, k8s_name, query_results
+from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
+from env.failures import NODE_FEATURE_NAMES
+from env.signals import load_signals
 from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
 
@@ -84,13 +88,19 @@ def measure(policy: Policy, n_nodes: int = 500, n_jobs: int = 1000, repeats: int
     nodes, pods, jobs = cluster_objects(state, "default", names)
     # a real cycle works on freshly decoded JSON: round-trip once so nothing is shared
     nodes, pods, jobs = json.loads(json.dumps([nodes, pods, jobs]))
-    results = query_results(state, "default", names, time.time())
     config = ActuatorConfig()
+    signals = load_signals(config.signals)
+    now_s = time.time()
+    results = query_results(state, "default", names, now_s)
+    earlier = telemetry_results(state.nodes.name,
+                                np.zeros((n_nodes, len(NODE_FEATURE_NAMES)), dtype=np.float32),
+                                now_s - signals.risk_lag_s)
+    history = np.full(max(signals.history_min, 1), 0.8)
     build_s, decide_s, actions = [], [], 0
     for _ in range(repeats):
         started = time.perf_counter()
-        built = build_state(Observation(state.time_s, nodes, pods, jobs, results), config,
-                            Ledger())
+        built = build_state(Observation(state.time_s, nodes, pods, jobs, results, history,
+                                        earlier), config, Ledger(), signals)
         built_at = time.perf_counter()
         cycle = decide(built.state, policy, config, DecisionHistory(),
                        built.nodes_without_telemetry)

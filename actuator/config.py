@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from env.errors import UserError
+from env.signals import SIGNAL_KINDS
 from env.telemetry_names import (
     DCGM_ECC_DBE_VOLATILE,
     DCGM_GPU_TEMP,
@@ -40,6 +41,21 @@ ENV_PREFIX = "RLALLOC_ACTUATOR_"
 
 _H = DCGM_HOSTNAME_LABEL
 
+NORMAL_IDLE_TEMPERATURE_C = 35.0
+"""A healthy idle GPU's temperature in the default `temperature_excess` query (the simulator's
+`SimParams.base_temperature_c`)."""
+NORMAL_BUSY_RISE_C = 40.0
+"""How much warmer a healthy fully busy GPU runs in that query (the simulator's
+`SimParams.busy_temperature_rise_c`)."""
+
+
+def _normal_temperature(offset: str = "") -> str:
+    """PromQL: each node's mean GPU temperature minus what a healthy GPU runs at under its load
+    (idle + rise x utilisation), `offset` (e.g. " offset 30m") earlier."""
+    rise_per_percent = NORMAL_BUSY_RISE_C / 100.0
+    return (f"(avg by ({_H}) ({DCGM_GPU_TEMP}{offset}) - {rise_per_percent:g} * "
+            f"avg by ({_H}) ({DCGM_GPU_UTIL}{offset}) - {NORMAL_IDLE_TEMPERATURE_C:g})")
+
 
 @dataclass(frozen=True)
 class Queries:
@@ -55,10 +71,20 @@ class Queries:
     """Mean GPU utilisation per node in [0, 1]."""
     gpu_temperature: str = f"avg by ({_H}) ({DCGM_GPU_TEMP})"
     """Mean GPU temperature per node, Celsius."""
-    gpu_temperature_delta: str = f"avg by ({_H}) (delta({DCGM_GPU_TEMP}[30m]))"
-    """Temperature change per node over the last 30 minutes."""
+    temperature_excess: str = _normal_temperature()
+    """Temperature per node above its normal: the simulator's model, idle temperature + rise x
+    utilisation (`NORMAL_IDLE_TEMPERATURE_C`, `NORMAL_BUSY_RISE_C`); calibrate the constants to
+    your GPUs, or replace the normal by a trailing median, e.g. ``avg by (Hostname)
+    (DCGM_FI_DEV_GPU_TEMP) - avg by (Hostname) (quantile_over_time(0.5,
+    DCGM_FI_DEV_GPU_TEMP[1d]))``."""
+    temperature_excess_delta: str = (f"{_normal_temperature()} - "
+                                     f"{_normal_temperature(' offset 30m')}")
+    """Change of `temperature_excess` over the last 30 minutes (a node without samples then
+    has none: no signal)."""
     xid_errors: str = f"sum by ({_H}) (changes({DCGM_XID_ERRORS}[5m]))"
     """New XID errors per node in 5 minutes (the gauge holds the last XID, so count changes)."""
+    xid_errors_30m: str = f"sum by ({_H}) (changes({DCGM_XID_ERRORS}[30m]))"
+    """New XID errors per node in 30 minutes."""
     ecc_errors: str = f"sum by ({_H}) (increase({DCGM_ECC_DBE_VOLATILE}[30m]))"
     """New uncorrectable (double-bit) ECC errors per node in 30 minutes."""
     row_remap_failures: str = f"max by ({_H}) ({DCGM_ROW_REMAP_FAILURE})"
@@ -81,8 +107,9 @@ class Queries:
     demand_history: str = (
         'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"})'
         ' / sum(kube_node_status_allocatable{resource="nvidia_com_gpu"})')
-    """Cluster GPU demand as a share of capacity; read as a 6 h per-minute range for the
-    forecaster (only when `forecaster` is set)."""
+    """Cluster GPU demand as a share of capacity, read as a per-minute range (as many minutes as
+    the demand forecast of `signals` wants) when `signals` is not "none". The simulator counts
+    queued jobs' GPUs too: export them (e.g. from the queue) and add them here to match it."""
     clock: str = ""
     """PromQL scalar giving the cluster's clock in Unix seconds; empty = this machine's clock.
     The digital twin exports `rlalloc_twin_clock_seconds` so policies see simulated time."""
@@ -161,9 +188,14 @@ class ActuatorConfig:
     """Node label giving the GPU model (set by GPU feature discovery)."""
     event_component: str = "rlalloc-actuator"
     """`source.component` of the Events the actuator writes."""
-    forecaster: str = ""
-    """`module:function` mapping the per-minute demand history (numpy array) to forecasts
-    5, 15 and 60 minutes ahead; empty = no forecast (zeros, as in the simulator without one)."""
+    signals: str = "standin"
+    """Look-ahead signals in the state, as in simulation (`env.signals.load_signals`): "none"
+    (zeros), "standin" (EWMA demand forecast + risk model, the simulator's default) or "lstm"
+    (the LSTM demand forecaster + risk model)."""
+    clock_speedup: float = 1.0
+    """Cluster-clock seconds per Prometheus second: 1 in a real cluster, the twin's `--speed`
+    against the twin. Look-backs in cluster time (the risk model's lag, the per-minute demand
+    history) are divided by it to give Prometheus times."""
     queries: Queries = field(default_factory=Queries)
     """PromQL per signal (file only)."""
 
@@ -175,7 +207,7 @@ class ActuatorConfig:
 
 def _range_problems(config: ActuatorConfig) -> list[str]:
     positive = ("prometheus_timeout_s", "max_metric_age_s", "interval_s", "api_timeout_s",
-                "lease_duration_s")
+                "lease_duration_s", "clock_speedup")
     non_negative = ("cooldown_s", "max_disruptions_per_cycle", "max_disruptions_per_hour",
                     "api_retries", "api_backoff_s", "pod_grace_s")
     problems = [f"{name} must be > 0 (got {getattr(config, name)})"
@@ -189,8 +221,9 @@ def _range_problems(config: ActuatorConfig) -> list[str]:
     if not config.prometheus_url.startswith(("http://", "https://")):
         problems.append(f"prometheus_url must start with http:// or https:// "
                         f"(got {config.prometheus_url!r})")
-    if config.forecaster and ":" not in config.forecaster:
-        problems.append(f"forecaster must look like module:function (got {config.forecaster!r})")
+    if config.signals not in SIGNAL_KINDS:
+        problems.append(f"signals must be one of {', '.join(SIGNAL_KINDS)} "
+                        f"(got {config.signals!r})")
     return problems
 
 

@@ -13,19 +13,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from actuator.apply import Applier
 from actuator.config import ActuatorConfig
 from actuator.guardrails import Decision, DecisionHistory, Policy, decide, rule_of
 from actuator.kube import KubeClient, KubeError, involved_pytorchjob
 from actuator.leader import LeaderElector
-from actuator.observe import MetricsSource, ObserveError
+from actuator.observe import DEFAULT_HISTORY_MIN, MetricsSource, ObserveError
 from actuator.server import ActuatorMetrics, Health
 from actuator.state_builder import BuiltState, Ledger, Observation, build_state
+from env.signals import Signals, load_signals
 from env.state import ActionKind
 from trainer_jobs.crd_schema import PyTorchJobValidationError
 
@@ -50,9 +48,9 @@ class Controller:
     """One actuator replica."""
 
     def __init__(self, config: ActuatorConfig, kube: KubeClient, metrics_source: MetricsSource,
-                 policy: Policy, identity: str,
-                 forecast: Callable[[np.ndarray], np.ndarray] | None = None,
+                 policy: Policy, identity: str, signals: Signals | None = None,
                  metrics: ActuatorMetrics | None = None, health: Health | None = None) -> None:
+        """`signals`: the look-ahead functions (default: `load_signals(config.signals)`)."""
         self.config = config
         self.identity = identity
         self.metrics = metrics or ActuatorMetrics()
@@ -60,7 +58,7 @@ class Controller:
         self._kube = kube
         self._source = metrics_source
         self._policy = policy
-        self._forecast = forecast
+        self._signals = load_signals(config.signals) if signals is None else signals
         self._applier = Applier(kube, config)
         self._elector = (LeaderElector(kube, config, identity)
                          if config.leader_election and not config.dry_run else None)
@@ -112,12 +110,16 @@ class Controller:
         return report
 
     def _observe(self) -> BuiltState:
-        snapshot = self._source.fetch(with_demand_history=self._forecast is not None)
+        signals = self._signals
+        snapshot = self._source.fetch(
+            risk_lag_s=signals.risk_lag_s if signals.node_risk is not None else None,
+            demand_minutes=(signals.history_min or DEFAULT_HISTORY_MIN
+                            if signals.demand_forecast is not None else 0))
         observation = Observation(
             time_s=snapshot.clock_s, nodes=self._kube.list_nodes(), pods=self._kube.list_pods(),
             jobs=self._kube.list_pytorchjobs(), metrics=snapshot.results,
-            demand_history=snapshot.demand_history)
-        return build_state(observation, self.config, self._ledger, self._forecast)
+            demand_history=snapshot.demand_history, earlier_metrics=snapshot.earlier)
+        return build_state(observation, self.config, self._ledger, signals)
 
     def _carry_out(self, decision: Decision, built: BuiltState) -> tuple[str, str]:
         if not decision.accepted:

@@ -15,10 +15,6 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any
-
-import numpy as np
 
 from actuator.config import ENV_PREFIX, load_config
 from actuator.guardrails import Policy
@@ -27,6 +23,7 @@ from actuator.loop import Controller
 from actuator.observe import PrometheusSource
 from actuator.server import ActuatorMetrics, Health, StatusServer, configure_json_logging
 from env.errors import UserError
+from env.signals import Signals, load_signals
 from trainer_jobs.crd_schema import CRD_PATH_ENV, resolve_crd_path
 
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -86,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     configure_json_logging()
     log = logging.getLogger("rlalloc.actuator")
     policy = load_policy(config.policy)
+    signals = load_actuator_signals(config.signals)
     crd_path = resolve_crd_path()
     if not crd_path.is_file():
         raise UserError(f"PyTorchJob CRD not found at {crd_path}; set {CRD_PATH_ENV} to "
@@ -96,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
     metrics, health = ActuatorMetrics(), Health(stale_after_s=5 * config.interval_s + 60.0)
     server = StatusServer(config.listen_host, config.listen_port, metrics, health)
     server.start()
-    controller = Controller(config, kube, source, policy, identity,
-                            forecast=load_forecaster(config.forecaster), metrics=metrics,
-                            health=health)
+    controller = Controller(config, kube, source, policy, identity, signals=signals,
+                            metrics=metrics, health=health)
     log.info("actuator started", extra={"event": {
-        "identity": identity, "policy": config.policy, "dry_run": config.dry_run,
+        "identity": identity, "policy": config.policy, "signals": config.signals,
+        "dry_run": config.dry_run,
         "status_port": server.port, "prometheus": config.prometheus_url}})
     try:
         if args.once:
@@ -128,16 +126,11 @@ def load_policy(name: str) -> Policy:
     return registry.load_policy(name)
 
 
-def load_forecaster(spec: str) -> Callable[[np.ndarray], Any] | None:
-    """The `module:function` forecaster of the config, or None when unset."""
-    if not spec:
-        return None
-    module_name, _, function = spec.partition(":")
+def load_actuator_signals(kind: str) -> Signals:
+    """The look-ahead signals `kind` (as in simulation), or a UserError when the shipped models
+    cannot be loaded (missing files, no torch for "lstm")."""
     try:
-        forecaster = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as err:
-        raise UserError(f"forecaster {spec!r} cannot be loaded ({err}); give module:function") \
-            from err
-    if not callable(forecaster):
-        raise UserError(f"forecaster {spec!r} is not callable")
-    return forecaster
+        return load_signals(kind)
+    except (OSError, ImportError, ValueError, KeyError) as err:
+        raise UserError(f"signals {kind!r}: cannot load the shipped models ({err}); install "
+                        "rlalloc with its models/ directory, or set signals: none") from err

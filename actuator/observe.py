@@ -1,5 +1,9 @@
-"""Reading Prometheus: one instant query per signal of `Queries`, the cluster clock and the demand
-history, through prometheus-api-client.
+"""Reading Prometheus: one instant query per signal of `Queries`, the cluster clock, the node
+telemetry the risk model compares against (`RISK_QUERIES`, again `risk_lag_s` earlier) and the
+per-minute demand history for the forecast, through prometheus-api-client.
+
+Every instant query of a cycle is evaluated at the same Prometheus time (the `time` parameter),
+so the readings are one consistent picture.
 
 All-or-nothing by design: if any query fails or is slower than `prometheus_timeout_s`, the cycle
 gets an `ObserveError` and makes no move — acting on half a picture (say, without the XID query)
@@ -9,8 +13,9 @@ job, by the state builder.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -26,8 +31,12 @@ from actuator.state_builder import MetricResults
 INSTANT_QUERIES = tuple(f.name for f in fields(Queries) if f.name not in ("demand_history",
                                                                             "clock"))
 """The `Queries` fields read every cycle as instant vectors."""
-DEMAND_HISTORY_S = 6 * 3600.0
-"""Length of the demand history handed to the forecaster (per-minute samples)."""
+RISK_QUERIES = ("xid_errors", "xid_errors_30m", "ecc_errors", "row_remap_failures",
+                "ready_flaps", "temperature_excess", "temperature_excess_delta",
+                "dcgm_last_sample")
+"""The node-telemetry queries also read `risk_lag_s` earlier (the risk model's ``earlier``)."""
+DEFAULT_HISTORY_MIN = 360
+"""Demand history read for a forecast that does not say how much it wants (6 hours)."""
 
 
 class ObserveError(Exception):
@@ -42,13 +51,19 @@ class MetricsSnapshot:
     clock_s: float
     """The cluster's clock (Unix seconds) at the time of the reading."""
     demand_history: np.ndarray | None = None
+    """Per-minute demand, oldest first, the last sample at the cluster clock's current minute
+    (None when not asked for)."""
+    earlier: MetricResults = field(default_factory=dict)
+    """`RISK_QUERIES` evaluated `risk_lag_s` of cluster time before `results` (empty when not
+    asked for)."""
 
 
 class MetricsSource(Protocol):
     """Where the metrics come from: Prometheus in the cluster, recorded results in tests."""
 
-    def fetch(self, with_demand_history: bool) -> MetricsSnapshot:
-        """Read every signal now; raise `ObserveError` when that is impossible."""
+    def fetch(self, risk_lag_s: float | None, demand_minutes: int) -> MetricsSnapshot:
+        """Read every signal now, the node telemetry `risk_lag_s` earlier (None: not needed) and
+        `demand_minutes` of per-minute demand (0: none); raise `ObserveError` when impossible."""
         ...
 
 
@@ -58,45 +73,62 @@ class PrometheusSource:
     def __init__(self, config: ActuatorConfig) -> None:
         self._queries = config.queries
         self._timeout_s = config.prometheus_timeout_s
+        self._speedup = config.clock_speedup
         # one quick retry for a dropped connection; a slow or down server fails the cycle
         self._client = PrometheusConnect(url=config.prometheus_url,
                                          retry=Retry(total=1, backoff_factor=0.1),
                                          timeout=config.prometheus_timeout_s)
 
-    def fetch(self, with_demand_history: bool) -> MetricsSnapshot:
-        """Run every instant query (and the demand range query when asked)."""
-        clock_s = (self._scalar(self._queries.clock) if self._queries.clock else time.time())
-        results = {name: self._query(name, getattr(self._queries, name))
+    def fetch(self, risk_lag_s: float | None, demand_minutes: int) -> MetricsSnapshot:
+        """Run every instant query now, the risk queries `risk_lag_s` earlier and the demand
+        range query (see `MetricsSource.fetch`)."""
+        at_s = time.time()  # Prometheus time of every reading of this cycle
+        clock_s = self._scalar(self._queries.clock, at_s) if self._queries.clock else at_s
+        results = {name: self._query(name, getattr(self._queries, name), at_s)
                    for name in INSTANT_QUERIES}
-        history = self._demand_history(clock_s) if with_demand_history else None
-        return MetricsSnapshot(results, clock_s, history)
+        earlier: MetricResults = {}
+        if risk_lag_s is not None:
+            earlier_s = at_s - risk_lag_s / self._speedup
+            earlier = {name: self._query(f"{name} (earlier)", getattr(self._queries, name),
+                                         earlier_s) for name in RISK_QUERIES}
+        history = (self._demand_history(at_s, clock_s, demand_minutes) if demand_minutes > 0
+                   else None)
+        return MetricsSnapshot(results, clock_s, history, earlier)
 
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
 
-    def _query(self, name: str, query: str) -> list[dict]:
+    def _query(self, name: str, query: str, at_s: float) -> list[dict]:
         try:
-            return self._client.custom_query(query, timeout=self._timeout_s)
+            return self._client.custom_query(query, params={"time": repr(at_s)},
+                                             timeout=self._timeout_s)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as err:
             raise ObserveError(f"Prometheus query {name} failed: {_short(err)}") from err
 
-    def _scalar(self, query: str) -> float:
-        result = self._query("clock", query)
+    def _scalar(self, query: str, at_s: float) -> float:
+        result = self._query("clock", query, at_s)
         if not result:
             raise ObserveError(f"the clock query {query!r} returned no series")
         return float(result[0]["value"][1])
 
-    def _demand_history(self, clock_s: float) -> np.ndarray:
+    def _demand_history(self, at_s: float, clock_s: float, minutes: int) -> np.ndarray:
+        """`minutes` samples, one per minute of cluster time, the last at the start of the
+        cluster clock's current minute (where the simulator takes its samples). Gaps (no data,
+        NaN) are left out; the forecast pads a short history as the simulator does."""
+        minute_s = 60.0 / self._speedup
+        end_s = at_s - (clock_s % 60.0) / self._speedup
+        start_s = end_s - (minutes - 1) * minute_s
         try:
+            # the client rounds start/end to whole seconds; the params keep them exact
             data = self._client.custom_query_range(
-                self._queries.demand_history,
-                start_time=_datetime(clock_s - DEMAND_HISTORY_S), end_time=_datetime(clock_s),
-                step="60s")
+                self._queries.demand_history, start_time=_datetime(start_s),
+                end_time=_datetime(end_s), step=repr(minute_s),
+                params={"start": repr(start_s), "end": repr(end_s)}, timeout=self._timeout_s)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as err:
             raise ObserveError(f"Prometheus demand history failed: {_short(err)}") from err
-        values = data[0]["values"] if data else []
-        return np.asarray([float(v) for _, v in values], dtype=np.float32)
+        values = [float(v) for _, v in data[0]["values"]] if data else []
+        return np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -105,7 +137,7 @@ class RecordedMetrics:
 
     snapshot: MetricsSnapshot
 
-    def fetch(self, with_demand_history: bool) -> MetricsSnapshot:
+    def fetch(self, risk_lag_s: float | None, demand_minutes: int) -> MetricsSnapshot:
         """The recorded snapshot, whatever the time."""
         return self.snapshot
 

@@ -6,6 +6,10 @@ tell the two apart. Current facts (which pods run where, what is cordoned, what 
 from the API objects, which are fresher than kube-state-metrics; telemetry and history (XID/ECC
 counts, temperatures, flaps, trainer throughput and checkpoints) come from Prometheus.
 
+The look-ahead signals are computed as the simulator computes them, by the same functions
+(`env.signals`): each node's failure risk from its telemetry features (`NODE_FEATURE_NAMES`) now
+and `risk_lag_s` earlier, and the demand forecast from the per-minute demand history.
+
 What neither source keeps — GPU-seconds a job has received, time it has been allocated, how
 often it restarted — is integrated here across cycles in a `Ledger` (workers x elapsed time), the
 same way the simulator accumulates it; it restarts from zero when the actuator restarts.
@@ -13,12 +17,14 @@ same way the simulator accumulates it; it restarts from zero when the actuator r
 Stale or absent samples are *missing*: a node without fresh DCGM samples gets no telemetry (and
 `nodes_without_telemetry` names it so the guardrails keep new workers off it); a job without
 fresh trainer samples has no throughput and is not counted as running; its progress is the last
-one read (a suspended job exports nothing, and does not progress).
+one read (a suspended job exports nothing, and does not progress). A node without fresh telemetry
+gets the failure risk of a healthy node (no signal is not evidence); readings from `risk_lag_s`
+ago that were stale then count as zeros.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -35,6 +41,8 @@ from actuator.k8s_names import (
     RESTORE_ANNOTATION,
     SPEED_ANNOTATION,
 )
+from env.failures import NODE_FEATURE_NAMES
+from env.signals import NO_SIGNALS, Signals
 from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
 MetricResults = dict[str, list[dict]]
@@ -43,6 +51,13 @@ MetricResults = dict[str, list[dict]]
 _JOB_DEFAULTS = JobInfo("", JobStatus.QUEUED, 0.0, 1, 1, 1)
 _NODE_DEFAULTS = NodeInfo("", 0, 0)
 _TERMINAL_PHASES = ("Succeeded", "Failed")
+_COUNT_FEATURES = {"xid_5m": ("xid_errors",), "xid_30m": ("xid_errors_30m",),
+                   "ecc_30m": ("ecc_errors", "row_remap_failures")}
+"""DCGM count features: the sum of these queries per node, rounded (the simulator counts)."""
+_TEMPERATURE_FEATURES = {"temp_excess_c": "temperature_excess",
+                         "temp_excess_delta_30m": "temperature_excess_delta"}
+assert set(NODE_FEATURE_NAMES) == {*_COUNT_FEATURES, *_TEMPERATURE_FEATURES, "flaps_60m"}, \
+    NODE_FEATURE_NAMES
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,10 @@ class Observation:
     """PyTorchJobs (filtered here by the opt-in label and namespaces)."""
     metrics: MetricResults
     demand_history: np.ndarray | None = None
-    """Per-minute demand series for the forecaster (None when no forecaster is configured)."""
+    """Per-minute demand, oldest first, the last sample at the current minute (None when the
+    signals have no demand forecast)."""
+    earlier_metrics: MetricResults = field(default_factory=dict)
+    """The node-telemetry queries `risk_lag_s` earlier (empty when there is no risk model)."""
 
 
 @dataclass(frozen=True)
@@ -131,12 +149,13 @@ def parse_time(text: str) -> float:
 
 
 def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
-                forecast: Callable[[np.ndarray], np.ndarray] | None = None) -> BuiltState:
-    """The `ClusterState` for `obs`, and the ledger updated to `obs.time_s`."""
+                signals: Signals = NO_SIGNALS) -> BuiltState:
+    """The `ClusterState` for `obs` with the look-ahead `signals`, and the ledger updated to
+    `obs.time_s`."""
     now = obs.time_s
     fresh_nodes = _fresh(obs.metrics.get("dcgm_last_sample", []), (config.node_label,),
                          config.max_metric_age_s)
-    node_names, node_records, unreachable = _nodes(obs, config, fresh_nodes)
+    node_names, node_records, unreachable = _nodes(obs, config, fresh_nodes, signals)
     node_index = {name: i for i, name in enumerate(node_names)}
     workers_by_job = _worker_pods(obs.pods, node_index)
     fresh_jobs = _fresh(obs.metrics.get("trainer_last_sample", []),
@@ -214,10 +233,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
 
     jobs = Jobs.from_records(job_records)
     queued = jobs.status == int(JobStatus.QUEUED)
-    history = obs.demand_history
-    forecast_gpus = (0.0, 0.0, 0.0)
-    if forecast is not None and history is not None and len(history):
-        forecast_gpus = tuple(float(v) for v in forecast(history))
+    forecast_gpus = _forecast(obs, signals)
     demand = Demand(pending_gpus=int(jobs.requested_gpus[queued].sum()),
                     arrivals_1h=arrivals_1h, forecast_gpus=forecast_gpus)
     nodes = Nodes.from_records(node_records)
@@ -229,22 +245,75 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
                       unreachable_nodes=frozenset(unreachable))
 
 
+# ------------------------------------------------------------------------------------ signals
+def _forecast(obs: Observation, signals: Signals) -> tuple[float, float, float]:
+    """Demand 5/15/60 minutes ahead, as the simulator asks for it: the per-minute history and
+    the minute of the day of its last sample (zeros without a forecast or history)."""
+    history = obs.demand_history
+    if signals.demand_forecast is None or history is None or not len(history):
+        return (0.0, 0.0, 0.0)
+    minute_of_day = int(obs.time_s // 60.0) % 1440
+    values = signals.demand_forecast(np.asarray(history, dtype=np.float64), minute_of_day)
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
+def node_features(metrics: MetricResults, names: tuple[str, ...], config: ActuatorConfig,
+                  fresh: set) -> np.ndarray:
+    """(nodes, F) telemetry features in `NODE_FEATURE_NAMES` order from one time's query
+    results; a node whose DCGM samples are not `fresh` has zero DCGM features (its flaps come
+    from kube-state-metrics and still count)."""
+    label = config.node_label
+    features = np.zeros((len(names), len(NODE_FEATURE_NAMES)), dtype=np.float32)
+    values = {query: _values(metrics.get(query, []), (label,))
+              for queries in _COUNT_FEATURES.values() for query in queries}
+    values.update({query: _values(metrics.get(query, []), (label,))
+                   for query in _TEMPERATURE_FEATURES.values()})
+    flaps = _values(metrics.get("ready_flaps", []), ("node",))
+    for i, name in enumerate(names):
+        key = (name,)
+        row = {"flaps_60m": round(flaps.get(key, 0.0))}
+        if key in fresh:
+            for feature, queries in _COUNT_FEATURES.items():
+                row[feature] = sum(round(values[q].get(key, 0.0)) for q in queries)
+            for feature, query in _TEMPERATURE_FEATURES.items():
+                row[feature] = values[query].get(key, 0.0)
+        features[i] = [row.get(feature, 0.0) for feature in NODE_FEATURE_NAMES]
+    return features
+
+
+def _failure_risk(signals: Signals, now: np.ndarray, earlier: np.ndarray,
+                  has_telemetry: np.ndarray) -> np.ndarray:
+    """Risk per node as the simulator computes it: the model on (now, earlier) for nodes with a
+    signal, the risk of all-zero telemetry (a healthy node) for the others."""
+    if signals.node_risk is None:
+        return np.zeros(len(now), dtype=np.float32)
+    zeros = np.zeros((1, now.shape[1]), dtype=np.float32)
+    risk = np.full(len(now), float(signals.node_risk(zeros, zeros)[0]), dtype=np.float32)
+    signal = has_telemetry & ((now != 0).any(axis=1) | (earlier != 0).any(axis=1))
+    if signal.any():
+        risk[signal] = signals.node_risk(now[signal], earlier[signal])
+    return risk
+
+
 # ---------------------------------------------------------------------------------------- nodes
-def _nodes(obs: Observation, config: ActuatorConfig,
-           fresh: set) -> tuple[tuple[str, ...], list[NodeInfo], list[str]]:
+def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
+           signals: Signals) -> tuple[tuple[str, ...], list[NodeInfo], list[str]]:
     label = config.node_label
     util = _values(obs.metrics.get("gpu_util", []), (label,))
     temperature = _values(obs.metrics.get("gpu_temperature", []), (label,))
-    temperature_delta = _values(obs.metrics.get("gpu_temperature_delta", []), (label,))
-    xid = _values(obs.metrics.get("xid_errors", []), (label,))
-    ecc = _values(obs.metrics.get("ecc_errors", []), (label,))
-    remap = _values(obs.metrics.get("row_remap_failures", []), (label,))
-    flaps = _values(obs.metrics.get("ready_flaps", []), ("node",))
     used = _gpus_in_use(obs.pods, config.gpu_resource)
     nodes = sorted(obs.nodes, key=lambda n: n["metadata"]["name"])
     racks = _rack_numbers(nodes, config.rack_label)
-    names, records, unreachable = [], [], []
-    for node in nodes:
+    node_names = tuple(n["metadata"]["name"] for n in nodes)
+    features = node_features(obs.metrics, node_names, config, fresh)
+    fresh_earlier = _fresh(obs.earlier_metrics.get("dcgm_last_sample", []), (label,),
+                           config.max_metric_age_s)
+    earlier = node_features(obs.earlier_metrics, node_names, config, fresh_earlier)
+    risk = _failure_risk(signals, features, earlier,
+                         np.array([(name,) in fresh for name in node_names], dtype=bool))
+    column = {name: i for i, name in enumerate(NODE_FEATURE_NAMES)}
+    records, unreachable = [], []
+    for i, node in enumerate(nodes):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
         total = _quantity((node.get("status") or {}).get("allocatable", {}), config.gpu_resource)
@@ -253,22 +322,21 @@ def _nodes(obs: Observation, config: ActuatorConfig,
             unreachable.append(name)
         key = (name,)
         has_telemetry = key in fresh
-        names.append(name)
         records.append(NodeInfo(
             name=name, gpus_total=total,
             gpus_free=max(total - used.get(name, 0), 0) if ready else 0,
             gpu_type=labels.get(config.gpu_type_label, _NODE_DEFAULTS.gpu_type),
             rack=racks[name], ready=ready,
             cordoned=bool((node.get("spec") or {}).get("unschedulable", False)),
-            xid_errors_5m=round(xid.get(key, 0.0)) if has_telemetry else 0,
-            ecc_errors_30m=(round(ecc.get(key, 0.0)) + round(remap.get(key, 0.0))
-                            if has_telemetry else 0),
-            ready_flaps_60m=round(flaps.get(key, 0.0)),
+            xid_errors_5m=int(features[i, column["xid_5m"]]),
+            ecc_errors_30m=int(features[i, column["ecc_30m"]]),
+            ready_flaps_60m=int(features[i, column["flaps_60m"]]),
             temperature_c=(temperature.get(key, _NODE_DEFAULTS.temperature_c) if has_telemetry
                            else _NODE_DEFAULTS.temperature_c),
-            temperature_delta_30m_c=temperature_delta.get(key, 0.0) if has_telemetry else 0.0,
-            gpu_util=util.get(key, 0.0) if has_telemetry else 0.0))
-    return tuple(names), records, unreachable
+            temperature_delta_30m_c=float(features[i, column["temp_excess_delta_30m"]]),
+            gpu_util=util.get(key, 0.0) if has_telemetry else 0.0,
+            failure_risk=float(risk[i])))
+    return node_names, records, unreachable
 
 
 def _ready(node: dict) -> bool:

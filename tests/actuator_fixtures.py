@@ -6,6 +6,7 @@ stay next to the tests that use them).
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from env.failures import FailureParams
 from env.params import SimParams
 from env.placement import choose_nodes, free_gpus_for
 from env.scenario import Scenario, job_speeds
+from env.signals import Signals, load_signals
 from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
 from env.workload.spec import JobSpec, Workload
 
@@ -113,9 +115,18 @@ def quiet_params(speed: float, tick_s: float) -> SimParams:
                      failures=FailureParams(failures_per_gpu_day=0.0))
 
 
+@functools.cache
+def signals(kind: str = "standin") -> Signals:
+    """The look-ahead signals, loaded once per test process: loading takes seconds (the
+    forecaster package imports torch), which a twin at 60x would spend as minutes."""
+    return load_signals(kind)
+
+
 def start_quiet_twin(jobs: list[JobSpec], speed: float = 60.0, tick_s: float = 0.2,
                      nodes: int = 4, gpus: int = 4) -> RunningTwin:
-    """A twin of `jobs` without random failures."""
+    """A twin of `jobs` without random failures (the default signals loaded before its clock
+    starts)."""
+    signals()
     return start_twin(scenario(jobs, nodes, gpus), speed=speed, tick_s=tick_s,
                       params=quiet_params(speed, tick_s))
 
@@ -141,7 +152,7 @@ def controller(tmp: Path, twin: RunningTwin, config: ActuatorConfig, policy: obj
                identity: str = "actuator-0") -> Controller:
     """A controller wired to the twin's API and a real Prometheus."""
     return Controller(config, kube_client(tmp, twin, config), PrometheusSource(config), policy,
-                      identity)
+                      identity, signals=signals(config.signals))
 
 
 def wait_until(predicate: object, timeout_s: float, step_s: float = 0.2) -> bool:

@@ -324,6 +324,7 @@ def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
     ("interval_s: soon\n", "expected float for interval_s, got 'soon'"),
     ("max_disruptions_per_cycle: -1\n", "max_disruptions_per_cycle must be >= 0"),
     ("queries:\n  xid: foo\n", "queries.xid is not a known signal"),
+    ("signals: prophet\n", "signals must be one of none, standin, lstm (got 'prophet')"),
     ("- a\n- b\n", "expected a mapping of settings"),
 ])
 def test_malformed_config_is_one_clear_error_at_start_up(tmp_path, capsys, text, expected):

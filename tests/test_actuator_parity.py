@@ -7,6 +7,11 @@ the twin's API, and the answers Prometheus gives to the default queries — and 
 observe path (list calls, query results, state builder with its ledger) rebuilds the state.
 The policy, asked by the actuator's decide step, must answer the very same action.
 
+The look-ahead signals are on in both worlds (the simulator's default, "standin", and the
+actuator's): Prometheus' answers carry the node telemetry the simulator's risk model saw, now
+and `risk_lag_s` earlier, and the per-minute demand history its forecast read, so the rebuilt
+state's failure risk and demand forecast must be the simulator's too.
+
 This needs the cluster to be observed at every decision point, as the actuator's ledger
 integrates GPU-seconds between observations the way the simulator does between its events.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -24,10 +30,11 @@ from actuator.config import ActuatorConfig
 from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot
 from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
-from actuator.twin.render import cluster_objects, k8s_name, query_results
-from env.failures import FailureParams
+from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
+from env.failures import NODE_FEATURE_NAMES, FailureParams, node_features
 from env.params import SimParams
 from env.scenario import Scenario, build_scenario
+from env.simulator import Simulator
 from env.state import NOOP, Action, ActionKind, ClusterState
 from tests.actuator_fixtures import TinyElastic, kube_client
 
@@ -68,15 +75,47 @@ def _scenario() -> Scenario:
     return replace(base, workload=replace(base.workload, jobs=tuple(jobs)))
 
 
-def _record(policy: object) -> list[tuple[ClusterState, Action]]:
-    """Every (state, action) of a simulator run, up to MAX_DECISIONS policy calls."""
+class _Seen(NamedTuple):
+    """One decision point of the simulator: what it showed the policy and what it read."""
+
+    state: ClusterState
+    action: Action
+    telemetry: np.ndarray
+    """(nodes, F) telemetry features its risk model saw now ..."""
+    telemetry_earlier: np.ndarray
+    """... and `risk_lag_s` earlier."""
+    demand_history: np.ndarray
+    """The per-minute demand its forecast read."""
+
+
+def _sim_telemetry(sim: Simulator, lag_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The features behind the simulator's failure risk now and `lag_s` earlier.
+
+    Read from its warning episodes, as `Simulator._node_risks` does (there is no public
+    accessor): a node without an episode has all-zero telemetry.
+    """
+    shape = (len(sim.node_names), len(NODE_FEATURE_NAMES))
+    now, earlier = np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
+    for node, episode in sim._episodes.items():
+        now[node] = node_features(episode, sim.time_s, sim.params.failures)
+        earlier[node] = node_features(episode, sim.time_s - lag_s, sim.params.failures)
+    return now, earlier
+
+
+def _record(policy: object) -> list[_Seen]:
+    """Every decision point of a simulator run, up to MAX_DECISIONS policy calls."""
     params = SimParams(failures=FailureParams(failures_per_gpu_day=3.0))
-    sim = _scenario().simulator(params, seed=SEED)
-    recorded: list[tuple[ClusterState, Action]] = []
+    scenario = _scenario()
+    signals = scenario.signals
+    assert signals.node_risk is not None and signals.demand_forecast is not None
+    sim = scenario.simulator(params, seed=SEED)
+    recorded: list[_Seen] = []
 
     def recording(state: ClusterState) -> Action:
         action = policy.act(state)
-        recorded.append((state, action))
+        now, earlier = _sim_telemetry(sim, signals.risk_lag_s)
+        recorded.append(_Seen(state, action, now, earlier,
+                              sim.accounting.demand_history(signals.history_min)))
         if len(recorded) >= MAX_DECISIONS:
             raise StopIteration
         return action
@@ -93,7 +132,7 @@ class _Replay:
 
     snapshot: MetricsSnapshot
 
-    def fetch(self, with_demand_history: bool) -> MetricsSnapshot:
+    def fetch(self, risk_lag_s: float | None, demand_minutes: int) -> MetricsSnapshot:
         return self.snapshot
 
 
@@ -129,25 +168,30 @@ _submit_stamp: dict[str, str] = {}
 def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
     recorded = _record(make_policy())
     assert len(recorded) == MAX_DECISIONS
-    kinds = {a.kind for _, a in recorded}
+    kinds = {point.action.kind for point in recorded}
+    # the signals were there to reproduce: nodes with telemetry and a demand forecast
+    assert any(point.telemetry.any() for point in recorded)
+    assert any(any(point.state.demand.forecast_gpus) for point in recorded)
     assert ActionKind.SCALE in kinds
     if make_policy is TinyElastic:
         assert ActionKind.MIGRATE in kinds
     names = {j.job_id: k8s_name(j.job_id) for j in _scenario().workload.jobs}
     server = ApiServerThread(TwinKubeAPI()).start()
     config = ActuatorConfig(dry_run=True, max_actions_per_cycle=1, leader_election=False,
-                            max_metric_age_s=60.0)
+                            max_metric_age_s=60.0, signals="standin")
 
     class Twinish:
         kube_url = server.url
 
     replay = _Replay()
     actuator = Controller(config, kube_client(tmp_path, Twinish, config), replay,
-                          make_policy(), "parity")
+                          make_policy(), "parity")  # signals loaded from the config
+    lag_s = _scenario().signals.risk_lag_s
     seen: set[str] = set()
     mismatches = []
     try:
-        for step, (state, expected) in enumerate(recorded):
+        for step, point in enumerate(recorded):
+            state, expected = point.state, point.action
             current = set(state.jobs.job_id)
             for row, job_id in enumerate(state.jobs.job_id):
                 _submit_stamp[job_id] = cluster_objects(state, NAMESPACE, names)[2][row][
@@ -155,8 +199,12 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
             finished = seen - current
             seen |= current
             server.call(_show, server.api, state, names, finished)
+            evaluated_at = time.time()
             replay.snapshot = MetricsSnapshot(
-                query_results(state, NAMESPACE, names, time.time()), state.time_s)
+                query_results(state, NAMESPACE, names, evaluated_at, features=point.telemetry),
+                state.time_s, demand_history=point.demand_history,
+                earlier=telemetry_results(state.nodes.name, point.telemetry_earlier,
+                                          evaluated_at - lag_s))
             report = actuator.run_cycle()
             assert report.observed, report.error
             rebuilt = report.built.state
@@ -184,7 +232,7 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
                    "ecc_errors_30m", "ready_flaps_60m"):
         np.testing.assert_array_equal(getattr(rebuilt.nodes, column),
                                       getattr(sim.nodes, column), err_msg=column)
-    for column in ("temperature_c", "temperature_delta_30m_c", "gpu_util"):
+    for column in ("temperature_c", "temperature_delta_30m_c", "gpu_util", "failure_risk"):
         np.testing.assert_allclose(getattr(rebuilt.nodes, column), getattr(sim.nodes, column),
                                    rtol=1e-6, atol=1e-6, err_msg=column)
     for column in ("status", "requested_gpus", "min_workers", "max_workers", "workers",
@@ -204,4 +252,6 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
                                rtol=1e-5, atol=1e-6, err_msg="progress")
     assert rebuilt.demand.pending_gpus == sim.demand.pending_gpus
     assert rebuilt.demand.arrivals_1h == sim.demand.arrivals_1h
+    np.testing.assert_allclose(rebuilt.demand.forecast_gpus, sim.demand.forecast_gpus,
+                               rtol=1e-9, atol=1e-12, err_msg="forecast_gpus")
     assert rebuilt.time_of_day_s == pytest.approx(sim.time_of_day_s)

@@ -6,15 +6,26 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from actuator.apply import merge_patch, misplaced_pods, placement_patch
-from actuator.config import ActuatorConfig, load_config
+from actuator.config import (
+    NORMAL_BUSY_RISE_C,
+    NORMAL_IDLE_TEMPERATURE_C,
+    ActuatorConfig,
+    load_config,
+)
 from actuator.guardrails import DecisionHistory, decide, rule_of
 from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REQUESTED_WORKERS_ANNOTATION
 from actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
-from actuator.twin.render import cluster_objects, pod_object, query_results
+from actuator.twin.harness import actuator_settings
+from actuator.twin.render import cluster_objects, pod_object, query_results, telemetry_results
+from env.errors import UserError
+from env.failures import NODE_FEATURE_NAMES
+from env.params import SimParams
+from env.signals import load_signals
 from env.state import (
     NOOP,
     Action,
@@ -171,6 +182,76 @@ def test_unreachable_nodes_are_not_ready_and_have_no_free_gpus():
     built = _observe(down)
     assert built.unreachable_nodes == frozenset({"node-b"})
     assert built.state.nodes.gpus_free.tolist() == [2, 0]
+
+
+# --------------------------------------------------------------------------- look-ahead signals
+def _signals_world() -> tuple[ClusterState, list[dict], list[dict], list[dict]]:
+    state = _world()
+    names = {j: j for j in state.jobs.job_id}
+    return (state, *cluster_objects(state, "ns", names))
+
+
+def test_failure_risk_is_the_models_on_now_and_earlier_features():
+    signals = load_signals("standin")
+    state, nodes, pods, jobs = _signals_world()
+    warning = np.zeros((2, len(NODE_FEATURE_NAMES)), dtype=np.float32)
+    warning[1] = [3, 5, 1, 0, 6.0, 4.0]  # node-b: XIDs, an ECC error, running hot
+    calm = np.zeros_like(warning)
+    results = query_results(state, "ns", {j: j for j in state.jobs.job_id}, 5000.0,
+                            features=warning)
+    earlier = telemetry_results(state.nodes.name, calm, 5000.0 - signals.risk_lag_s)
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, results,
+                                    earlier_metrics=earlier), ActuatorConfig(), Ledger(),
+                        signals)
+    healthy = signals.node_risk(calm[:1], calm[:1])[0]
+    expected = signals.node_risk(warning[1:], calm[1:])[0]
+    assert built.state.nodes.failure_risk[0] == pytest.approx(healthy, rel=1e-6)
+    assert built.state.nodes.failure_risk[1] == pytest.approx(expected, rel=1e-6)
+    assert expected > healthy
+    assert built.state.nodes.xid_errors_5m.tolist() == [0, 3]
+    assert built.state.nodes.temperature_delta_30m_c.tolist() == [0.0, 4.0]
+    # the same readings with stale DCGM samples: no signal, a healthy node's risk
+    results["dcgm_last_sample"][1]["value"][1] = str(5000.0 - 600)
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, results,
+                                    earlier_metrics=earlier), ActuatorConfig(), Ledger(),
+                        signals)
+    assert built.state.nodes.failure_risk.tolist() == pytest.approx([healthy, healthy], rel=1e-6)
+    # without signals the risk is zero, as in the simulator without a model
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, results), ActuatorConfig(),
+                        Ledger())
+    assert built.state.nodes.failure_risk.tolist() == [0.0, 0.0]
+
+
+def test_demand_forecast_pads_a_short_history_like_the_simulator():
+    signals = load_signals("standin")
+    state, nodes, pods, jobs = _signals_world()
+    history = np.array([0.2, 0.4, 0.5])  # far fewer minutes than the forecast wants
+    obs = Observation(state.time_s, nodes, pods, jobs, {}, demand_history=history)
+    built = build_state(obs, ActuatorConfig(), Ledger(), signals)
+    minute_of_day = int(state.time_s // 60) % 1440
+    assert built.state.demand.forecast_gpus == pytest.approx(
+        tuple(signals.demand_forecast(history, minute_of_day)))
+    assert any(built.state.demand.forecast_gpus)
+    empty = build_state(replace(obs, demand_history=np.array([])), ActuatorConfig(), Ledger(),
+                        signals)
+    assert empty.state.demand.forecast_gpus == (0.0, 0.0, 0.0)
+
+
+def test_default_temperature_normal_is_the_simulators():
+    params = SimParams()
+    assert NORMAL_IDLE_TEMPERATURE_C == params.base_temperature_c
+    assert NORMAL_BUSY_RISE_C == params.busy_temperature_rise_c
+    # the twin's settings shrink the offsets of the excess queries with the windows
+    settings = actuator_settings(100.0, "http://prometheus:9090")
+    assert settings["clock_speedup"] == 100.0
+    assert "offset 18s" in settings["queries"]["temperature_excess_delta"]
+    assert "30m" not in settings["queries"]["temperature_excess_delta"]
+
+
+def test_signals_setting_is_validated():
+    assert ActuatorConfig().signals == "standin"  # as in simulation
+    with pytest.raises(UserError, match="signals must be one of none, standin, lstm"):
+        ActuatorConfig(signals="prophet")
 
 
 # ------------------------------------------------------------------------------ writes

@@ -75,24 +75,27 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     return RunningTwin(server, twin, exporter, port)
 
 
-_WINDOWS = {"[5m]": 300.0, "[30m]": 1800.0, "[1h]": 3600.0}
+_WINDOWS = {"5m": 300.0, "30m": 1800.0, "1h": 3600.0}
+"""Durations the default queries use, as range windows (``[5m]``) and offsets (``offset 30m``)."""
 
 
 def actuator_settings(speed: float, prometheus_url: str, scrape_interval_s: float = 1.0) -> dict:
     """Actuator settings (the YAML mapping) for running against a twin at `speed`.
 
-    Query windows shrink with the acceleration (never below four scrapes), and the clock is the
-    twin's, so "five minutes" means five simulated minutes to the actuator as to the simulator.
+    Query windows and offsets shrink with the acceleration (never below four scrapes), the clock
+    is the twin's and `clock_speedup` is the speed, so "five minutes" means five simulated
+    minutes to the actuator as to the simulator (the risk model's look-back too).
     """
     queries = {}
     for f in fields(Queries):
         query = getattr(Queries(), f.name)
         for window, sim_s in _WINDOWS.items():
             wall_s = max(round(sim_s / speed), round(4 * scrape_interval_s))
-            query = query.replace(window, f"[{wall_s}s]")
+            query = query.replace(f"[{window}]", f"[{wall_s}s]").replace(
+                f" offset {window}", f" offset {wall_s}s")
         queries[f.name] = query
     queries["clock"] = CLOCK_METRIC
-    return {"prometheus_url": prometheus_url, "queries": queries,
+    return {"prometheus_url": prometheus_url, "queries": queries, "clock_speedup": speed,
             "max_metric_age_s": max(30.0, 10 * scrape_interval_s)}
 
 

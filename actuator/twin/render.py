@@ -3,7 +3,8 @@ answers Prometheus gives to the default queries. Pure functions, no simulator.
 
 The twin's runtime mirrors the simulator through `node_object`, `pytorchjob_object` and
 `pod_object`; the parity test and the benchmark turn whole recorded states into objects and query
-results with `cluster_objects` and `query_results`, the inverse of what the state builder does.
+results with `cluster_objects` and `query_results` (and `telemetry_results` for the node telemetry
+read `risk_lag_s` earlier), the inverse of what the state builder does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from actuator.config import NORMAL_BUSY_RISE_C, NORMAL_IDLE_TEMPERATURE_C
 from actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
@@ -28,6 +30,7 @@ from actuator.k8s_names import (
     SPEED_ANNOTATION,
 )
 from actuator.state_builder import MetricResults
+from env.failures import NODE_FEATURE_NAMES
 from env.state import ClusterState, JobStatus
 from env.telemetry_names import APPLICATION_LABEL, DCGM_HOSTNAME_LABEL, MANAGED_LABEL
 
@@ -141,11 +144,48 @@ def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
     return node_objects, pods, job_objects
 
 
+def state_features(state: ClusterState) -> np.ndarray:
+    """(nodes, F) telemetry features (`NODE_FEATURE_NAMES`) as far as `state` shows them: XIDs
+    in 30 minutes are taken as those in 5, the temperature excess is over the default queries'
+    normal (idle + rise x utilisation)."""
+    nodes = state.nodes
+    excess = nodes.temperature_c - (NORMAL_IDLE_TEMPERATURE_C
+                                    + NORMAL_BUSY_RISE_C * nodes.gpu_util)
+    columns = {"xid_5m": nodes.xid_errors_5m, "xid_30m": nodes.xid_errors_5m,
+               "ecc_30m": nodes.ecc_errors_30m, "flaps_60m": nodes.ready_flaps_60m,
+               "temp_excess_c": excess, "temp_excess_delta_30m": nodes.temperature_delta_30m_c}
+    return np.stack([np.asarray(columns[name], dtype=np.float32) for name in NODE_FEATURE_NAMES],
+                    axis=1)
+
+
+def telemetry_results(node_names: tuple[str, ...], features: np.ndarray,
+                      evaluated_at_s: float) -> MetricResults:
+    """What Prometheus answers to the node-telemetry queries (`observe.RISK_QUERIES`) for nodes
+    with `features` (`NODE_FEATURE_NAMES` order), every DCGM sample fresh."""
+    column = {name: features[:, i] for i, name in enumerate(NODE_FEATURE_NAMES)}
+
+    def per_node(values: np.ndarray, label: str = DCGM_HOSTNAME_LABEL) -> list[dict]:
+        return [{"metric": {label: name}, "value": [evaluated_at_s, repr(float(values[i]))]}
+                for i, name in enumerate(node_names)]
+
+    return {
+        "xid_errors": per_node(column["xid_5m"]),
+        "xid_errors_30m": per_node(column["xid_30m"]),
+        "ecc_errors": per_node(column["ecc_30m"]),
+        "row_remap_failures": per_node(np.zeros(len(node_names))),
+        "ready_flaps": per_node(column["flaps_60m"], "node"),
+        "temperature_excess": per_node(column["temp_excess_c"]),
+        "temperature_excess_delta": per_node(column["temp_excess_delta_30m"]),
+        "dcgm_last_sample": per_node(np.full(len(node_names), evaluated_at_s)),
+    }
+
+
 def query_results(state: ClusterState, namespace: str, names: dict[str, str],
-                  evaluated_at_s: float, epoch_s: float = 0.0,
-                  job_label: str = "job") -> MetricResults:
+                  evaluated_at_s: float, epoch_s: float = 0.0, job_label: str = "job",
+                  features: np.ndarray | None = None) -> MetricResults:
     """What Prometheus answers to the default `Queries` for a cluster in `state`, every sample
-    fresh: the twin exporter's values for node telemetry and trainer metrics."""
+    fresh: the twin exporter's values for node telemetry and trainer metrics. `features`: the
+    nodes' telemetry features, when known beyond what the state shows (`state_features`)."""
     nodes, jobs = state.nodes, state.jobs
 
     def per_node(values: np.ndarray) -> list[dict]:
@@ -160,17 +200,11 @@ def query_results(state: ClusterState, namespace: str, names: dict[str, str],
                                                                             strict=True)]
 
     now = epoch_s + state.time_s
+    features = state_features(state) if features is None else features
     return {
         "gpu_util": per_node(nodes.gpu_util),
         "gpu_temperature": per_node(nodes.temperature_c),
-        "gpu_temperature_delta": per_node(nodes.temperature_delta_30m_c),
-        "xid_errors": per_node(nodes.xid_errors_5m),
-        "ecc_errors": per_node(nodes.ecc_errors_30m),
-        "row_remap_failures": per_node(np.zeros(nodes.count)),
-        "ready_flaps": [{"metric": {"node": nodes.name[i]},
-                         "value": [evaluated_at_s, repr(float(nodes.ready_flaps_60m[i]))]}
-                        for i in range(nodes.count)],
-        "dcgm_last_sample": per_node(np.full(nodes.count, evaluated_at_s)),
+        **telemetry_results(nodes.name, features, evaluated_at_s),
         "trainer_throughput": per_job([float(jobs.throughput[r])
                                        if jobs.status[r] == JobStatus.RUNNING else 0.0
                                        for r in allocated]),

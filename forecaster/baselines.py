@@ -1,0 +1,113 @@
+"""Classical forecasts the LSTM must beat, computed from many origins of one series at once.
+
+* ``naive``: the last value, for every horizon (demand is sticky; this is the one to beat).
+* ``seasonal_naive``: the value one day before the target minute.
+* ``moving_average``: the mean of the last ``window_min`` minutes.
+* ``holt_winters``: additive damped-trend, additive daily-season exponential smoothing from
+  statsmodels. Its smoothing parameters are fitted on the *training* series (like the LSTM's
+  weights) and then run, fixed, over the evaluated series; the h-step forecast from every origin
+  is read off the filtered level, trend and season states.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from statsmodels.tsa.holtwinters import ExponentialSmoothing
+
+from forecaster.series import MINUTES_PER_DAY
+
+MOVING_AVERAGE_WINDOW_MIN = 30
+"""Window of the moving-average baseline: long enough to smooth job churn, short enough to track."""
+HOLT_WINTERS_FIT_DAYS = 7
+"""Days of training series the Holt-Winters parameters are fitted on (fits in ~2 s per day)."""
+
+
+@dataclass(frozen=True)
+class HoltWintersParams:
+    """Smoothing parameters of the Holt-Winters baseline (statsmodels' names)."""
+
+    smoothing_level: float
+    smoothing_trend: float
+    smoothing_seasonal: float
+    damping_trend: float
+
+    def to_json(self) -> dict[str, float]:
+        """Plain-JSON form, saved next to the LSTM so evaluation uses the same fit."""
+        return asdict(self)
+
+
+def naive(demand: np.ndarray, origins: np.ndarray, horizons_min: tuple[int, ...]) -> np.ndarray:
+    """Last observed value at every horizon, (N, H)."""
+    return np.repeat(demand[origins, None], len(horizons_min), axis=1)
+
+
+def seasonal_naive(
+    demand: np.ndarray, origins: np.ndarray, horizons_min: tuple[int, ...]
+) -> np.ndarray:
+    """Value one day before each target minute, (N, H); origins need a day of history."""
+    return np.stack([demand[origins + h - MINUTES_PER_DAY] for h in horizons_min], axis=1)
+
+
+def moving_average(
+    demand: np.ndarray,
+    origins: np.ndarray,
+    horizons_min: tuple[int, ...],
+    window_min: int = MOVING_AVERAGE_WINDOW_MIN,
+) -> np.ndarray:
+    """Mean of the last ``window_min`` minutes at every horizon, (N, H)."""
+    cumsum = np.concatenate([[0.0], np.cumsum(demand)])
+    mean = (cumsum[origins + 1] - cumsum[origins + 1 - window_min]) / window_min
+    return np.repeat(mean[:, None], len(horizons_min), axis=1)
+
+
+def fit_holt_winters(demand: np.ndarray) -> HoltWintersParams:
+    """Fit the smoothing parameters on the last `HOLT_WINTERS_FIT_DAYS` days of ``demand``."""
+    recent = demand[-HOLT_WINTERS_FIT_DAYS * MINUTES_PER_DAY :].astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # statsmodels' convergence chatter; the fit is checked
+        fitted = _model(recent).fit()
+    params = {k: float(fitted.params[k]) for k in HoltWintersParams.__dataclass_fields__}
+    if not all(np.isfinite(v) for v in params.values()):
+        raise ValueError(f"Holt-Winters fit gave non-finite parameters {params}")
+    return HoltWintersParams(**params)
+
+
+def holt_winters(
+    demand: np.ndarray,
+    origins: np.ndarray,
+    horizons_min: tuple[int, ...],
+    params: HoltWintersParams,
+) -> np.ndarray:
+    """Holt-Winters forecasts from every origin with fixed ``params``, (N, H).
+
+    The filter starts from statsmodels' heuristic initial states, which need two full days, so
+    origins must lie at least two days into the series.
+    """
+    if origins.min() < 2 * MINUTES_PER_DAY - 1:
+        raise ValueError("Holt-Winters origins need two days of history for initial states")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        states = _model(demand.astype(np.float64)).fit(optimized=False, **params.to_json())
+    level, trend, season = states.level, states.trend, states.season
+    columns = []
+    for h in horizons_min:
+        damped_sum = sum(params.damping_trend**i for i in range(1, h + 1))
+        columns.append(
+            level[origins] + damped_sum * trend[origins] + season[origins + h - MINUTES_PER_DAY]
+        )
+    return np.stack(columns, axis=1)
+
+
+def _model(demand: np.ndarray) -> ExponentialSmoothing:
+    """The one Holt-Winters specification used for both fitting and filtering."""
+    return ExponentialSmoothing(
+        demand,
+        trend="add",
+        damped_trend=True,
+        seasonal="add",
+        seasonal_periods=MINUTES_PER_DAY,
+        initialization_method="heuristic",
+    )

@@ -1,0 +1,97 @@
+"""Judge the LSTM, its stand-in and the baselines on the same origins of one held-out series.
+
+Every model forecasts from the same origins (every ``origin_stride_min`` minutes, starting two
+days into each segment so that every model has the history it needs), and the errors are
+reported per horizon:
+
+* ``mae``: mean absolute error in demand fraction (0.01 = 1 % of the cluster's GPUs);
+* ``mape``: mean of |error| / actual, in percent, over targets with actual demand of at least
+  `MAPE_MIN_DEMAND` (an idle cluster would make it infinite).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forecaster import baselines
+from forecaster.baselines import HoltWintersParams
+from forecaster.model import LSTMForecaster
+from forecaster.series import MINUTES_PER_DAY, DemandSeries
+from forecaster.standin import EWMAForecaster
+
+MAPE_MIN_DEMAND = 0.05
+"""Targets below 5 % of the cluster are left out of MAPE (they would dominate it)."""
+FIRST_ORIGIN_MIN = 2 * MINUTES_PER_DAY - 1
+"""Origins start two days in: Holt-Winters' initial states need two seasons."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Forecasts of every model and the actual values at the same origins."""
+
+    horizons_min: tuple[int, ...]
+    actual: np.ndarray
+    """(N, H) actual demand at each origin + horizon."""
+    forecasts: dict[str, np.ndarray]
+    """Model name -> (N, H) forecasts."""
+    origin_minutes: np.ndarray
+    """(N,) origin index within its segment, for plots."""
+    segment_of_origin: np.ndarray
+    """(N,) which segment each origin belongs to."""
+
+    def scores(self) -> dict[str, dict[str, list[float]]]:
+        """Model name -> {"mae": per horizon, "mape": per horizon (percent)}."""
+        out = {}
+        for name, forecast in self.forecasts.items():
+            error = np.abs(forecast - self.actual)
+            counted = self.actual >= MAPE_MIN_DEMAND
+            mape = [
+                float(100.0 * np.mean(error[counted[:, k], k] / self.actual[counted[:, k], k]))
+                for k in range(len(self.horizons_min))
+            ]
+            out[name] = {"mae": error.mean(axis=0).tolist(), "mape": mape}
+        return out
+
+
+def evaluate_series(
+    series: DemandSeries,
+    lstm: LSTMForecaster,
+    standin: EWMAForecaster,
+    holt_winters: HoltWintersParams,
+    origin_stride_min: int = 5,
+) -> Evaluation:
+    """Forecast every origin of every segment with every model."""
+    horizons = lstm.horizons_min
+    first = max(FIRST_ORIGIN_MIN, lstm.min_history_min - 1)
+    actual, forecasts, minutes, segment_ids = [], {}, [], []
+    for index, segment in enumerate(series.segments):
+        demand = segment.demand.astype(np.float64)
+        origins = np.arange(first, len(demand) - max(horizons), origin_stride_min)
+        if len(origins) == 0:
+            continue
+        per_model = {
+            "lstm": lstm.predict_many(demand, segment.minute_of_day(), origins),
+            "naive": baselines.naive(demand, origins, horizons),
+            "seasonal_naive": baselines.seasonal_naive(demand, origins, horizons),
+            "moving_average": baselines.moving_average(demand, origins, horizons),
+            "holt_winters": baselines.holt_winters(demand, origins, horizons, holt_winters),
+            "ewma_standin": standin.predict_many(demand, origins),
+        }
+        for name, values in per_model.items():
+            forecasts.setdefault(name, []).append(values)
+        actual.append(np.stack([demand[origins + h] for h in horizons], axis=1))
+        minutes.append(origins)
+        segment_ids.append(np.full(len(origins), index))
+    if not actual:
+        raise ValueError(
+            f"{series.source}: no segment is longer than {first + max(horizons) + 1} minutes"
+        )
+    return Evaluation(
+        horizons_min=horizons,
+        actual=np.concatenate(actual),
+        forecasts={name: np.concatenate(parts) for name, parts in forecasts.items()},
+        origin_minutes=np.concatenate(minutes),
+        segment_of_origin=np.concatenate(segment_ids),
+    )

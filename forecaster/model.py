@@ -1,0 +1,132 @@
+"""The deployable demand forecaster: weights + config + normalisation stats, plain files only.
+
+A saved model is a directory with ``weights.pt`` (a torch ``state_dict`` of tensors, loaded with
+``weights_only=True``) and ``config.json`` (the `ForecasterConfig`, the `NormalisationStats` and
+the input sizes). Nothing is pickled, so it loads across Python and torch versions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from forecaster.config import SHIPPED_MODEL_DIR, ForecasterConfig, NormalisationStats
+from forecaster.features import build_inputs, local_scale
+from forecaster.history import check_history
+from forecaster.network import DemandLSTM
+from forecaster.series import MINUTES_PER_DAY
+
+FORMAT_VERSION = 1
+
+
+class LSTMForecaster:
+    """Forecast demand (fraction of the cluster's GPUs) at each configured horizon."""
+
+    def __init__(
+        self,
+        config: ForecasterConfig,
+        stats: NormalisationStats,
+        network: DemandLSTM,
+        n_seq_features: int,
+        n_scalar_features: int,
+    ):
+        self.config = config
+        self.stats = stats
+        self.network = network.eval()
+        self.n_seq_features = n_seq_features
+        self.n_scalar_features = n_scalar_features
+
+    @property
+    def horizons_min(self) -> tuple[int, ...]:
+        """Minutes ahead of each value `predict` returns."""
+        return self.config.horizons_min
+
+    @property
+    def min_history_min(self) -> int:
+        """Fewest per-minute samples `predict` needs."""
+        return self.config.min_history_min
+
+    def predict(self, history: np.ndarray, last_minute_of_day: int | None = None) -> np.ndarray:
+        """Demand at each horizon after the last sample of ``history``.
+
+        ``history`` is per-minute demand, oldest first, at least `min_history_min` samples,
+        all finite. ``last_minute_of_day`` (0..1439) is the minute of the last sample; required
+        when the model uses the time of day. Returns float64 array of len(horizons_min).
+        """
+        demand = check_history(history, self.min_history_min)
+        minute_of_day = self._minutes(len(demand), last_minute_of_day)
+        origin = np.array([len(demand) - 1])
+        sequence, scalars = build_inputs(demand, minute_of_day, origin, self.config, self.stats)
+        with torch.inference_mode():
+            change = self.network(torch.from_numpy(sequence), torch.from_numpy(scalars))
+        scale = local_scale(demand, origin, self.config)
+        return demand[-1] + change.numpy()[0].astype(np.float64) * scale[0]
+
+    def predict_many(
+        self, demand: np.ndarray, minute_of_day: np.ndarray, origins: np.ndarray
+    ) -> np.ndarray:
+        """Forecasts from many origins of one series at once, (len(origins), n_horizons).
+
+        The batched form of `predict`, for evaluation over a whole series.
+        """
+        outputs = []
+        for chunk in np.array_split(origins, max(1, len(origins) // 4096)):
+            sequence, scalars = build_inputs(demand, minute_of_day, chunk, self.config, self.stats)
+            with torch.inference_mode():
+                change = self.network(torch.from_numpy(sequence), torch.from_numpy(scalars))
+            scale = local_scale(demand, chunk, self.config)
+            outputs.append(demand[chunk, None] + change.numpy() * scale[:, None])
+        return np.concatenate(outputs).astype(np.float64)
+
+    def _minutes(self, length: int, last_minute_of_day: int | None) -> np.ndarray:
+        """Minute of day of every history sample (zeros when the model ignores time of day)."""
+        if not self.config.use_time_of_day:
+            return np.zeros(length, dtype=np.int64)
+        if last_minute_of_day is None or not 0 <= last_minute_of_day < MINUTES_PER_DAY:
+            raise ValueError(
+                f"this forecaster uses the time of day: pass last_minute_of_day in 0..1439, "
+                f"got {last_minute_of_day!r}"
+            )
+        return (last_minute_of_day - np.arange(length)[::-1]) % MINUTES_PER_DAY
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``weights.pt`` and ``config.json`` into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.network.state_dict(), directory / "weights.pt")
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "config": self.config.to_json(),
+            "stats": self.stats.to_json(),
+            "n_seq_features": self.n_seq_features,
+            "n_scalar_features": self.n_scalar_features,
+        }
+        (directory / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> LSTMForecaster:
+        """Inverse of `save`."""
+        directory = Path(directory)
+        meta = json.loads((directory / "config.json").read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            version = meta.get("format_version")
+            raise ValueError(f"{directory}: unsupported forecaster format {version}")
+        config = ForecasterConfig.from_json(meta["config"])
+        network = DemandLSTM(config, meta["n_seq_features"], meta["n_scalar_features"])
+        state = torch.load(directory / "weights.pt", map_location="cpu", weights_only=True)
+        network.load_state_dict(state)
+        return cls(
+            config,
+            NormalisationStats.from_json(meta["stats"]),
+            network,
+            meta["n_seq_features"],
+            meta["n_scalar_features"],
+        )
+
+
+def load_demand_forecaster(path: str | Path | None = None) -> LSTMForecaster:
+    """Load a saved LSTM forecaster; ``None`` means the one shipped in ``models/forecaster``."""
+    return LSTMForecaster.load(SHIPPED_MODEL_DIR if path is None else path)

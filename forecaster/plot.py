@@ -1,0 +1,54 @@
+"""Forecast-versus-actual figure for one sample day of an evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from forecaster.evaluate import Evaluation
+from forecaster.series import MINUTES_PER_DAY
+
+PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
+
+
+def plot_sample_day(
+    evaluation: Evaluation, path: str | Path, horizon_min: int = 60, day: int | None = None
+) -> Path:
+    """Plot the ``horizon_min`` forecasts made during one day against what happened.
+
+    ``day`` counts days from the first evaluated origin of the first segment; by default the
+    day on which the naive forecast's error is the median of all days: a typical day, neither
+    cherry-picked nor an outage.
+    """
+    column = evaluation.horizons_min.index(horizon_min)
+    in_first = evaluation.segment_of_origin == 0
+    minutes = evaluation.origin_minutes[in_first]
+    day_of_origin = (minutes - minutes[0]) // MINUTES_PER_DAY
+    if day is None:
+        naive_error = np.abs(evaluation.forecasts["naive"][in_first, column]
+                             - evaluation.actual[in_first, column])
+        per_day = [naive_error[day_of_origin == d].mean() for d in np.unique(day_of_origin)]
+        day = int(np.argsort(per_day)[len(per_day) // 2])
+    start = minutes[0] + day * MINUTES_PER_DAY
+    chosen = np.flatnonzero(in_first & (evaluation.origin_minutes >= start)
+                            & (evaluation.origin_minutes < start + MINUTES_PER_DAY))
+    hours = (evaluation.origin_minutes[chosen] + horizon_min - start) / 60.0
+    figure, axes = plt.subplots(figsize=(10, 4))
+    axes.plot(hours, evaluation.actual[chosen, column], color="black", lw=1.5, label="actual")
+    for name in PLOTTED_MODELS:
+        if name in evaluation.forecasts:
+            axes.plot(hours, evaluation.forecasts[name][chosen, column], lw=1, label=name)
+    axes.set_xlabel(f"hours into sample day {day + 1} (time of the forecast target)")
+    axes.set_ylabel("demand (fraction of cluster GPUs)")
+    axes.set_title(f"{horizon_min}-minute-ahead forecasts vs actual")
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,184 @@
+"""Read a per-minute cluster series from CSV and turn it into a clean demand series.
+
+Demand is defined once, here, so every forecaster, baseline and caller agrees on it:
+
+    demand = (running GPUs + pending GPUs) / total GPUs
+
+a dimensionless fraction of the cluster (it can exceed 1 when the queue is long). Dividing by the
+cluster size lets a model trained on one cluster forecast another of a different size. Three CSV
+layouts are understood (header names decide which):
+
+* Helios `*_cluster_sequence_vc.csv`: ``time, running_gpu_num, pending_gpu_num, total_gpu_num``;
+* Philly `philly_node_sequence.csv`: ``time, active, total`` (no queue is recorded, so demand is
+  ``active / total``: busy capacity only);
+* a plain ``time, demand`` file (already a fraction), for tests and other sources.
+
+Bad input ends in a `UserError` naming the file, the line and the fix, never in a NaN forecast:
+unparsable times, non-numeric or empty cells, duplicated or decreasing timestamps, non-positive
+totals. Missing minutes are repaired: gaps of up to ``max_gap_min`` minutes are forward-filled
+(the cluster most likely kept its last state); longer gaps split the series into segments, and a
+forecast window never spans two segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from env.errors import UserError
+
+MINUTES_PER_DAY = 1440
+DEFAULT_MAX_GAP_MIN = 10
+"""Longest run of missing minutes that is forward-filled rather than splitting the series."""
+
+_LAYOUTS: list[tuple[tuple[str, ...], str]] = [
+    (("running_gpu_num", "pending_gpu_num", "total_gpu_num"), "helios"),
+    (("active", "total"), "philly"),
+    (("demand",), "demand"),
+]
+
+
+@dataclass(frozen=True)
+class DemandSegment:
+    """A gap-free run of per-minute demand.
+
+    ``demand[i]`` is the demand fraction during minute ``start_minute_of_day + i`` (mod 1440).
+    """
+
+    demand: np.ndarray
+    start_minute_of_day: int
+    start_time: pd.Timestamp
+
+    def minute_of_day(self) -> np.ndarray:
+        """Minute of day (0..1439) of every sample; time-of-day features are built from it."""
+        return (self.start_minute_of_day + np.arange(len(self.demand))) % MINUTES_PER_DAY
+
+
+@dataclass(frozen=True)
+class DemandSeries:
+    """A demand series as gap-free segments, with where it came from."""
+
+    source: str
+    segments: tuple[DemandSegment, ...]
+    filled_minutes: int
+    """How many minutes were forward-filled (repaired), reported so a repair is never silent."""
+
+
+def load_demand_series(
+    path: str | Path, max_gap_min: int = DEFAULT_MAX_GAP_MIN, min_points: int = 2
+) -> DemandSeries:
+    """Load ``path``, validate it, compute demand and repair short gaps.
+
+    ``min_points`` is the shortest segment the caller can use (its window plus its horizon);
+    shorter segments are dropped, and a file with none left is a `UserError`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file; pass --series a per-minute cluster CSV")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a readable CSV ({err}); pass a per-minute CSV") from err
+    demand = _demand_column(path, frame)
+    times = _parse_times(path, frame)
+    segments, filled = _segments(path, times, demand, max_gap_min)
+    usable = tuple(s for s in segments if len(s.demand) >= min_points)
+    if not usable:
+        longest = max((len(s.demand) for s in segments), default=0)
+        raise UserError(
+            f"{path}: longest gap-free run is {longest} minutes but the forecaster needs at least "
+            f"{min_points} (input window + horizon); supply a longer per-minute series"
+        )
+    return DemandSeries(source=str(path), segments=usable, filled_minutes=filled)
+
+
+def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
+    """Demand fraction per row, from whichever known layout the header matches."""
+    for columns, layout in _LAYOUTS:
+        if all(c in frame.columns for c in columns):
+            values = {c: _numeric(path, frame, c) for c in columns}
+            if layout == "demand":
+                return values["demand"]
+            total_name = "total_gpu_num" if layout == "helios" else "total"
+            total = values[total_name]
+            bad = np.flatnonzero(total <= 0)
+            if bad.size:
+                raise UserError(
+                    f"{path}, line {bad[0] + 2}: column '{total_name}' is {total[bad[0]]:g}; "
+                    "the cluster size must be positive, fix or drop that row"
+                )
+            if layout == "helios":
+                return (values["running_gpu_num"] + values["pending_gpu_num"]) / total
+            return values["active"] / total
+    known = "; ".join(", ".join(("time",) + cols) for cols, _ in _LAYOUTS)
+    raise UserError(f"{path}: unknown columns {list(frame.columns)}; expected one of: {known}")
+
+
+def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
+    """Column as float64, or a `UserError` at the first empty or non-numeric cell."""
+    raw = frame[column].str.strip()
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        row = bad[0]
+        raise UserError(
+            f"{path}, line {row + 2}: column '{column}' has {raw.iloc[row]!r}, not a number; "
+            "fix the value or delete the row (short gaps are forward-filled)"
+        )
+    return values
+
+
+def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
+    """Timestamps floored to the minute; strictly increasing or a `UserError`."""
+    if "time" not in frame.columns:
+        raise UserError(f"{path}: no 'time' column; the first column must be a timestamp")
+    times = pd.to_datetime(frame["time"], errors="coerce", format="mixed")
+    bad = np.flatnonzero(times.isna().to_numpy())
+    if bad.size:
+        raise UserError(
+            f"{path}, line {bad[0] + 2}: time {frame['time'].iloc[bad[0]]!r} is not a timestamp; "
+            "use e.g. 2020-05-01 00:00:00"
+        )
+    minutes = pd.DatetimeIndex(times).floor("min")
+    step = np.diff(minutes.to_numpy().astype("datetime64[m]").astype(np.int64))
+    if (step == 0).any():
+        row = int(np.flatnonzero(step == 0)[0]) + 1
+        raise UserError(
+            f"{path}, line {row + 2}: timestamp {minutes[row]} repeats the previous row's minute; "
+            "keep one row per minute (drop or average the duplicates)"
+        )
+    if (step < 0).any():
+        row = int(np.flatnonzero(step < 0)[0]) + 1
+        raise UserError(
+            f"{path}, line {row + 2}: timestamp {minutes[row]} is earlier than the row before; "
+            "sort the file by time"
+        )
+    return minutes
+
+
+def _segments(
+    path: Path, minutes: pd.DatetimeIndex, demand: np.ndarray, max_gap_min: int
+) -> tuple[list[DemandSegment], int]:
+    """Split at gaps longer than ``max_gap_min`` and forward-fill the shorter ones."""
+    offsets = np.asarray((minutes - minutes[0]) // pd.Timedelta(minutes=1), dtype=np.int64)
+    missing = np.diff(offsets) - 1
+    breaks = np.flatnonzero(missing > max_gap_min) + 1
+    segments: list[DemandSegment] = []
+    filled = 0
+    for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(offsets)], strict=True):
+        local = offsets[lo:hi] - offsets[lo]
+        # Index of the last observed row at or before every minute: a forward fill.
+        grid_source = np.searchsorted(local, np.arange(local[-1] + 1), side="right") - 1
+        filled += int(local[-1] + 1 - len(local))
+        start = minutes[lo]
+        segments.append(
+            DemandSegment(
+                demand=demand[lo:hi][grid_source].astype(np.float32),
+                start_minute_of_day=start.hour * 60 + start.minute,
+                start_time=start,
+            )
+        )
+    return segments, filled

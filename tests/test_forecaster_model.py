@@ -1,0 +1,92 @@
+"""The LSTM forecaster on tiny worlds: shapes, a clean daily cycle, save/load, the stand-in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from forecaster.config import ForecasterConfig
+from forecaster.model import LSTMForecaster, load_demand_forecaster
+from forecaster.series import DemandSegment
+from forecaster.standin import EWMAForecaster, fit_ewma
+from forecaster.train import train_forecaster
+
+torch.set_num_threads(2)
+
+TINY = ForecasterConfig(
+    lookback_min=120, block_min=10, hidden_size=16, head_size=32, epochs=4,
+    train_stride_min=3, batch_size=64, learning_rate=1e-2,
+)
+
+
+def daily_cycle(days: int, seed: int) -> DemandSegment:
+    """Demand 0.5 + 0.3 sin(daily phase) with a little noise: the answer is known."""
+    minutes = np.arange(days * 1440)
+    noise = np.random.default_rng(seed).normal(0.0, 0.005, len(minutes))
+    demand = 0.5 + 0.3 * np.sin(2 * np.pi * minutes / 1440) + noise
+    return DemandSegment(demand=demand.astype(np.float32), start_minute_of_day=0,
+                         start_time=None)
+
+
+@pytest.fixture(scope="module")
+def trained() -> LSTMForecaster:
+    model, report = train_forecaster([daily_cycle(5, seed=0)], TINY, show_progress=False)
+    assert report.train_windows > 500
+    return model
+
+
+def test_predict_shape_and_horizons(trained):
+    history = daily_cycle(2, seed=1).demand
+    forecast = trained.predict(history, last_minute_of_day=(len(history) - 1) % 1440)
+    assert forecast.shape == (3,)
+    assert trained.horizons_min == (5, 15, 60)
+    assert np.isfinite(forecast).all()
+
+
+def test_predict_needs_time_of_day_and_enough_history(trained):
+    history = daily_cycle(2, seed=1).demand
+    with pytest.raises(ValueError, match="last_minute_of_day"):
+        trained.predict(history)
+    with pytest.raises(ValueError, match="needs at least"):
+        trained.predict(history[:100], last_minute_of_day=0)
+
+
+def test_clean_daily_cycle_is_learned_better_than_naive(trained):
+    held_out = daily_cycle(3, seed=7)
+    demand = held_out.demand.astype(np.float64)
+    origins = np.arange(TINY.min_history_min, len(demand) - 60, 7)
+    forecast = trained.predict_many(demand, held_out.minute_of_day(), origins)
+    actual = np.stack([demand[origins + h] for h in TINY.horizons_min], axis=1)
+    lstm_mae = np.abs(forecast - actual).mean(axis=0)
+    naive_mae = np.abs(demand[origins, None] - actual).mean(axis=0)
+    assert lstm_mae[2] < 0.5 * naive_mae[2], (lstm_mae, naive_mae)
+    assert lstm_mae[1] < naive_mae[1], (lstm_mae, naive_mae)
+
+
+def test_single_and_batched_predictions_agree(trained):
+    held_out = daily_cycle(2, seed=3)
+    demand = held_out.demand.astype(np.float64)
+    last = len(demand) - 1
+    batched = trained.predict_many(demand, held_out.minute_of_day(), np.array([last]))[0]
+    single = trained.predict(demand, last_minute_of_day=last % 1440)
+    np.testing.assert_allclose(single, batched, rtol=1e-6)
+
+
+def test_save_load_round_trip_gives_identical_predictions(trained, tmp_path):
+    trained.save(tmp_path)
+    loaded = load_demand_forecaster(tmp_path)
+    history = daily_cycle(2, seed=4).demand
+    before = trained.predict(history, last_minute_of_day=123)
+    after = loaded.predict(history, last_minute_of_day=123)
+    np.testing.assert_array_equal(before, after)
+    assert loaded.config == trained.config
+    assert loaded.stats == trained.stats
+
+
+def test_ewma_standin_round_trip_and_constant_series(tmp_path):
+    standin = fit_ewma([daily_cycle(2, seed=5).demand])
+    standin.save(tmp_path / "standin.json")
+    loaded = EWMAForecaster.load(tmp_path / "standin.json")
+    np.testing.assert_allclose(loaded.predict(np.full(200, 0.4)), [0.4, 0.4, 0.4])
+    assert loaded.half_lives_min == standin.half_lives_min

@@ -1,0 +1,100 @@
+"""Bad series end in a one-line UserError (file, line, fix) or a documented repair, never NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from env.errors import UserError
+from forecaster.history import check_history
+from forecaster.series import load_demand_series
+
+
+def write_series(path, minutes, active, total=100, time_format="%Y-%m-%d %H:%M:%S"):
+    """A Philly-layout CSV (time,active,total) at the given minute offsets."""
+    times = pd.Timestamp("2020-05-01") + pd.to_timedelta(np.asarray(minutes), unit="min")
+    frame = pd.DataFrame(
+        {"time": times.strftime(time_format), "active": active, "total": total}
+    )
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_helios_layout_demand_is_running_plus_pending_over_total(tmp_path):
+    path = tmp_path / "vc.csv"
+    pd.DataFrame({
+        "time": ["2020-05-01 00:00:00", "2020-05-01 00:01:00"],
+        "running_gpu_num": [10, 20], "pending_gpu_num": [6, 0], "total_gpu_num": [32, 32],
+    }).to_csv(path, index=False)
+    series = load_demand_series(path)
+    np.testing.assert_allclose(series.segments[0].demand, [0.5, 0.625])
+
+
+def test_short_gap_is_forward_filled_and_counted(tmp_path):
+    minutes = [0, 1, 2, 5, 6]  # minutes 3 and 4 missing
+    path = write_series(tmp_path / "s.csv", minutes, [10, 20, 30, 40, 50])
+    series = load_demand_series(path, max_gap_min=2)
+    np.testing.assert_allclose(series.segments[0].demand, [0.1, 0.2, 0.3, 0.3, 0.3, 0.4, 0.5])
+    assert series.filled_minutes == 2
+
+
+def test_long_gap_splits_segments_and_short_ones_are_dropped(tmp_path):
+    minutes = list(range(5)) + list(range(100, 120))
+    path = write_series(tmp_path / "s.csv", minutes, np.arange(25))
+    series = load_demand_series(path, max_gap_min=10, min_points=10)
+    assert [len(s.demand) for s in series.segments] == [20]
+    assert series.segments[0].start_minute_of_day == 100
+
+
+def test_too_few_points_for_the_window(tmp_path):
+    path = write_series(tmp_path / "s.csv", range(30), np.full(30, 5))
+    with pytest.raises(UserError, match=r"s\.csv: longest gap-free run is 30 minutes.*1500"):
+        load_demand_series(path, min_points=1500)
+
+
+def test_duplicated_timestamp_names_the_line(tmp_path):
+    path = write_series(tmp_path / "s.csv", [0, 1, 1, 2], [1, 2, 3, 4])
+    with pytest.raises(UserError, match=r"s\.csv, line 4: .*repeats.*one row per minute"):
+        load_demand_series(path)
+
+
+def test_decreasing_timestamp_names_the_line(tmp_path):
+    path = write_series(tmp_path / "s.csv", [0, 2, 1], [1, 2, 3])
+    with pytest.raises(UserError, match=r"line 4: .*earlier.*sort the file"):
+        load_demand_series(path)
+
+
+@pytest.mark.parametrize("bad", ["abc", "", "nan"])
+def test_non_numeric_or_empty_value_names_line_and_column(tmp_path, bad):
+    path = tmp_path / "s.csv"
+    path.write_text(
+        "time,active,total\n2020-05-01 00:00:00,3,10\n2020-05-01 00:01:00," + bad + ",10\n"
+    )
+    with pytest.raises(UserError, match=r"s\.csv, line 3: column 'active'.*not a number"):
+        load_demand_series(path)
+
+
+def test_unparsable_time_and_unknown_columns_and_bad_total(tmp_path):
+    bad_time = tmp_path / "t.csv"
+    bad_time.write_text("time,active,total\nyesterday,3,10\n")
+    with pytest.raises(UserError, match=r"t\.csv, line 2: time 'yesterday'"):
+        load_demand_series(bad_time)
+    unknown = tmp_path / "u.csv"
+    unknown.write_text("time,gpus\n2020-05-01 00:00:00,3\n")
+    with pytest.raises(UserError, match=r"u\.csv: unknown columns"):
+        load_demand_series(unknown)
+    zero_total = write_series(tmp_path / "z.csv", [0, 1], [1, 1], total=0)
+    with pytest.raises(UserError, match=r"z\.csv, line 2: column 'total' is 0"):
+        load_demand_series(zero_total)
+    with pytest.raises(UserError, match="no such file"):
+        load_demand_series(tmp_path / "missing.csv")
+
+
+def test_check_history_rejects_nan_short_and_2d():
+    with pytest.raises(ValueError, match=r"history\[2\] is nan"):
+        check_history(np.array([0.1, 0.2, np.nan, 0.3]), 2)
+    with pytest.raises(ValueError, match="needs at least 10"):
+        check_history(np.zeros(5), 10)
+    with pytest.raises(ValueError, match="1-D"):
+        check_history(np.zeros((5, 2)), 2)
