@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_risk(args: argparse.Namespace) -> int:
     """Simulate telemetry, fit the risk model, score it on a held-out seed, save it."""
-    from forecaster.risk import RiskConfig, simulate, train_risk_model
+    from forecaster.risk import RiskConfig
     from forecaster.risk_eval import any_xid_rule, best_f1_threshold, score_risk
+    from forecaster.risk_train import simulate, train_risk_model
 
     config = RiskConfig()
     if args.epochs is not None:

@@ -18,7 +18,8 @@ def test_short_spec_gives_uniform_racked_nodes():
 
 def test_yaml_groups_make_a_heterogeneous_cluster(tmp_path):
     path = tmp_path / "cluster.yaml"
-    path.write_text("nodes:\n  - {count: 2, gpus: 4}\n  - {count: 1, gpus: 8, gpu_type: A100, rack: 5}\n")
+    path.write_text("nodes:\n  - {count: 2, gpus: 4}\n"
+                    "  - {count: 1, gpus: 8, gpu_type: A100, rack: 5}\n")
     cluster = parse_cluster(str(path))
     assert [n.gpus for n in cluster.nodes] == [4, 4, 8]
     assert cluster.nodes[2].gpu_type == "A100" and cluster.nodes[2].rack == 5

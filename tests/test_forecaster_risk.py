@@ -7,8 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from forecaster.risk import RiskConfig, RiskModel, simulate, train_risk_model
+from forecaster.risk import RiskConfig, RiskModel
 from forecaster.risk_eval import any_xid_rule, roc_auc, score_risk
+from forecaster.risk_train import simulate, train_risk_model
 
 SMALL = replace(RiskConfig(), n_nodes=16, duration_days=4.0, epochs=150)
 

@@ -28,3 +28,8 @@ def test_contract_modules_import_nothing_heavy(module):
 def test_simulator_core_does_not_need_torch_or_the_rl_library():
     loaded = imported_after("import env.simulator, env.gym_env")
     assert not loaded & {"torch", "stable_baselines3", "sb3_contrib", "kubernetes"}
+
+
+def test_default_signals_load_without_torch():
+    loaded = imported_after("from env.signals import load_signals; load_signals('standin')")
+    assert "torch" not in loaded and "statsmodels" not in loaded
