@@ -518,14 +518,11 @@ class Simulator:
         if self._snapshot_nodes is not None and not self._episodes:
             return self._snapshot_nodes
         t = self.time_s
+        for node, episode in list(self._episodes.items()):
+            if t - episode.end_s > _LINGER_S:
+                del self._episodes[node]
         if self._episodes:
-            telemetry = np.zeros((len(self.node_names), len(NODE_FEATURE_NAMES)),
-                                 dtype=np.float32)
-            for node, episode in list(self._episodes.items()):
-                if t - episode.end_s > _LINGER_S:
-                    del self._episodes[node]
-                    continue
-                telemetry[node] = node_features(episode, t, self.params.failures)
+            telemetry = self.node_telemetry(t)
             counts = telemetry[:, :4].astype(np.int32)
             temp_excess, temp_delta = telemetry[:, 4], telemetry[:, 5]
         else:  # healthy cluster: all-zero telemetry, shared
@@ -580,12 +577,18 @@ class Simulator:
             self._healthy_risk = float(node_risk(zeros, zeros)[0])
         risk = np.full(len(self.node_names), self._healthy_risk, dtype=np.float32)
         if self._episodes:
-            earlier_t = self.time_s - self._signals.risk_lag_s
             nodes = list(self._episodes)
-            earlier = np.array([node_features(self._episodes[n], earlier_t, self.params.failures)
-                                for n in nodes], dtype=np.float32)
-            risk[nodes] = node_risk(telemetry[nodes], earlier)
+            earlier = self.node_telemetry(self.time_s - self._signals.risk_lag_s)
+            risk[nodes] = node_risk(telemetry[nodes], earlier[nodes])
         return risk
+
+    def node_telemetry(self, time_s: float) -> np.ndarray:
+        """(nodes, features) telemetry in `NODE_FEATURE_NAMES` order at `time_s` (<= now), as
+        the nodes' current warning episodes produce it; the risk model's input."""
+        telemetry = np.zeros((len(self.node_names), len(NODE_FEATURE_NAMES)), dtype=np.float32)
+        for node, episode in self._episodes.items():
+            telemetry[node] = node_features(episode, time_s, self.params.failures)
+        return telemetry
 
     def _demand(self) -> Demand:
         lo = bisect.bisect_right(self._submit_list, self.time_s - 3600.0)

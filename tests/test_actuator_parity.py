@@ -31,7 +31,7 @@ from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot
 from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
-from env.failures import NODE_FEATURE_NAMES, FailureParams, node_features
+from env.failures import FailureParams
 from env.params import SimParams
 from env.scenario import Scenario, build_scenario
 from env.simulator import Simulator
@@ -89,17 +89,8 @@ class _Seen(NamedTuple):
 
 
 def _sim_telemetry(sim: Simulator, lag_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """The features behind the simulator's failure risk now and `lag_s` earlier.
-
-    Read from its warning episodes, as `Simulator._node_risks` does (there is no public
-    accessor): a node without an episode has all-zero telemetry.
-    """
-    shape = (len(sim.node_names), len(NODE_FEATURE_NAMES))
-    now, earlier = np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
-    for node, episode in sim._episodes.items():
-        now[node] = node_features(episode, sim.time_s, sim.params.failures)
-        earlier[node] = node_features(episode, sim.time_s - lag_s, sim.params.failures)
-    return now, earlier
+    """The features behind the simulator's failure risk now and `lag_s` earlier."""
+    return sim.node_telemetry(sim.time_s), sim.node_telemetry(sim.time_s - lag_s)
 
 
 def _record(policy: object) -> list[_Seen]:
