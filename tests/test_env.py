@@ -10,7 +10,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import env
 from env.failures import FailureParams
-from env.featurizer import Featurizer, FeatureSpec, select_slots
+from env.featurizer import FeatureSpec, Featurizer, select_slots
 from env.gym_env import ClusterAllocEnv
 from env.params import SimParams
 from env.state import ActionKind
