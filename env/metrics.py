@@ -115,10 +115,12 @@ class RunAccounting:
         """Per-minute demand samples recorded so far."""
         return len(self._demand)
 
-    def demand_history(self, minutes: int) -> np.ndarray:
-        """The last `minutes` per-minute demand samples (fewer early in a run):
-        (allocated + pending GPUs) / cluster GPUs, as the forecaster defines demand."""
-        return np.asarray(self._demand[-minutes:] if minutes else self._demand)
+    def demand_history(self, minutes: int, upto: int | None = None) -> np.ndarray:
+        """The last `minutes` per-minute demand samples before sample `upto` (default: all so
+        far; fewer early in a run): (allocated + pending GPUs) / cluster GPUs, as the forecaster
+        defines demand."""
+        end = len(self._demand) if upto is None else upto
+        return np.asarray(self._demand[max(0, end - minutes):end])
 
     # --- hooks -----------------------------------------------------------------------------
     def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0,

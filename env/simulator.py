@@ -40,7 +40,7 @@ from env.metrics import RunAccounting
 from env.params import SimParams
 from env.placement import placement_shape
 from env.signals import NO_SIGNALS, Signals
-from env.snapshot_jobs import SnapshotJobs
+from env.snapshot import SnapshotDemand, SnapshotJobs
 from env.state import (
     Action,
     ActionKind,
@@ -246,7 +246,7 @@ class Simulator:
 
         Columns that only change on arrivals/completions or on re-allocations are cached and
         shared between snapshots until they change; the time-dependent ones are computed when
-        first read (`env.snapshot_jobs`). Snapshot arrays are read-only by contract: policies
+        first read (`env.snapshot`). Snapshot arrays are read-only by contract: policies
         must not write to them.
         """
         t = self.time_s
@@ -550,16 +550,15 @@ class Simulator:
         )
         return self._snapshot_nodes
 
-    def _forecast(self) -> tuple[float, float, float]:
-        """Demand forecast from the per-minute history, recomputed once per new minute."""
+    def _forecast(self, minutes: int) -> tuple[float, float, float]:
+        """Demand forecast from the first `minutes` per-minute samples (the history is append-only,
+        so a snapshot that captured `minutes` gets its own forecast however late it asks)."""
         forecast = self._signals.demand_forecast
-        minutes = self.accounting.demand_minutes
         if forecast is None or minutes == 0:
             return (0.0, 0.0, 0.0)
         if self._forecast_cache[0] != minutes:
-            history = self.accounting.demand_history(self._signals.history_min)
-            minute_of_day = int((minutes - 1) % 1440)
-            values = forecast(history, minute_of_day)
+            history = self.accounting.demand_history(self._signals.history_min, upto=minutes)
+            values = forecast(history, int((minutes - 1) % 1440))
             self._forecast_cache = (minutes, (float(values[0]), float(values[1]),
                                               float(values[2])))
         return self._forecast_cache[1]
@@ -593,8 +592,9 @@ class Simulator:
     def _demand(self) -> Demand:
         lo = bisect.bisect_right(self._submit_list, self.time_s - 3600.0)
         hi = bisect.bisect_right(self._submit_list, self.time_s)
-        return Demand(pending_gpus=self.accounting.queued_gpus, arrivals_1h=int(hi - lo),
-                      forecast_gpus=self._forecast())
+        minutes = self.accounting.demand_minutes
+        return SnapshotDemand(self.accounting.queued_gpus, int(hi - lo),
+                              lambda: self._forecast(minutes))
 
 
 def _pick(items: Sequence, rows: np.ndarray) -> tuple:

@@ -1,19 +1,20 @@
-"""The simulator's `Jobs` snapshot: time-dependent columns computed only when a policy reads them.
+"""The simulator's snapshot parts whose costly columns are computed only when a policy reads them.
 
 Replaying the 82k-job Philly trace hands out hundreds of thousands of states, and a heuristic
 like static FIFO never reads progress, attained service or time since checkpoint. Those columns
 are derived from per-allocation inputs (captured when the snapshot is taken, so later simulation
-cannot change them) and the snapshot time, on first access, then cached. Everything else about
-the object is a plain `Jobs`.
+cannot change them) and the snapshot time, on first access, then cached; the demand forecast
+likewise. Everything else about the objects is a plain `Jobs` and `Demand`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
 import numpy as np
 
-from env.state import Jobs, JobStatus
+from env.state import Demand, Jobs, JobStatus
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 
@@ -59,3 +60,17 @@ class SnapshotJobs(Jobs):
     @cached_property
     def since_checkpoint_s(self) -> np.ndarray:
         return np.mod(self._busy_since, self._interval_s).astype(np.float32)
+
+
+class SnapshotDemand(Demand):
+    """`Demand` whose forecast is computed by `forecast()` on first access."""
+
+    def __init__(self, pending_gpus: int, arrivals_1h: int,
+                 forecast: Callable[[], tuple[float, float, float]]) -> None:
+        object.__setattr__(self, "pending_gpus", pending_gpus)
+        object.__setattr__(self, "arrivals_1h", arrivals_1h)
+        object.__setattr__(self, "_forecast", forecast)
+
+    @cached_property
+    def forecast_gpus(self) -> tuple[float, float, float]:
+        return self._forecast()
