@@ -1,0 +1,164 @@
+"""Learned policies in their deployed form: plain torch weights + a versioned JSON, no SB3.
+
+A saved model directory holds
+
+- ``policy.pt``: the ``state_dict`` of `PolicyNet` (an MLP: observation -> one score per
+  discrete action: action logits for PPO, Q-values for DQN);
+- ``policy.json``: `ExportMeta` (format version, algorithm, layer sizes, activation, the
+  `FeatureSpec` the observation and action layout come from, observation-normalisation
+  statistics if training used them, and whether the action mask applies).
+
+The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
+break across Python versions) never enters the cluster. `agent.export` writes it from a
+trained SB3 model, and a test checks it picks the same actions as SB3's ``predict``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from env.errors import UserError
+from env.featurizer import FeatureSpec, Featurizer
+from env.state import Action, ClusterState, Strategy
+
+FORMAT_VERSION = 1
+"""Bumped whenever `policy.json` or the network layout changes incompatibly."""
+WEIGHTS_FILE = "policy.pt"
+META_FILE = "policy.json"
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+@dataclass(frozen=True)
+class ObsNormalization:
+    """VecNormalize's observation statistics: ``clip((obs - mean) / sqrt(var + eps))``."""
+
+    mean: tuple[float, ...]
+    var: tuple[float, ...]
+    clip: float = 10.0
+    epsilon: float = 1e-8
+
+
+@dataclass(frozen=True)
+class ExportMeta:
+    """Everything inference needs besides the weights (saved as policy.json)."""
+
+    algo: str
+    """'ppo' (MaskablePPO: argmax of masked logits) or 'dqn' (argmax of Q-values)."""
+    obs_size: int
+    num_actions: int
+    hidden_sizes: tuple[int, ...]
+    activation: str
+    feature_spec: dict
+    """`FeatureSpec` fields (strategies as ints)."""
+    masked: bool
+    """Apply the action mask before the argmax (as MaskablePPO's predict does; DQN does not)."""
+    obs_norm: ObsNormalization | None = None
+    format_version: int = FORMAT_VERSION
+
+    def spec(self) -> FeatureSpec:
+        """The `FeatureSpec` the model was trained with."""
+        fields = dict(self.feature_spec)
+        fields["worker_levels"] = tuple(fields["worker_levels"])
+        fields["strategies"] = tuple(Strategy(s) for s in fields["strategies"])
+        return FeatureSpec(**fields)
+
+    @staticmethod
+    def spec_fields(spec: FeatureSpec) -> dict:
+        """JSON-ready fields of `spec`."""
+        return {"top_k": spec.top_k, "worker_levels": list(spec.worker_levels),
+                "strategies": [int(s) for s in spec.strategies],
+                "checkpoint_interval_s": spec.checkpoint_interval_s}
+
+
+class PolicyNet(nn.Module):
+    """The MLP of a trained policy: hidden layers with one activation, then a linear head."""
+
+    def __init__(self, obs_size: int, hidden_sizes: tuple[int, ...], num_actions: int,
+                 activation: str) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_size
+        for size in hidden_sizes:
+            layers += [nn.Linear(width, size), _ACTIVATIONS[activation]()]
+            width = size
+        layers.append(nn.Linear(width, num_actions))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Scores (logits or Q-values) per action."""
+        return self.layers(obs)
+
+
+class LearnedPolicy:
+    """A deployed learned policy: featurize, normalise, score, mask, argmax, decode."""
+
+    def __init__(self, name: str, meta: ExportMeta, net: PolicyNet) -> None:
+        self.name = name
+        self.meta = meta
+        self.net = net.eval()
+        self.featurizer = Featurizer(meta.spec())
+        norm = meta.obs_norm
+        self._norm = None if norm is None else (
+            np.asarray(norm.mean, dtype=np.float32),
+            np.sqrt(np.asarray(norm.var, dtype=np.float32) + norm.epsilon), norm.clip)
+
+    def scores(self, obs: np.ndarray) -> np.ndarray:
+        """Action scores for a batch (or one) of raw observations."""
+        if self._norm is not None:
+            mean, std, clip = self._norm
+            obs = np.clip((obs - mean) / std, -clip, clip)
+        with torch.no_grad():
+            return self.net(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+    def choose(self, obs: np.ndarray, mask: np.ndarray | None) -> int:
+        """Discrete action for one observation (masked argmax if the model uses masks)."""
+        scores = self.scores(obs)
+        if self.meta.masked and mask is not None:
+            scores = np.where(mask, scores, -np.inf)
+        return int(np.argmax(scores))
+
+    def act(self, state: ClusterState) -> Action:
+        """The policy's action in `state`."""
+        obs = self.featurizer.observe(state)
+        mask = self.featurizer.action_mask(state) if self.meta.masked else None
+        return self.featurizer.decode(state, self.choose(obs, mask))
+
+
+def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
+    """Write policy.pt and policy.json into `directory` (created if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(state_dict, directory / WEIGHTS_FILE)
+    (directory / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+
+
+def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
+    """Load a saved model directory; a missing or foreign one is a `UserError`."""
+    directory = Path(directory)
+    meta_path = directory / META_FILE
+    if not meta_path.is_file() or not (directory / WEIGHTS_FILE).is_file():
+        raise UserError(f"{directory}: not a saved policy (needs {META_FILE} and {WEIGHTS_FILE};"
+                        f" create one with `rlalloc train`)")
+    try:
+        raw = json.loads(meta_path.read_text())
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise UserError(f"{meta_path}: format_version {raw.get('format_version')!r}, this "
+                            f"rlalloc reads {FORMAT_VERSION}; re-export the model")
+        norm = raw.pop("obs_norm", None)
+        raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+        meta = ExportMeta(**raw, obs_norm=None if norm is None else ObsNormalization(
+            tuple(norm["mean"]), tuple(norm["var"]), norm["clip"], norm["epsilon"]))
+        net = PolicyNet(meta.obs_size, meta.hidden_sizes, meta.num_actions, meta.activation)
+        net.load_state_dict(torch.load(directory / WEIGHTS_FILE, weights_only=True))
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise UserError(f"{directory}: damaged saved policy ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0][:120]}); re-export it") from err
+    if meta.obs_size != Featurizer(meta.spec()).spec.obs_size:
+        raise UserError(f"{meta_path}: observation size {meta.obs_size} does not match this "
+                        f"rlalloc's featurizer; retrain the model")
+    return LearnedPolicy(name or directory.name, meta, net)

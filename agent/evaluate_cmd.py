@@ -1,0 +1,250 @@
+"""`rlalloc evaluate`: compare allocation policies over workloads and seeds, with 95% CIs.
+
+Writes DIR/results.json (mean and 95% confidence half-width of every metric per policy, over
+seeds x workloads, t-distribution), DIR/results.md (a table with each policy's change against
+`static`) and plots: JCT CDF per policy, GPU utilisation and queue length over time.
+Runs go to parallel worker processes (one per core by default): one run is seconds of pure
+Python, far more than the cost of a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from env.errors import UserError
+from env.metrics import METRIC_KEYS
+
+DEFAULT_POLICIES = "static,tiresias,elastic,reactive,proactive,ppo,dqn"
+DEFAULT_WORKLOAD = "synthetic"
+REPORT_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_util", "goodput",
+                  "lost_gpu_hours", "restarts_per_job", "progress_preserved", "ettr",
+                  "energy_kwh")
+"""Columns of results.md (results.json has every metric of `METRIC_KEYS`)."""
+LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
+                   "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
+                   "energy_kwh", "failures", "invalid_actions"}
+_SERIES_POINTS = 400
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc evaluate`."""
+    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+                        help="workload (repeatable): CSV path or synthetic[:N[:LOAD]]; "
+                             f"default {DEFAULT_WORKLOAD} (the embedded generator)")
+    parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="comma-separated built-in names or saved-model directories "
+                             f"(default {DEFAULT_POLICIES})")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="seeds per workload (failure process; synthetic draws too)")
+    parser.add_argument("--failures", default="default",
+                        help="failures per GPU-day or none|default|stress (default: default)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="parallel worker processes")
+    parser.add_argument("--out", type=Path, default=Path("results/evaluate"),
+                        help="output directory")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulation: a policy on a workload with a seed."""
+
+    policy: str
+    workload: str
+    seed: int
+    cluster: str
+    failures_per_gpu_day: float
+
+
+def _run_one(spec: RunSpec) -> dict:
+    """Worker: run one simulation and return its metrics, JCTs and down-sampled series."""
+    import torch
+
+    from agent.evaluation import run_policy
+    from agent.registry import load_policy
+    from env.failures import FailureParams
+    from env.params import SimParams
+    from env.scenario import build_scenario
+
+    torch.set_num_threads(1)
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
+    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed)
+    result = run_policy(scenario.simulator(params, seed=spec.seed), load_policy(spec.policy).act)
+    step = max(1, len(result.series["t"]) // _SERIES_POINTS)
+    series = {k: v[::step] for k, v in result.series.items()}
+    return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
+            "series": series}
+
+
+def confidence(values: list[float]) -> dict[str, float]:
+    """Mean and 95% confidence half-width (Student t over the runs; 0 for one run)."""
+    from scipy import stats
+
+    array = np.asarray(values, dtype=float)
+    mean = float(array.mean())
+    if len(array) < 2:
+        return {"mean": mean, "ci95": 0.0}
+    half = stats.t.ppf(0.975, len(array) - 1) * array.std(ddof=1) / np.sqrt(len(array))
+    return {"mean": mean, "ci95": float(half)}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate inputs, run every (policy, workload, seed) and write the report."""
+    from tqdm import tqdm
+
+    from agent.registry import load_policy
+    from agent.training import failure_rate
+    from env.scenario import build_scenario
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise UserError("--policies is empty; give e.g. static,elastic,ppo")
+    if args.seeds < 1:
+        raise UserError(f"--seeds {args.seeds}: need at least 1")
+    names = {}
+    for policy in policies:
+        names[policy] = load_policy(policy).name  # fails fast with the list of valid names
+    if len(set(names.values())) < len(names):
+        names = {p: p for p in policies}
+    workloads = args.workloads or [DEFAULT_WORKLOAD]
+    for workload in workloads:
+        build_scenario(workload, args.cluster, seed=0)  # fails fast on a bad workload/cluster
+    rate = failure_rate(args.failures)
+    seeds = list(range(args.seeds))
+    specs = [RunSpec(p, w, s, args.cluster, rate) for p in policies for w in workloads
+             for s in seeds]
+    results: dict[RunSpec, dict] = {}
+    with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
+        if args.jobs > 1:
+            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
+                    results[spec] = result
+                    bar.update()
+        else:
+            for spec in specs:
+                results[spec] = _run_one(spec)
+                bar.update()
+    report = summarise(results, names, workloads, seeds, args.cluster, args.failures)
+    write_report(report, results, names, args.out)
+    print(f"wrote {args.out / 'results.json'}, results.md and plots")
+    return 0
+
+
+def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: list[str],
+              seeds: list[int], cluster: str, failures: str) -> dict:
+    """The results.json document."""
+    policies: dict[str, dict] = {}
+    unfinished: dict[str, int] = {}
+    for policy, name in names.items():
+        runs = [r for spec, r in results.items() if spec.policy == policy]
+        policies[name] = {key: confidence([r["metrics"][key] for r in runs])
+                          for key in METRIC_KEYS}
+        unfinished[name] = sum(not r["finished"] for r in runs)
+    return {"policies": policies, "workloads": workloads, "seeds": seeds, "cluster": cluster,
+            "failures": failures, "runs_unfinished": unfinished}
+
+
+def _change(value: float, base: float, key: str) -> str:
+    if not base:
+        return ""
+    change = 100.0 * (value - base) / abs(base)
+    better = change < 0 if key in LOWER_IS_BETTER else change > 0
+    return f" ({change:+.0f}%{'' if abs(change) < 0.5 else (' ✓' if better else '')})"
+
+
+def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> str:
+    """results.md's table: mean ± 95% CI per policy and metric, change against static."""
+    policies = report["policies"]
+    base = policies.get("static")
+    lines = ["| policy | " + " | ".join(metrics) + " |",
+             "|---|" + "---|" * len(metrics)]
+    for name, values in policies.items():
+        cells = []
+        for key in metrics:
+            mean, ci = values[key]["mean"], values[key]["ci95"]
+            digits = 0 if abs(mean) >= 100 else 3
+            cell = f"{mean:,.{digits}f} ± {ci:,.{digits}f}"
+            if base is not None and name != "static":
+                cell += _change(mean, base[key]["mean"], key)
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, str],
+                 out: Path) -> None:
+    """results.json, results.md and the PNG plots into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    n_runs = len(report["workloads"]) * len(report["seeds"])
+    unfinished = {k: v for k, v in report["runs_unfinished"].items() if v}
+    md = [f"# Policy comparison on {report['cluster']}",
+          "",
+          f"Workloads: {', '.join(report['workloads'])}; seeds {report['seeds']}; failures "
+          f"`{report['failures']}`. Each cell: mean ± 95% CI (t-distribution over {n_runs} "
+          f"runs = seeds × workloads); in brackets the change against `static` (✓ = better).",
+          "",
+          markdown_table(report),
+          ""]
+    if unfinished:
+        md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
+                  "JCTs count only the finished jobs).")
+    md.append("Plots: jct_cdf.png, gpu_util.png, queue_length.png.")
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    _plots(results, names, out)
+
+
+def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, name in names.items():
+        jcts = np.sort(np.concatenate([r["jcts_s"] for s, r in results.items()
+                                       if s.policy == policy] or [np.zeros(0)]))
+        if len(jcts):
+            ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (h, log scale)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title("JCT CDF (all workloads and seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "jct_cdf.png", dpi=120)
+    plt.close(fig)
+    first = min(results, key=lambda s: (s.workload, s.seed)) if results else None
+    for key, label, file in (("alloc_gpus", "allocated GPUs (share of cluster)", "gpu_util.png"),
+                             ("queued_jobs", "jobs waiting (holding no GPU)",
+                              "queue_length.png")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for policy, name in names.items():
+            spec = next((s for s in results if s.policy == policy
+                         and (first is None or (s.workload, s.seed)
+                              == (first.workload, first.seed))), None)
+            if spec is None:
+                continue
+            series = results[spec]["series"]
+            values = np.asarray(series[key], dtype=float)
+            if key == "alloc_gpus":
+                from env.cluster import parse_cluster
+                values = values / parse_cluster(spec.cluster).total_gpus
+            ax.plot(np.asarray(series["t"]) / 3600.0, values, label=name, lw=1)
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel(label)
+        if first is not None:
+            ax.set_title(f"{Path(first.workload).name}, seed {first.seed}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / file, dpi=120)
+        plt.close(fig)

@@ -1,0 +1,70 @@
+"""Export a trained SB3 model (MaskablePPO or DQN) to the deployed form of `agent.deployed`.
+
+Only the parts inference needs are kept: the policy MLP (PPO: the actor's hidden layers and
+action head; DQN: the Q-network), the layer sizes, the feature spec and the observation
+normalisation, if any. The value network, optimizer and replay buffer stay behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from agent.deployed import (
+    ExportMeta,
+    LearnedPolicy,
+    ObsNormalization,
+    PolicyNet,
+    save_deployed,
+)
+from env.featurizer import FeatureSpec
+
+
+def _linear_stack(modules: list[nn.Module]) -> tuple[list[nn.Linear], str]:
+    linears = [m for m in modules if isinstance(m, nn.Linear)]
+    kinds = {type(m) for m in modules if not isinstance(m, nn.Linear)}
+    activation = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+    assert len(kinds) <= 1 and kinds <= set(activation), f"unsupported layers {kinds}"
+    return linears, activation[kinds.pop()] if kinds else "tanh"
+
+
+def deployed_net(model: object, algo: str) -> tuple[PolicyNet, str]:
+    """A `PolicyNet` holding the weights of `model`'s policy MLP, and its activation name."""
+    policy = model.policy
+    if algo == "ppo":
+        modules = [*policy.mlp_extractor.policy_net, policy.action_net]
+    else:
+        modules = list(policy.q_net.q_net)
+    linears, activation = _linear_stack(modules)
+    hidden = tuple(layer.out_features for layer in linears[:-1])
+    net = PolicyNet(linears[0].in_features, hidden, linears[-1].out_features, activation)
+    targets = [m for m in net.layers if isinstance(m, nn.Linear)]
+    for source, target in zip(linears, targets, strict=True):
+        target.load_state_dict(source.state_dict())
+    return net, activation
+
+
+def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
+          obs_norm: ObsNormalization | None) -> ExportMeta:
+    linears = [m for m in net.layers if isinstance(m, nn.Linear)]
+    return ExportMeta(
+        algo=algo, obs_size=linears[0].in_features, num_actions=linears[-1].out_features,
+        hidden_sizes=tuple(m.out_features for m in linears[:-1]), activation=activation,
+        feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm)
+
+
+def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec,
+                     activation: str = "tanh") -> LearnedPolicy:
+    """The deployed policy for `net` without a round trip through files (for evaluations
+    during training)."""
+    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None), net)
+
+
+def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
+                 obs_norm: ObsNormalization | None = None) -> ExportMeta:
+    """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`."""
+    net, activation = deployed_net(model, algo)
+    meta = _meta(net, algo, activation, spec, obs_norm)
+    save_deployed(Path(directory), meta, net.state_dict())
+    return meta

@@ -1,0 +1,373 @@
+"""The baselines a learned policy must beat, each a pure function of `ClusterState`.
+
+- `StaticPolicy` ("static"): what most clusters do today. Every job gets exactly the GPUs it
+  asked for, packed, in strict FIFO order (head-of-line blocking, no backfill); no resizing, no
+  moves. A job stopped by a node failure goes back to the queue at its original place (it is the
+  oldest job, so it restarts from its checkpoint as soon as its GPUs are free again).
+- `TiresiasPolicy` ("tiresias"): discretised two-dimensional least-attained-service (Gu et al.,
+  NSDI'19). Jobs sit in priority queues by attained GPU-seconds; FIFO within a queue; a job
+  that has waited `promote_knob` times as long as it has run is promoted to the top queue
+  (starvation guard); lower-priority running jobs are preempted (suspended, i.e. scaled to 0)
+  when higher-priority ones need their GPUs. Jobs still get exactly their requested GPUs.
+- `ElasticPolicy` ("elastic"): goodput-greedy elastic allocation in the spirit of Optimus and
+  Pollux. Each GPU goes to the job whose speed-up (the state's scaling curve) gains most from
+  it, per GPU; a running job is resized only when the time it saves over its estimated
+  remaining run beats the checkpoint-restore time it pays (no thrashing).
+  With ``failover=True`` ("reactive") jobs stopped by a failure restart at once on whatever GPUs
+  are free (any size within min..max); with ``proactive=True`` ("proactive") jobs are also
+  moved off nodes whose telemetry warns, before the node fails.
+
+Sizes: the elastic policies allocate only the worker counts the discrete action space can
+express (`FeatureSpec.worker_levels` plus the job's request, within min..max), and place every
+worker with `choose_nodes(..., PACKED)`, exactly as `Featurizer.decode` does. Every heuristic
+action is therefore also a discrete action, which lets a learned policy be warm-started by
+imitating a heuristic (`agent.imitation`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.featurizer import FeatureSpec, Featurizer, at_risk_nodes, speedup
+from env.placement import choose_nodes
+from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+
+_QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
+
+
+def scale_action(state: ClusterState, row: int, workers: int,
+                 strategy: Strategy = Strategy.PACKED) -> Action | None:
+    """'Run job `row` on `workers` GPUs placed by `strategy`' (None if they do not fit)."""
+    nodes = choose_nodes(state, row, workers, strategy)
+    if nodes is None:
+        return None
+    names = state.nodes.name
+    return Action(ActionKind.SCALE, state.jobs.job_id[row], workers, tuple(names[n] for n in nodes))
+
+
+def suspend_action(state: ClusterState, row: int) -> Action:
+    """'Checkpoint job `row` and release its GPUs' (scale to 0)."""
+    return Action(ActionKind.SCALE, state.jobs.job_id[row], 0, ())
+
+
+def usable_gpus(state: ClusterState) -> tuple[int, int]:
+    """(GPUs on nodes that are up and schedulable, of which free)."""
+    nodes = state.nodes
+    usable = nodes.ready & ~nodes.cordoned
+    return int(nodes.gpus_total[usable].sum()), int(nodes.gpus_free[usable].sum())
+
+
+def _arrival_order(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+    return rows[np.argsort(state.jobs.submit_s[rows], kind="stable")]
+
+
+# ---------------------------------------------------------------------------------- static
+class StaticPolicy:
+    """Requested GPUs, strict FIFO, no elasticity (see module docstring)."""
+
+    name = "static"
+
+    def act(self, state: ClusterState) -> Action:
+        """Start the oldest queued job if its full request fits now; otherwise wait."""
+        queued = np.flatnonzero(state.jobs.status == _QUEUED)
+        if not len(queued):
+            return NOOP
+        head = int(_arrival_order(state, queued)[0])
+        return scale_action(state, head, int(state.jobs.requested_gpus[head])) or NOOP
+
+
+# ---------------------------------------------------------------------------------- tiresias
+@dataclass(frozen=True, slots=True)
+class TiresiasConfig:
+    """Knobs of discretised 2D-LAS; defaults follow the Tiresias paper where they apply."""
+
+    queue_thresholds_gpu_s: tuple[float, ...] = (57_600.0,)
+    """Attained GPU-seconds at which a job drops to the next queue (one threshold: 2 queues,
+    the paper's recommended K=2). Scaled to the Pollux workloads, whose jobs attain 10-100x
+    more service than Tiresias' example threshold of 3,200 GPU-s: with 3,200 every 12-GPU job
+    is demoted after 4.5 minutes and the preemption churn made JCT 3-30x worse; a sweep on
+    workload-1 and -3 (training set only: 3,200 / 14,400 / 57,600 / 230,400) was best at
+    57,600 GPU-s = 16 GPU-hours (docs/agent.md)."""
+    promote_knob: float = 8.0
+    """A job that has waited `promote_knob` x its run time so far is promoted to the top queue
+    (Tiresias' PROMOTE_KNOB; waiting is measured since submission, as the state carries no
+    per-preemption clock)."""
+    min_lease_s: float = 300.0
+    """Run time counted as at least this for promotion, so a job preempted seconds after
+    starting is not promoted seconds later (Tiresias schedules in leases; this is one
+    decision interval). Restoring jobs are never preempted, for the same reason."""
+
+
+class TiresiasPolicy:
+    """Discretised 2D least-attained-service with preemption (see module docstring)."""
+
+    name = "tiresias"
+
+    def __init__(self, config: TiresiasConfig | None = None) -> None:
+        self.config = config or TiresiasConfig()
+
+    def priority_order(self, state: ClusterState) -> np.ndarray:
+        """Job rows, highest priority first: queue index (after promotion), then submit time."""
+        jobs, cfg = state.jobs, self.config
+        queue = np.searchsorted(np.asarray(cfg.queue_thresholds_gpu_s), jobs.attained_gpu_s,
+                                side="right")
+        # a promoted job keeps its promotion while it runs, until it has run waiting/knob:
+        # being stateless, this stands in for Tiresias resetting the executed-time counter
+        waiting_s = state.time_s - jobs.submit_s - jobs.run_s
+        starving = (jobs.run_s > 0) & (waiting_s >= cfg.promote_knob
+                                       * np.maximum(jobs.run_s, cfg.min_lease_s))
+        queue = np.where(starving, 0, queue)
+        return np.lexsort((jobs.submit_s, queue))
+
+    def act(self, state: ClusterState) -> Action:
+        """Preempt the lowest-priority job that must yield, else start the highest that fits."""
+        jobs = state.jobs
+        if jobs.count == 0:
+            return NOOP
+        order = self.priority_order(state)
+        capacity, _ = usable_gpus(state)
+        chosen = np.zeros(jobs.count, dtype=bool)
+        used = 0
+        for row in order.tolist():  # skip jobs that do not fit, as Tiresias' scheduler does
+            need = int(jobs.requested_gpus[row])
+            if used + need <= capacity:
+                chosen[row] = True
+                used += need
+        for row in order[::-1].tolist():  # a restoring job has not had its lease yet
+            if jobs.status[row] == _RUNNING and not chosen[row]:
+                return suspend_action(state, row)
+        for row in order.tolist():
+            if chosen[row] and jobs.status[row] == _QUEUED:
+                action = scale_action(state, row, int(jobs.requested_gpus[row]))
+                if action is not None:
+                    return action
+        return NOOP
+
+
+# ---------------------------------------------------------------------------------- elastic
+@dataclass(frozen=True, slots=True)
+class ElasticConfig:
+    """Knobs of the goodput-greedy elastic allocator."""
+
+    worker_levels: tuple[int, ...] = FeatureSpec().worker_levels
+    """Allocation sizes (plus each job's request), the same as the discrete action space's."""
+    min_saving: float = 0.1
+    """Resize a running job only if it finishes at least this share of its remaining time
+    sooner after paying the restore (hysteresis against thrashing on estimate noise)."""
+    default_remaining_s: float = 3600.0
+    """Remaining run time assumed for a job with too little progress to extrapolate from."""
+    failover: bool = False
+    """Restart failure-stopped jobs first, on whatever GPUs are free ("reactive")."""
+    proactive: bool = False
+    """Move jobs off at-risk nodes before they fail ("proactive"; implies failover)."""
+
+
+class ElasticPolicy:
+    """Goodput-greedy elastic allocation (see module docstring)."""
+
+    def __init__(self, config: ElasticConfig | None = None, name: str = "elastic") -> None:
+        self.config = config or ElasticConfig()
+        self.name = name
+        self._levels = np.asarray(sorted(self.config.worker_levels), dtype=np.int64)
+
+    # ----------------------------------------------------------------- sizes and targets
+    def allowed_sizes(self, state: ClusterState, row: int) -> np.ndarray:
+        """Worker counts job `row` may run with: the levels and its request, within min..max."""
+        jobs = state.jobs
+        lo, hi = int(jobs.min_workers[row]), int(jobs.max_workers[row])
+        sizes = np.union1d(self._levels, [int(jobs.requested_gpus[row])])
+        return sizes[(sizes >= lo) & (sizes <= hi)]
+
+    @staticmethod
+    def _speedup(state: ClusterState, row: int, workers: int, nodes_used: int = 0) -> float:
+        """Speed-up over one GPU of `workers` on `nodes_used` nodes (0: packed)."""
+        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
+        k = nodes_used or -(-workers // per_node)
+        jobs = state.jobs
+        return float(speedup(np.array([workers]), np.array([k]), jobs.scaling_alpha[row],
+                             jobs.scaling_beta[row])[0])
+
+    def remaining_s(self, state: ClusterState, row: int) -> float:
+        """Estimated remaining run time at the job's current speed (extrapolated progress)."""
+        jobs = state.jobs
+        progress = float(jobs.progress[row])
+        if progress < 0.01 or jobs.run_s[row] <= 0:
+            return self.config.default_remaining_s
+        return float(jobs.run_s[row]) * (1.0 - progress) / progress
+
+    def _failed(self, state: ClusterState) -> np.ndarray:
+        """bool per job: queued after having run (elastic never suspends: a failure did it)."""
+        jobs = state.jobs
+        return (jobs.status == _QUEUED) & (jobs.run_s > 0)
+
+    def targets(self, state: ClusterState) -> np.ndarray:
+        """Target workers per job: running jobs keep their smallest size, queued jobs are
+        admitted least-attained-service first, then each further step up goes to the job
+        with the largest speed-up gain per added GPU. Restoring jobs keep what they have."""
+        jobs = state.jobs
+        capacity, _ = usable_gpus(state)
+        target = np.zeros(jobs.count, dtype=np.int64)
+        restoring = jobs.status == int(JobStatus.RESTARTING)
+        target[restoring] = jobs.workers[restoring]
+        capacity -= int(target.sum())
+        sizes = {row: self.allowed_sizes(state, row) for row in range(jobs.count)
+                 if not restoring[row]}
+        level = {row: -1 for row in sizes}
+        running = [r for r in sizes if jobs.status[r] == _RUNNING]
+        for row in running:  # no suspensions: a running job keeps at least its smallest size
+            level[row] = 0
+            target[row] = sizes[row][0]
+            capacity -= int(sizes[row][0])
+        queued = [r for r in sizes if jobs.status[r] == _QUEUED and len(sizes[r])]
+        failed = self._failed(state)
+        first = not self.config.failover
+        queued.sort(key=lambda r: (first or not failed[r], jobs.attained_gpu_s[r],
+                                   jobs.submit_s[r]))
+        for row in queued:
+            need = int(sizes[row][0])
+            if need <= capacity:
+                level[row] = 0
+                target[row] = need
+                capacity -= need
+        heap: list[tuple[float, int, int]] = []
+        rank = {row: i for i, row in enumerate(running + queued)}
+
+        def push(row: int) -> None:
+            nxt = level[row] + 1
+            if level[row] < 0 or nxt >= len(sizes[row]):
+                return
+            now, new = int(sizes[row][level[row]]), int(sizes[row][nxt])
+            gain = (self._speedup(state, row, new) - self._speedup(state, row, now)) / (new - now)
+            if gain > 0:
+                heapq.heappush(heap, (-gain, rank[row], row))
+
+        for row in rank:
+            push(row)
+        while heap and capacity > 0:
+            _, _, row = heapq.heappop(heap)
+            extra = int(sizes[row][level[row] + 1] - sizes[row][level[row]])
+            if extra > capacity:
+                continue  # this step does not fit; smaller steps of other jobs may
+            level[row] += 1
+            target[row] += extra
+            capacity -= extra
+            push(row)
+        return target
+
+    # ----------------------------------------------------------------- decisions
+    def act(self, state: ClusterState) -> Action:
+        """Failover moves first (if enabled), then admissions, shrinks that make room for
+        them, and finally grows that pay for their restore."""
+        jobs = state.jobs
+        if jobs.count == 0:
+            return NOOP
+        if self.config.proactive:
+            action = self._evacuate(state)
+            if action is not None:
+                return action
+        target = self.targets(state)
+        _, free = usable_gpus(state)
+        if self.config.failover or self.config.proactive:
+            action = self._restart_failed(state, target, free)
+            if action is not None:
+                return action
+        action = self._admit(state, target, free)
+        if action is not None:
+            return action
+        return self._grow(state, target, free) or NOOP
+
+    def _admit(self, state: ClusterState, target: np.ndarray, free: int) -> Action | None:
+        jobs = state.jobs
+        waiting = [r for r in np.flatnonzero((jobs.status == _QUEUED) & (target > 0)).tolist()]
+        waiting.sort(key=lambda r: (jobs.attained_gpu_s[r], jobs.submit_s[r]))
+        for row in waiting:
+            sizes = self.allowed_sizes(state, row)
+            fitting = sizes[(sizes <= min(free, target[row]))]
+            if len(fitting):
+                action = scale_action(state, row, int(fitting[-1]))
+                if action is not None:
+                    return action
+        if not waiting:
+            return None
+        # make room: shrink the running job that loses least speed-up per GPU it gives back
+        best: tuple[float, int] | None = None
+        for row in np.flatnonzero((jobs.status == _RUNNING) & (jobs.workers > target)).tolist():
+            now, new = int(jobs.workers[row]), int(target[row])
+            loss = (self._speedup(state, row, now, len(set(jobs.placement[row])))
+                    - self._speedup(state, row, new)) / (now - new)
+            if best is None or loss < best[0]:
+                best = (loss, row)
+        if best is None:
+            return None
+        return scale_action(state, best[1], int(target[best[1]]))
+
+    def _grow(self, state: ClusterState, target: np.ndarray, free: int) -> Action | None:
+        jobs = state.jobs
+        best: tuple[float, Action] | None = None
+        for row in np.flatnonzero((jobs.status == _RUNNING) & (target > jobs.workers)).tolist():
+            now, new = int(jobs.workers[row]), int(target[row])
+            if new - now > free:
+                continue
+            action = scale_action(state, row, new)
+            if action is None or self._onto_risky(state, action):
+                continue
+            remaining = self.remaining_s(state, row)
+            s_now = self._speedup(state, row, now, len(set(jobs.placement[row])))
+            s_new = self._speedup(state, row, new, len(set(action.nodes)))
+            after = float(jobs.restore_s[row]) + remaining * s_now / max(s_new, 1e-9)
+            saving = 1.0 - after / remaining
+            if saving >= self.config.min_saving and (best is None or saving > best[0]):
+                best = (saving, action)
+        return best[1] if best else None
+
+    def _onto_risky(self, state: ClusterState, action: Action) -> bool:
+        """Proactive only: would `action` place workers on an at-risk node? (Growing onto one
+        would be undone by the next evacuation: a resize loop paying a restore each time.)"""
+        if not self.config.proactive:
+            return False
+        at_risk = at_risk_nodes(state)
+        return bool(at_risk.any()) and any(at_risk[state.nodes.name.index(n)]
+                                           for n in set(action.nodes))
+
+    def _restart_failed(self, state: ClusterState, target: np.ndarray,
+                        free: int) -> Action | None:
+        """Reactive failover: a failure-stopped job restarts now on whatever is free."""
+        for row in np.flatnonzero(self._failed(state)).tolist():
+            sizes = self.allowed_sizes(state, row)
+            cap = min(free, max(int(target[row]), int(sizes[0]) if len(sizes) else 0))
+            fitting = sizes[sizes <= cap]
+            if len(fitting):
+                action = scale_action(state, row, int(fitting[-1]))
+                if action is not None:
+                    return action
+        return None
+
+    def _evacuate(self, state: ClusterState) -> Action | None:
+        """Proactive failover: move a job off its most at-risk node (as the featurizer's
+        migrate action does); if the rest of the cluster cannot hold it, shrink it onto
+        healthy GPUs."""
+        at_risk = at_risk_nodes(state)
+        if not at_risk.any():
+            return None
+        jobs, names = state.jobs, state.nodes.name
+        for row in np.flatnonzero(jobs.status != _QUEUED).tolist():
+            placement = jobs.placement[row]
+            if not placement or not at_risk[list(placement)].any():
+                continue
+            src = Featurizer._migration_source(state, row)
+            nodes = choose_nodes(state, row, int(jobs.workers[row]), Strategy.PACKED,
+                                 exclude_node=src)
+            if nodes is not None and not at_risk[list(nodes)].any():
+                return Action(ActionKind.MIGRATE, jobs.job_id[row], len(nodes),
+                              tuple(names[n] for n in nodes), from_node=names[src])
+            for size in self.allowed_sizes(state, row)[::-1].tolist():
+                if size >= jobs.workers[row]:
+                    continue
+                action = scale_action(state, row, size)
+                if action is not None and not at_risk[[state.nodes.name.index(n)
+                                                       for n in action.nodes]].any():
+                    return action
+        return None

@@ -1,0 +1,161 @@
+"""Behaviour cloning: turn a heuristic's decisions into discrete actions and fit a policy to them.
+
+Plain PPO from scratch stalls on this problem (the useful actions are rare among 225, and the
+reward arrives long after an allocation), so the learned policies start from the best heuristic
+(DL2 did the same with a supervised warm-up): roll the heuristic out in the training
+environment, record (observation, mask, discrete action, return), and fit the policy head with
+a masked cross-entropy and the value head to the discounted returns before RL fine-tuning.
+
+The heuristics allocate only sizes the action space can express and place workers exactly as
+`Featurizer.decode` does (see `agent.heuristics`), so nearly every heuristic action has an
+exact discrete index; the rest (a job outside the visible slots) are recorded as no-ops and
+counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from agent.policy import Policy
+from env.featurizer import Featurizer
+from env.gym_env import ClusterAllocEnv
+from env.state import Action, ActionKind, ClusterState
+
+
+def encode_action(featurizer: Featurizer, state: ClusterState, action: Action) -> int | None:
+    """The discrete index that decodes to exactly `action` in `state` (None: not expressible)."""
+    if action.kind == ActionKind.NOOP:
+        return 0
+    try:
+        row = state.job_index(action.job_id)
+    except KeyError:
+        return None
+    where = np.flatnonzero(featurizer.slots(state) == row)
+    if not len(where):
+        return None
+    slot = int(where[0])
+    spec = featurizer.spec
+    if action.kind == ActionKind.MIGRATE:
+        candidates = [featurizer.encode_migrate(slot)]
+    elif action.workers == 0:
+        candidates = [featurizer.encode_suspend(slot)]
+    else:
+        candidates = [featurizer.encode_scale(slot, workers, strategy)
+                      for workers in ((action.workers,) if action.workers in spec.worker_levels
+                                      else ()) + (None,)
+                      for strategy in spec.strategies]
+    for index in candidates:
+        if featurizer.decode(state, index) == action:
+            return index
+    return None
+
+
+@dataclass
+class Demonstrations:
+    """Heuristic rollouts as arrays (one row per environment step)."""
+
+    obs: np.ndarray
+    masks: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    """Discounted return from each step (rewards scaled as in training)."""
+    unexpressible: int
+    """Heuristic actions with no discrete index (replaced by no-ops)."""
+
+
+def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, seed: int,
+                           gamma: float, reward_scale: float,
+                           driver: Callable[[np.ndarray, np.ndarray], int] | None = None,
+                           max_steps: int = 50_000) -> Demonstrations:
+    """Roll out `episodes` episodes of `env`, labelling every state with `policy`'s action.
+
+    Without `driver` the teacher's own actions are taken (behaviour cloning); with one, the
+    driver (the student: observation, mask -> index) chooses and the teacher only labels the
+    states the student visits (DAgger), which corrects the student where its own mistakes
+    take it. Episodes stop after `max_steps` steps.
+    """
+    featurizer = env.featurizer
+    obs_rows, mask_rows, actions, returns = [], [], [], []
+    unexpressible = 0
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        rewards = []
+        done = False
+        while not done and len(rewards) < max_steps:
+            state = env.sim.state()
+            mask = featurizer.action_mask(state)
+            index = encode_action(featurizer, state, policy.act(state))
+            if index is None or not mask[index]:
+                unexpressible += 1
+                index = 0
+            obs_rows.append(obs)
+            mask_rows.append(mask)
+            actions.append(index)
+            taken = index if driver is None else driver(obs, mask)
+            obs, reward, terminated, truncated, _ = env.step(taken)
+            rewards.append(reward * reward_scale)
+            done = terminated or truncated
+        running = 0.0
+        episode_returns = np.empty(len(rewards))
+        for i in range(len(rewards) - 1, -1, -1):
+            running = rewards[i] + gamma * running
+            episode_returns[i] = running
+        returns.append(episode_returns)
+    return Demonstrations(np.asarray(obs_rows, dtype=np.float32), np.asarray(mask_rows),
+                          np.asarray(actions, dtype=np.int64),
+                          np.concatenate(returns).astype(np.float32), unexpressible)
+
+
+def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size: int,
+               learning_rate: float, seed: int, value: bool = True) -> dict[str, float]:
+    """Fit an SB3 actor-critic (or Q-network) policy to the demonstrations, in place.
+
+    Actor-critic policies (MaskablePPO) get a masked cross-entropy on their logits plus a
+    value regression on the returns; Q-networks (DQN) are fitted so that the demonstrated
+    action has the highest Q-value (a cross-entropy on the Q-values as logits), which makes the
+    greedy DQN policy start as the heuristic. Returns the final training accuracy and loss.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    obs = torch.as_tensor(demos.obs)
+    masks = torch.as_tensor(demos.masks)
+    actions = torch.as_tensor(demos.actions)
+    returns = torch.as_tensor(demos.returns)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    is_actor_critic = hasattr(policy, "mlp_extractor")
+    stats = {"accuracy": 0.0, "loss": 0.0}
+    for _ in range(epochs):
+        order = torch.randperm(len(actions), generator=generator)
+        correct, total_loss = 0, 0.0
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            if is_actor_critic:
+                features = policy.extract_features(obs[batch], policy.pi_features_extractor)
+                latent_pi, latent_vf = policy.mlp_extractor(features)
+                scores = policy.action_net(latent_pi)
+                masked = scores.masked_fill(~masks[batch], -1e8)
+                loss = nn.functional.cross_entropy(masked, actions[batch])
+                if value:
+                    values = policy.value_net(latent_vf).squeeze(-1)
+                    loss = loss + 0.5 * nn.functional.mse_loss(values, returns[batch])
+            else:
+                masked = policy.q_net(obs[batch]).masked_fill(~masks[batch], -1e8)
+                loss = nn.functional.cross_entropy(masked, actions[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            correct += int((masked.argmax(-1) == actions[batch]).sum())
+            total_loss += loss.item() * len(batch)
+        stats = {"accuracy": correct / len(actions), "loss": total_loss / len(actions)}
+    return stats
+
+
+def concatenate(parts: list[Demonstrations]) -> Demonstrations:
+    """One data set from several."""
+    return Demonstrations(*(np.concatenate([getattr(p, f) for p in parts])
+                            for f in ("obs", "masks", "actions", "returns")),
+                          unexpressible=sum(p.unexpressible for p in parts))

@@ -1,0 +1,26 @@
+"""The one interface every allocator implements: `ClusterState` in, `Action` out.
+
+Heuristics and learned policies both satisfy `Policy`, so the simulator, `rlalloc evaluate` and
+the in-cluster actuator run any of them by name (see `agent.registry.load_policy`). A policy is
+asked repeatedly at one decision point (the simulator re-asks after every applied action, until
+the policy answers no-op), so it must be a function of the state alone: it proposes the single
+most useful change now and trusts to be asked again.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from env.state import Action, ClusterState
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An allocation policy: `act` returns the next action for `state` (NOOP: nothing to do)."""
+
+    name: str
+    """Short name used in reports and by `load_policy`."""
+
+    def act(self, state: ClusterState) -> Action:
+        """The next action to take in `state`; must not modify the state's arrays."""
+        ...

@@ -1,0 +1,59 @@
+"""`load_policy`: any allocation policy by name or by saved-model path.
+
+Built-in names are the heuristics of `agent.heuristics` and the learned models shipped in
+``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``.
+The actuator, `rlalloc evaluate` and the simulator all go through here, so one string picks
+the same policy everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
+from agent.policy import Policy
+from env.errors import UserError
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+"""The shipped models (``models/ppo``, ``models/dqn``) beside the package."""
+
+HEURISTICS: dict[str, Callable[[], Policy]] = {
+    "static": StaticPolicy,
+    "tiresias": TiresiasPolicy,
+    "elastic": ElasticPolicy,
+    "reactive": lambda: ElasticPolicy(ElasticConfig(failover=True), name="reactive"),
+    "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
+}
+"""Built-in heuristics by name."""
+SHIPPED_MODELS = ("ppo", "dqn")
+"""Names of the learned policies shipped in `MODELS_DIR`."""
+
+
+def builtin_names() -> tuple[str, ...]:
+    """Every built-in policy name, heuristics first."""
+    return (*HEURISTICS, *SHIPPED_MODELS)
+
+
+def load_policy(name_or_path: str) -> Policy:
+    """The policy called `name_or_path` (built-in name) or saved at that path.
+
+    Raises `UserError` (one line, listing the valid names) for an unknown name or a path that
+    holds no saved policy.
+    """
+    from agent.deployed import load_deployed  # torch only when a learned policy is asked for
+
+    if name_or_path in HEURISTICS:
+        return HEURISTICS[name_or_path]()
+    if name_or_path in SHIPPED_MODELS:
+        directory = MODELS_DIR / name_or_path
+        if not directory.is_dir():
+            raise UserError(f"policy {name_or_path!r}: shipped model {directory} is missing; "
+                            f"train one with `rlalloc train --algo {name_or_path} --out "
+                            f"{directory}` or pass a model directory")
+        return load_deployed(directory, name=name_or_path)
+    path = Path(name_or_path)
+    if path.is_dir():
+        return load_deployed(path, name=path.name)
+    raise UserError(f"unknown policy {name_or_path!r}: use one of {', '.join(builtin_names())} "
+                    f"or the directory of a saved model")

@@ -1,0 +1,65 @@
+"""`rlalloc train`: train a MaskablePPO or DQN allocation policy (see `agent.training`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from agent.training import TrainConfig
+
+_DEFAULTS = TrainConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc train`."""
+    parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo",
+                        help="ppo = sb3-contrib MaskablePPO (masked), dqn = SB3 DQN")
+    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+                        help="training workload (repeatable): CSV path or synthetic[:N[:LOAD]];"
+                             f" default {_DEFAULTS.workloads[0]}")
+    parser.add_argument("--cluster", default=_DEFAULTS.cluster, help="cluster spec, e.g. 16x4")
+    parser.add_argument("--timesteps", type=int, default=_DEFAULTS.timesteps,
+                        help="RL environment steps after the warm start")
+    parser.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    parser.add_argument("--failures", default=_DEFAULTS.failures,
+                        help="failures per GPU-day or none|default|stress")
+    parser.add_argument("--n-envs", type=int, default=_DEFAULTS.n_envs,
+                        help="environments stepped together (DummyVecEnv)")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help=f"default {_DEFAULTS.learning_rate} (ppo), 1e-4 (dqn)")
+    parser.add_argument("--warm-start", default=_DEFAULTS.warm_start,
+                        help="heuristic to behaviour-clone first ('' for none)")
+    parser.add_argument("--dagger-rounds", type=int, default=_DEFAULTS.dagger_rounds)
+    parser.add_argument("--eval-every", type=int, default=_DEFAULTS.eval_every,
+                        help="steps between evaluations on the training workloads")
+    parser.add_argument("--eval-workload", action="append", dest="eval_workloads", metavar="W",
+                        help="workload of the periodic evaluation that picks the exported "
+                             "policy (repeatable; default: the first two training workloads;"
+                             " never a held-out one)")
+    parser.add_argument("--out", type=Path, required=True, help="model directory")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--force", action="store_true", help="overwrite an existing model")
+    group.add_argument("--resume", action="store_true",
+                       help="continue from OUT/checkpoints/last.zip up to --timesteps")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, export the best policy to OUT and write OUT/card.json."""
+    from agent.training import train
+
+    learning_rate = args.learning_rate or (_DEFAULTS.learning_rate if args.algo == "ppo"
+                                           else 1e-4)
+    config = replace(
+        _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
+        cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
+        n_envs=args.n_envs, learning_rate=learning_rate, warm_start=args.warm_start,
+        dagger_rounds=args.dagger_rounds, eval_every=args.eval_every,
+        eval_workloads=tuple(args.eval_workloads or ()),
+        extra={"command": "rlalloc " + shlex.join(sys.argv[1:])})
+    summary = train(config, args.out, resume=args.resume, force=args.force)
+    print(f"saved {args.out}: best avg JCT {summary['best_avg_jct_s']:,.0f} s on the training "
+          f"evaluation ({summary['timesteps']} steps, {summary['wall_s']:.0f} s wall)")
+    return 0

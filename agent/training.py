@@ -1,0 +1,344 @@
+"""Training MaskablePPO and DQN allocation policies: configuration, environments, warm start,
+periodic evaluation, checkpoints and export.
+
+Recipe (docs/agent.md): behaviour-clone the best heuristic into the policy (and fit the critic
+to its returns), then fine-tune with RL at a small learning rate, keeping the deployed export
+of whichever policy scored best on the training workloads during the periodic evaluations.
+Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
+critic's warm start and the RL returns are on the same scale.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from agent.deployed import load_deployed
+from agent.evaluation import run_policy
+from agent.export import deployed_net, export_model, in_memory_policy
+from agent.imitation import collect_demonstrations, concatenate, fit_policy
+from agent.registry import load_policy
+from env.errors import UserError
+from env.failures import FAILURE_PRESETS, FailureParams
+from env.gym_env import ClusterAllocEnv
+from env.params import SimParams
+from env.scenario import build_scenario
+
+CONFIG_FILE = "train_config.json"
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.zip"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run; saved as train_config.json next to the model so it can be re-run."""
+
+    algo: str = "ppo"
+    """'ppo' (sb3-contrib MaskablePPO, reads the action mask) or 'dqn' (no mask)."""
+    workloads: tuple[str, ...] = ("synthetic:160:1.0",)
+    """Training workloads; each episode replays one, chosen at random."""
+    cluster: str = "16x4"
+    timesteps: int = 100_000
+    """RL environment steps after the warm start."""
+    seed: int = 0
+    failures: str = "none"
+    """Failure rate during training: a preset name or failures per GPU-day."""
+    n_envs: int = 2
+    """Environments stepped in lock-step in one process (DummyVecEnv: a step costs ~0.2 ms,
+    less than a sub-process round trip)."""
+    net_arch: tuple[int, ...] = (128, 128)
+    learning_rate: float = 3e-5
+    """Small: fine-tuning a cloned policy, large steps undo the warm start."""
+    n_steps: int = 1024
+    batch_size: int = 256
+    n_epochs: int = 4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.1
+    ent_coef: float = 0.0
+    target_kl: float = 0.02
+    reward_scale: float = 0.01
+    """Rewards (minus job-hours per step) are multiplied by this."""
+    warm_start: str = "elastic"
+    """Heuristic to behaviour-clone before RL ('' for none)."""
+    bc_episodes_per_workload: int = 1
+    bc_epochs: int = 30
+    bc_learning_rate: float = 1e-3
+    dagger_rounds: int = 2
+    """Rounds of DAgger after cloning: the student drives, the teacher labels."""
+    eval_every: int = 20_000
+    """Environment steps between evaluations on the training workloads."""
+    eval_workloads: tuple[str, ...] = ()
+    """Workloads of the periodic evaluation (default: the first two training workloads)."""
+    dqn_buffer_size: int = 100_000
+    dqn_exploration: tuple[float, float] = (0.05, 0.01)
+    """DQN epsilon start and end (small: the warm start already acts like the heuristic)."""
+    extra: dict = field(default_factory=dict)
+    """Free-form notes saved with the config (the command line that produced it)."""
+
+    def sim_params(self) -> SimParams:
+        """Simulator parameters implied by `failures`."""
+        return SimParams(failures=FailureParams(failures_per_gpu_day=failure_rate(self.failures)))
+
+
+def failure_rate(text: str) -> float:
+    """Failures per GPU-day from a preset name or a number (UserError otherwise)."""
+    if text in FAILURE_PRESETS:
+        return FAILURE_PRESETS[text]
+    try:
+        rate = float(text)
+    except ValueError as err:
+        raise UserError(f"--failures {text!r}: give a rate (failures per GPU-day) or one of "
+                        f"{', '.join(FAILURE_PRESETS)}") from err
+    if rate < 0:
+        raise UserError(f"--failures {text!r}: the rate must be >= 0")
+    return rate
+
+
+class ScaledReward(gym.Wrapper):
+    """Multiplies rewards by a constant and passes `action_masks` through (MaskablePPO reads it
+    with ``env_method``, which does not look through wrappers)."""
+
+    def __init__(self, env: ClusterAllocEnv, scale: float) -> None:
+        super().__init__(env)
+        self.scale = scale
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Step the wrapped env, scaling the reward."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward * self.scale, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """The wrapped env's action mask."""
+        return self.env.action_masks()
+
+
+def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> ClusterAllocEnv:
+    """A training environment over `workloads` (default: the config's)."""
+    return ClusterAllocEnv(workloads or config.workloads, config.cluster,
+                           params=config.sim_params())
+
+
+def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
+                 seed: int = 0) -> float:
+    """Mean average JCT of `policy` (a `Policy.act`) over `workloads`, one run each (infinite
+    if a run leaves jobs unfinished)."""
+    params = config.sim_params()
+    jcts = []
+    for workload in workloads:
+        sim = build_scenario(workload, config.cluster, seed=seed).simulator(params, seed=seed)
+        result = run_policy(sim, policy)
+        jcts.append(result.metrics["avg_jct_s"] if result.finished else float("inf"))
+    return float(np.mean(jcts))
+
+
+def _build_model(config: TrainConfig, vec_env: object, tb_dir: Path) -> object:
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import DQN
+
+    if config.algo == "ppo":
+        return MaskablePPO(
+            "MlpPolicy", vec_env, learning_rate=config.learning_rate, n_steps=config.n_steps,
+            batch_size=config.batch_size, n_epochs=config.n_epochs, gamma=config.gamma,
+            gae_lambda=config.gae_lambda, clip_range=config.clip_range,
+            ent_coef=config.ent_coef, target_kl=config.target_kl, seed=config.seed,
+            policy_kwargs={"net_arch": {"pi": list(config.net_arch),
+                                        "vf": list(config.net_arch)}},
+            tensorboard_log=str(tb_dir), device="cpu", verbose=0)
+    start_eps, end_eps = config.dqn_exploration
+    return DQN("MlpPolicy", vec_env, learning_rate=config.learning_rate,
+               buffer_size=config.dqn_buffer_size, learning_starts=1000, batch_size=64,
+               gamma=config.gamma, train_freq=4, target_update_interval=2000,
+               exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
+               exploration_fraction=0.3, seed=config.seed,
+               policy_kwargs={"net_arch": list(config.net_arch)},
+               tensorboard_log=str(tb_dir), device="cpu", verbose=0)
+
+
+def _load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import DQN
+
+    cls = MaskablePPO if config.algo == "ppo" else DQN
+    return cls.load(path, env=vec_env, device="cpu")
+
+
+def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = False,
+          log: Callable[[str], None] = print) -> dict:
+    """Run `config` into directory `out` and return its summary (also saved as card.json).
+
+    Refuses to overwrite an existing model unless `force`; with `resume`, continues from
+    ``out/checkpoints/last.zip`` up to `config.timesteps`.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
+
+    torch.set_num_threads(1)
+    out = Path(out)
+    checkpoint = out / CHECKPOINT_DIR / LAST_CHECKPOINT
+    if resume:
+        checkpoint = latest_checkpoint(out)
+        if checkpoint is None:
+            raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR})"
+                            f"; drop --resume")
+    elif (out / "policy.json").exists() and not force:
+        raise UserError(f"{out}: a trained model is already there; pass --force to overwrite it"
+                        f" or --resume to continue training it")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
+    eval_workloads = config.eval_workloads or config.workloads[:2]
+    started = time.perf_counter()
+
+    vec_env = VecMonitor(DummyVecEnv([
+        (lambda: ScaledReward(make_env(config), config.reward_scale))
+        for _ in range(config.n_envs)]))
+    vec_env.seed(config.seed)
+    spec = vec_env.envs[0].unwrapped.featurizer.spec
+    summary: dict = {"config": asdict(config), "evaluations": []}
+    if resume:
+        model = _load_model(config, checkpoint, vec_env)
+        previous = json.loads((out / "card.json").read_text()) if (out / "card.json").is_file() \
+            else {}
+        summary["evaluations"] = previous.get("evaluations", [])
+        summary["warm_start"] = previous.get("warm_start")
+        best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
+    else:
+        model = _build_model(config, vec_env, out / "tb")
+        if config.warm_start:
+            summary["warm_start"] = _warm_start(config, model, log)
+        best = float("inf")
+
+    def evaluate_now(step: int) -> float:
+        nonlocal best
+        net, _ = deployed_net(model, config.algo)
+        jct = evaluate_jct(in_memory_policy(net, config.algo, spec).act, config, eval_workloads)
+        summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
+                                       "wall_s": time.perf_counter() - started})
+        (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if killed
+        if jct < best:
+            best = jct
+            export_model(model, config.algo, spec, out)
+        log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training workload(s)"
+            f" (best {best:,.0f} s)")
+        return jct
+
+    class PeriodicEvaluation(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps % config.eval_every < vec_env.num_envs:
+                self.logger.record("eval/avg_jct_s", evaluate_now(self.num_timesteps))
+            return True
+
+    if not resume:
+        evaluate_now(0)
+    remaining = config.timesteps - model.num_timesteps
+    if remaining > 0:
+        callbacks = CallbackList([
+            PeriodicEvaluation(),
+            CheckpointCallback(max(config.eval_every // config.n_envs, 1),
+                               str(out / CHECKPOINT_DIR), name_prefix="step"),
+        ])
+        model.learn(remaining, callback=callbacks, progress_bar=True,
+                    reset_num_timesteps=not resume, tb_log_name=config.algo)
+        evaluate_now(model.num_timesteps)
+    model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
+    summary["timesteps"] = int(model.num_timesteps)
+    summary["wall_s"] = time.perf_counter() - started + (
+        json.loads((out / "card.json").read_text()).get("wall_s", 0.0)
+        if resume and (out / "card.json").is_file() else 0.0)
+    summary["best_avg_jct_s"] = best
+    summary["heuristic_avg_jct_s"] = {
+        name: evaluate_jct(load_policy(name).act, config, eval_workloads)
+        for name in dict.fromkeys((config.warm_start or "elastic", "static"))}
+    (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "card.md").write_text(card_markdown(summary))
+    load_deployed(out)  # the export must load
+    return summary
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint with the most timesteps in ``out/checkpoints`` (periodic ones are
+    ``step_<N>_steps.zip``; ``last.zip`` is written when a run ends)."""
+    from stable_baselines3.common.save_util import load_from_zip_file
+
+    found = sorted((out / CHECKPOINT_DIR).glob("*.zip"))
+    if not found:
+        return None
+    return max(found, key=lambda p: load_from_zip_file(p, load_data=True)[0]["num_timesteps"])
+
+
+def _describe_warm_start(info: dict | None) -> str:
+    if not info:
+        return "none"
+    rounds = info["rounds"]
+    return (f"behaviour cloning of `{info['teacher']}` + {len(rounds) - 1} DAgger round(s); "
+            f"training accuracy {rounds[0]['accuracy']:.3f} -> {rounds[-1]['accuracy']:.3f} on "
+            f"{rounds[-1]['samples']:,} labelled steps ({info['unexpressible']} teacher actions "
+            f"had no discrete index)")
+
+
+def card_markdown(summary: dict) -> str:
+    """A readable model card from the training summary (card.json holds the same facts)."""
+    config = summary["config"]
+    lines = [
+        f"# {config['algo'].upper()} allocation policy",
+        "",
+        f"- command: `{config['extra'].get('command', '(API call)')}`",
+        f"- workloads: {', '.join(Path(w).name for w in config['workloads'])}",
+        f"- cluster: {config['cluster']}; failures: {config['failures']}; seed {config['seed']}",
+        f"- RL timesteps: {summary['timesteps']:,}; wall time {summary['wall_s']:.0f} s "
+        f"(2-core machine, 1 torch thread)",
+        f"- warm start: {_describe_warm_start(summary.get('warm_start'))}",
+        f"- exported policy: the best of the periodic evaluations, avg JCT "
+        f"{summary['best_avg_jct_s']:,.0f} s on "
+        f"{', '.join(Path(w).name for w in (config['eval_workloads'] or config['workloads'][:2]))}",
+        "- same evaluation for the heuristics: " + ", ".join(
+            f"{k} {v:,.0f} s" for k, v in summary["heuristic_avg_jct_s"].items()),
+        "",
+        "| timesteps | avg JCT (s) | wall (s) |",
+        "|---|---|---|",
+        *(f"| {e['timesteps']:,} | {e['avg_jct_s']:,.0f} | {e['wall_s']:.0f} |"
+          for e in summary["evaluations"]),
+        "",
+        "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "
+        "spec, layer sizes), train_config.json (re-runnable configuration).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) -> dict:
+    """Behaviour-clone `config.warm_start` into `model`'s policy, then `dagger_rounds` rounds
+    of DAgger (see `agent.imitation`)."""
+    teacher = load_policy(config.warm_start)
+    envs = [make_env(config, (workload,)) for workload in config.workloads]
+    demos = concatenate([
+        collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
+                               config.seed + 1000 * i, config.gamma, config.reward_scale)
+        for i, env in enumerate(envs)])
+    teacher_steps = len(demos.actions)
+    history = []
+    for round_ in range(config.dagger_rounds + 1):
+        stats = fit_policy(model.policy, demos, config.bc_epochs, 256, config.bc_learning_rate,
+                           config.seed + round_, value=config.algo == "ppo")
+        history.append({"samples": len(demos.actions), **stats})
+        log(f"warm start round {round_}: {len(demos.actions)} labelled steps, "
+            f"accuracy {stats['accuracy']:.3f}")
+        if round_ == config.dagger_rounds:
+            break
+        net, _ = deployed_net(model, config.algo)
+        student = in_memory_policy(net, config.algo, envs[0].featurizer.spec)
+        cap = 3 * teacher_steps // max(len(envs), 1)
+        demos = concatenate([demos] + [
+            collect_demonstrations(env, teacher, 1, config.seed + 1000 * i + round_,
+                                   config.gamma, config.reward_scale, student.choose, cap)
+            for i, env in enumerate(envs)])
+    if config.algo == "dqn":
+        model.q_net_target.load_state_dict(model.q_net.state_dict())
+    return {"teacher": config.warm_start, "unexpressible": demos.unexpressible,
+            "rounds": history}

@@ -1,0 +1,187 @@
+"""The baselines behave as named, on tiny hand-made clusters whose right answer is obvious."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.heuristics import (
+    ElasticConfig,
+    ElasticPolicy,
+    StaticPolicy,
+    TiresiasConfig,
+    TiresiasPolicy,
+)
+from agent.policy import Policy
+from agent.registry import HEURISTICS, load_policy
+from env.scenario import build_scenario
+from env.state import (
+    NOOP,
+    ActionKind,
+    ClusterState,
+    Demand,
+    JobInfo,
+    Jobs,
+    JobStatus,
+    NodeInfo,
+    Nodes,
+)
+
+Q, R = JobStatus.QUEUED, JobStatus.RUNNING
+
+
+def make_state(node_free: list[int], jobs: list[JobInfo], time_s: float = 10_000.0,
+               warned: tuple[int, ...] = (), gpus_per_node: int = 4) -> ClusterState:
+    """Nodes node-0.. with the given free GPUs; jobs as given (placements must agree)."""
+    nodes = [NodeInfo(f"node-{i}", gpus_per_node, free, xid_errors_5m=3 if i in warned else 0)
+             for i, free in enumerate(node_free)]
+    return ClusterState(time_s, Nodes.from_records(nodes), Jobs.from_records(jobs), Demand())
+
+
+def job(job_id: str, status: JobStatus, requested: int, placement: tuple[int, ...] = (),
+        submit_s: float = 0.0, max_workers: int = 16, **kw: object) -> JobInfo:
+    return JobInfo(job_id, status, submit_s, requested, 1, max_workers,
+                   workers=len(placement), placement=placement, **kw)
+
+
+def run_to_noop(policy: Policy, state: ClusterState) -> list:
+    """The first action (policies are asked one action at a time)."""
+    return policy.act(state)
+
+
+def test_every_heuristic_satisfies_the_protocol():
+    for name in HEURISTICS:
+        policy = load_policy(name)
+        assert isinstance(policy, Policy) and policy.name == name
+
+
+def test_static_starts_the_head_job_with_exactly_its_request():
+    state = make_state([4, 4], [job("a", Q, 4, submit_s=1.0), job("b", Q, 1, submit_s=2.0)])
+    action = StaticPolicy().act(state)
+    assert action.kind == ActionKind.SCALE and action.job_id == "a" and action.workers == 4
+    assert set(action.nodes) == {"node-0"} or set(action.nodes) == {"node-1"}  # packed
+
+
+def test_static_is_strict_fifo_no_backfill():
+    # 3 free GPUs: the head job wants 4, so the 1-GPU job behind it must wait too
+    state = make_state([3, 0], [job("big", Q, 4, submit_s=1.0), job("small", Q, 1, submit_s=2.0),
+                                job("r", R, 4, placement=(1, 1, 1, 1), submit_s=0.0)])
+    assert StaticPolicy().act(state) == NOOP
+
+
+def test_static_never_resizes_running_jobs():
+    # a running 1-GPU job with 7 idle GPUs around it stays at 1 GPU
+    state = make_state([3, 4], [job("r", R, 1, placement=(0,), scaling_alpha=0.0,
+                                    scaling_beta=0.0)])
+    assert StaticPolicy().act(state) == NOOP
+
+
+def test_tiresias_preempts_a_long_running_job_for_a_new_one():
+    long_running = job("old", R, 8, placement=(0,) * 4 + (1,) * 4, submit_s=0.0,
+                       attained_gpu_s=200_000.0, run_s=25_000.0)
+    new = job("new", Q, 4, submit_s=9_000.0)
+    state = make_state([0, 0], [long_running, new])
+    action = TiresiasPolicy().act(state)
+    assert action.kind == ActionKind.SCALE and action.job_id == "old" and action.workers == 0
+    # once the old job is suspended, the new one starts on its request
+    suspended = job("old", Q, 8, submit_s=0.0, attained_gpu_s=200_000.0, run_s=25_000.0)
+    after = make_state([4, 4], [suspended, new])
+    action = TiresiasPolicy().act(after)
+    assert action.job_id == "new" and action.workers == 4
+
+
+def test_tiresias_is_fifo_within_a_queue_and_does_not_preempt_peers():
+    first = job("first", R, 8, placement=(0,) * 4 + (1,) * 4, submit_s=0.0,
+                attained_gpu_s=1_000.0, run_s=125.0)
+    second = job("second", Q, 4, submit_s=100.0)
+    # both in the top queue: the running older job keeps its GPUs
+    assert TiresiasPolicy().act(make_state([0, 0], [first, second])) == NOOP
+
+
+def test_tiresias_promotes_a_starving_job():
+    demoted = job("starved", Q, 4, submit_s=0.0, attained_gpu_s=80_000.0, run_s=1_000.0)
+    fresh = job("fresh", R, 4, placement=(0,) * 4, submit_s=9_500.0, attained_gpu_s=400.0,
+                run_s=100.0)
+    # waited 9,000 s >= 8 x 1,000 s run: promoted above the fresh top-queue job, FIFO first
+    policy = TiresiasPolicy(TiresiasConfig(promote_knob=8.0))
+    order = policy.priority_order(make_state([0], [demoted, fresh]))
+    assert order.tolist() == [0, 1]
+
+
+def test_elastic_gives_a_spare_gpu_to_the_job_that_scales_best():
+    linear = job("linear", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,
+                 progress=0.5, run_s=5_000.0, restore_s=10.0)
+    flat = job("flat", R, 1, placement=(1,), scaling_alpha=2.0, scaling_beta=2.0,
+               progress=0.5, run_s=5_000.0, restore_s=10.0)
+    state = make_state([1, 3], [linear, flat], gpus_per_node=4)
+    targets = ElasticPolicy().targets(state)
+    assert targets[0] > 1 and targets[1] == 1
+    action = ElasticPolicy().act(state)
+    assert action.kind == ActionKind.SCALE and action.job_id == "linear" and action.workers > 1
+
+
+def test_elastic_does_not_resize_when_the_restore_costs_more_than_it_saves():
+    # 90% done after 9,000 s: ~1,000 s left; a 2,000 s restore cannot pay for itself
+    nearly_done = job("done-soon", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,
+                      progress=0.9, run_s=9_000.0, restore_s=2_000.0)
+    assert ElasticPolicy().act(make_state([3], [nearly_done])) == NOOP
+
+
+def test_elastic_shrinks_a_wide_job_to_admit_a_queued_one():
+    wide = job("wide", R, 4, placement=(0, 0, 0, 0), scaling_alpha=0.1, scaling_beta=0.1,
+               progress=0.5, run_s=1_000.0)
+    state = make_state([0], [wide, job("queued", Q, 1, submit_s=5_000.0)])
+    action = ElasticPolicy().act(state)
+    assert action.job_id == "wide" and 1 <= action.workers < 4
+
+
+def test_reactive_restarts_a_failed_job_at_once_on_fewer_gpus():
+    # the failed job asked for 4; only 2 are free: reactive restarts it on 2 right away
+    failed = job("failed", Q, 4, submit_s=0.0, run_s=3_000.0, progress=0.3,
+                 attained_gpu_s=12_000.0, restarts=1)
+    other = job("other", R, 2, placement=(0, 0), submit_s=10.0, run_s=3_000.0, progress=0.3,
+                scaling_alpha=5.0, scaling_beta=5.0)
+    state = make_state([2], [failed, other])
+    action = load_policy("reactive").act(state)
+    assert action.job_id == "failed" and action.workers == 2
+
+
+def test_proactive_moves_a_job_off_a_warned_node():
+    on_warned = job("victim", R, 2, placement=(0, 0), run_s=600.0, progress=0.2)
+    state = make_state([2, 4], [on_warned], warned=(0,))
+    action = load_policy("proactive").act(state)
+    assert action.kind == ActionKind.MIGRATE and action.from_node == "node-0"
+    assert "node-0" not in action.nodes and len(action.nodes) == 2
+    # the non-proactive variants leave it where it is
+    assert load_policy("reactive").act(state).kind != ActionKind.MIGRATE
+
+
+@pytest.mark.parametrize("name", list(HEURISTICS))
+def test_heuristic_runs_a_workload_to_completion(name):
+    scenario = build_scenario("synthetic:40:1.2", "4x4", seed=1)
+    sim = scenario.simulator(seed=1)
+    sim.run(load_policy(name).act)
+    summary = sim.accounting.summary()
+    assert summary["jobs_completed"] == 40 and sim.invalid_actions == 0
+    if name == "static":
+        assert summary["restarts_per_job"] == 0.0
+
+
+def test_static_allocations_match_requests_throughout():
+    scenario = build_scenario("synthetic:30:1.0", "4x4", seed=2)
+    sim = scenario.simulator(seed=2)
+    policy = StaticPolicy()
+
+    def checked(state: ClusterState):
+        running = state.jobs.status != int(Q)
+        assert np.array_equal(state.jobs.workers[running], state.jobs.requested_gpus[running])
+        return policy.act(state)
+
+    sim.run(checked)
+
+
+def test_elastic_config_is_respected_for_levels():
+    state = make_state([4, 4], [job("a", Q, 3, submit_s=0.0, max_workers=8,
+                                    scaling_alpha=0.0, scaling_beta=0.0)])
+    sizes = ElasticPolicy(ElasticConfig(worker_levels=(1, 2, 4))).allowed_sizes(state, 0)
+    assert sizes.tolist() == [1, 2, 3, 4]

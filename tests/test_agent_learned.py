@@ -1,0 +1,156 @@
+"""Learned policies: the deployed path equals SB3's predict, saved models load and respect the
+mask, the CLI rejects bad policies in one line, and PPO learns a trivial scenario."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from agent.deployed import load_deployed
+from agent.evaluation import run_policy
+from agent.export import export_model
+from agent.registry import MODELS_DIR, SHIPPED_MODELS, load_policy
+from agent.training import ScaledReward, TrainConfig, train
+from env.errors import UserError
+from env.gym_env import ClusterAllocEnv
+from env.scenario import build_scenario
+from env.state import ActionKind
+
+torch.set_num_threads(1)
+TINY = ("synthetic:12:1.5",)
+
+
+def _rollout_states(env: ClusterAllocEnv, steps: int, seed: int = 0):
+    """(obs, mask) pairs along a random masked rollout."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    pairs = []
+    for _ in range(steps):
+        mask = env.action_masks()
+        pairs.append((obs, mask))
+        obs, _, terminated, truncated, _ = env.step(int(rng.choice(np.flatnonzero(mask))))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    return pairs
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_deployed_path_matches_sb3_predict(tmp_path, algo):
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import DQN
+
+    env = ClusterAllocEnv(TINY, "2x4")
+    if algo == "ppo":
+        model = MaskablePPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, seed=0,
+                            device="cpu", policy_kwargs={"net_arch": [32, 32]})
+    else:
+        model = DQN("MlpPolicy", env, learning_starts=0, seed=0, device="cpu",
+                    policy_kwargs={"net_arch": [32, 32]})
+    model.learn(128)
+    export_model(model, algo, env.featurizer.spec, tmp_path)
+    deployed = load_deployed(tmp_path)
+    pairs = _rollout_states(ClusterAllocEnv(TINY, "2x4"), 300)
+    for obs, mask in pairs:
+        if algo == "ppo":
+            expected, _ = model.predict(obs, deterministic=True, action_masks=mask)
+        else:
+            expected, _ = model.predict(obs, deterministic=True)
+        assert deployed.choose(obs, mask) == int(expected)
+
+
+def test_saved_model_loads_and_acts_within_the_mask(tmp_path):
+    config = TrainConfig(workloads=TINY, cluster="2x4", timesteps=256, n_envs=1, n_steps=128,
+                         batch_size=64, warm_start="elastic", dagger_rounds=0, bc_epochs=2,
+                         eval_every=10_000, net_arch=(32,))
+    train(config, tmp_path / "model", log=lambda _: None)
+    policy = load_policy(str(tmp_path / "model"))
+    sim = build_scenario(TINY[0], "2x4", seed=3).simulator(seed=3)
+    featurizer = policy.featurizer
+    for _ in range(200):
+        state = sim.state()
+        mask = featurizer.action_mask(state)
+        index = policy.choose(featurizer.observe(state), mask)
+        assert mask[index]
+        action = policy.act(state)
+        assert action.kind == ActionKind.NOOP or sim.validate(action) == ""
+        if action.kind == ActionKind.NOOP or not sim.apply(action):
+            sim.advance()
+        if sim.done:
+            break
+    with pytest.raises(UserError, match="--force"):
+        train(config, tmp_path / "model", log=lambda _: None)
+
+
+@pytest.mark.parametrize("name", SHIPPED_MODELS)
+def test_shipped_models_load_and_run(name):
+    if not (MODELS_DIR / name).is_dir():
+        pytest.skip(f"models/{name} not trained yet")
+    policy = load_policy(name)
+    sim = build_scenario("synthetic:30:1.0", "16x4", seed=0).simulator(seed=0)
+    result = run_policy(sim, policy.act)
+    assert result.metrics["jobs_completed"] > 0
+
+
+@pytest.mark.parametrize("bad", ["nope", "/definitely/not/a/model"])
+def test_evaluate_rejects_unknown_policies_in_one_line(tmp_path, bad):
+    proc = subprocess.run(
+        [sys.executable, "-m", "env.cli", "evaluate", "--policies", f"static,{bad}",
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and bad in lines[0] and "static" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_evaluate_writes_results_with_cis(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "env.cli", "evaluate", "--workload", "synthetic:15:1.0",
+         "--cluster", "2x4", "--policies", "static,elastic", "--seeds", "2", "--jobs", "1",
+         "--failures", "none", "--out", str(tmp_path)], capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert set(report["policies"]) == {"static", "elastic"}
+    assert {"mean", "ci95"} <= set(report["policies"]["elastic"]["avg_jct_s"])
+    for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png"):
+        assert (tmp_path / png).stat().st_size > 0
+    assert "static" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.expensive
+def test_ppo_learns_to_start_jobs_in_n_steps(tmp_path):
+    """From scratch (no warm start), MaskablePPO learns within 6,000 steps to start queued
+    jobs and leave them running, on one 4-GPU node with rigid 1-GPU jobs (start and suspend
+    are the only actions), reaching static FIFO's JCT, which is optimal-ish here."""
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    rows = ["job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus"]
+    rows += [f"j{i},{300 * i},1,{600 + 400 * (i % 4)},1,1" for i in range(8)]
+    workload = tmp_path / "rigid.csv"
+    workload.write_text("\n".join(rows) + "\n")
+    env = DummyVecEnv([lambda: ScaledReward(ClusterAllocEnv((str(workload),), "1x4"), 0.1)])
+    model = MaskablePPO("MlpPolicy", env, n_steps=512, batch_size=128, learning_rate=1e-3,
+                        seed=0, device="cpu", policy_kwargs={"net_arch": [64]})
+
+    def avg_jct(decide) -> float:
+        sim = build_scenario(str(workload), "1x4").simulator(seed=0)
+        result = run_policy(sim, decide, limit_s=2 * 86_400)
+        return result.metrics["avg_jct_s"] if result.finished else float("inf")
+
+    untrained = avg_jct(load_policy_from(model, env, tmp_path / "untrained").act)
+    model.learn(6_000)
+    learned = avg_jct(load_policy_from(model, env, tmp_path / "learned").act)
+    static = avg_jct(load_policy("static").act)
+    assert learned <= 1.2 * static, (untrained, learned, static)
+
+
+def load_policy_from(model, env, directory):
+    export_model(model, "ppo", env.envs[0].unwrapped.featurizer.spec, directory)
+    return load_deployed(directory)
