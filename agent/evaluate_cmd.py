@@ -10,7 +10,6 @@ Python, far more than the cost of a process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -20,9 +19,10 @@ import numpy as np
 
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
+from env.output import prepare_out_dir, write_atomic, write_json
+from env.workload.loader import EMBEDDED_DEFAULT
 
 DEFAULT_POLICIES = "static,tiresias,elastic,reactive,proactive,ppo,dqn"
-DEFAULT_WORKLOAD = "synthetic"
 REPORT_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_util", "goodput",
                   "lost_gpu_hours", "restarts_per_job", "progress_preserved", "ettr",
                   "energy_kwh")
@@ -31,13 +31,15 @@ LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queu
                    "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
                    "energy_kwh", "failures", "invalid_actions"}
 _SERIES_POINTS = 400
+OUTPUT_FILES = ("results.json", "results.md", "jct_cdf.png", "gpu_util.png", "queue_length.png")
+"""What `rlalloc evaluate` writes into --out."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc evaluate`."""
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="workload (repeatable): CSV path or synthetic[:N[:LOAD]]; "
-                             f"default {DEFAULT_WORKLOAD} (the embedded generator)")
+                        help="workload (repeatable): CSV path or synthetic[:N[:LOAD[:MAX_HOURS]]]; "
+                             f"default {EMBEDDED_DEFAULT} (the embedded generator)")
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help="comma-separated built-in names or saved-model directories "
@@ -50,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parallel worker processes")
     parser.add_argument("--out", type=Path, default=Path("results/evaluate"),
                         help="output directory")
+    parser.add_argument("--force", action="store_true",
+                        help="replace results already in --out (otherwise refused)")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.training import failure_rate
     from env.scenario import build_scenario
 
+    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)  # before hours of runs, not after
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise UserError("--policies is empty; give e.g. static,elastic,ppo")
@@ -113,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         names[policy] = load_policy(policy).name  # fails fast with the list of valid names
     if len(set(names.values())) < len(names):
         names = {p: p for p in policies}
-    workloads = args.workloads or [DEFAULT_WORKLOAD]
+    workloads = args.workloads or [EMBEDDED_DEFAULT]
     for workload in workloads:
         build_scenario(workload, args.cluster, seed=0)  # fails fast on a bad workload/cluster
     rate = failure_rate(args.failures)
@@ -182,7 +187,7 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
                  out: Path) -> None:
     """results.json, results.md and the PNG plots into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "results.json", report)
     n_runs = len(report["workloads"]) * len(report["seeds"])
     unfinished = {k: v for k, v in report["runs_unfinished"].items() if v}
     md = [f"# Policy comparison on {report['cluster']}",
@@ -197,7 +202,7 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
     md.append("Plots: jct_cdf.png, gpu_util.png, queue_length.png.")
-    (out / "results.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "results.md", "\n".join(md) + "\n")
     _plots(results, names, out)
 
 

@@ -66,6 +66,8 @@ class TrainConfig:
     target_kl: float = 0.02
     reward_scale: float = 0.01
     """Rewards (minus job-hours per step) are multiplied by this."""
+    action_cost: float = 0.05
+    """Charged (after scaling) per applied action; see `ScaledReward` for why."""
     warm_start: str = "elastic"
     """Heuristic to behaviour-clone before RL ('' for none)."""
     bc_episodes_per_workload: int = 1
@@ -103,17 +105,30 @@ def failure_rate(text: str) -> float:
 
 
 class ScaledReward(gym.Wrapper):
-    """Multiplies rewards by a constant and passes `action_masks` through (MaskablePPO reads it
-    with ``env_method``, which does not look through wrappers)."""
+    """Multiplies rewards by a constant, charges each applied action, and passes
+    `action_masks` through (MaskablePPO reads it with ``env_method``, which does not look
+    through wrappers).
 
-    def __init__(self, env: ClusterAllocEnv, scale: float) -> None:
+    Why the action charge: the environment's reward accrues only while simulated time passes,
+    and actions at one decision point take no time. With a discount per *step*, every extra
+    action pushes the (negative) rewards further into the future, so a policy that resizes a
+    job back and forth at one decision point is *rewarded* for it. Measured: from scratch, on
+    4 GPUs with 8 rigid jobs, PPO learnt to start and suspend jobs up to 735 times each and
+    never finished the workload.
+    """
+
+    def __init__(self, env: ClusterAllocEnv, scale: float, action_cost: float = 0.0) -> None:
         super().__init__(env)
         self.scale = scale
+        self.action_cost = action_cost
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """Step the wrapped env, scaling the reward."""
+        """Step the wrapped env, scaling the reward and charging an applied action."""
+        sim = self.env.unwrapped.sim
+        taken = sim.actions_taken
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, reward * self.scale, terminated, truncated, info
+        charge = self.action_cost * (sim.actions_taken - taken)
+        return obs, reward * self.scale - charge, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
         """The wrapped env's action mask."""
@@ -197,7 +212,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     started = time.perf_counter()
 
     vec_env = VecMonitor(DummyVecEnv([
-        (lambda: ScaledReward(make_env(config), config.reward_scale))
+        (lambda: ScaledReward(make_env(config), config.reward_scale, config.action_cost))
         for _ in range(config.n_envs)]))
     vec_env.seed(config.seed)
     spec = vec_env.envs[0].unwrapped.featurizer.spec

@@ -24,6 +24,7 @@ from env.featurizer import OBS_BOUND, FeatureSpec, Featurizer
 from env.params import SimParams
 from env.scenario import Scenario, build_scenario
 from env.state import ActionKind
+from env.workload.loader import EMBEDDED_DEFAULT
 
 _NOOP = ActionKind.NOOP
 
@@ -45,7 +46,7 @@ class ClusterAllocEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, workloads: Sequence[str | Scenario] = ("synthetic:120:1.0",),
+    def __init__(self, workloads: Sequence[str | Scenario] = (EMBEDDED_DEFAULT,),
                  cluster: str = "16x4", params: SimParams | None = None,
                  features: FeatureSpec | None = None, reward: RewardWeights | None = None,
                  max_episode_steps: int = 50_000) -> None:

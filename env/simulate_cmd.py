@@ -20,16 +20,14 @@ from env.output import prepare_out_dir, write_json
 from env.params import SimParams
 from env.progress import progress_bar
 from env.scenario import build_scenario
-
-DEFAULT_WORKLOAD = "synthetic:200:0.9"
-"""The embedded default: 200 generated Philly-like jobs at 90 % offered load (no data files)."""
+from env.workload.loader import EMBEDDED_DEFAULT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc simulate`."""
-    parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
+    parser.add_argument("--workload", default=EMBEDDED_DEFAULT,
                         help="CSV path (Philly, Pollux or canonical) or "
-                             "synthetic[:NUM_JOBS[:LOAD]] (default: %(default)s)")
+                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] (default: %(default)s)")
     parser.add_argument("--cluster", default="16x4",
                         help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
                              "(default: %(default)s)")

@@ -24,6 +24,10 @@ from env.workload.synthetic import SyntheticConfig, generate
 
 SYNTHETIC = "synthetic"
 """Source name of the embedded generator (`env.workload.synthetic`)."""
+EMBEDDED_DEFAULT = "synthetic:160:3:12"
+"""The default workload of every command: 160 Philly-like jobs (the size of a Pollux workload)
+at offered load 3, so that queues form on a 16x4 cluster, with run times capped at 12 h so one
+replay takes about a second. Needs no data files."""
 _USAGE = (f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
           f"(e.g. {SYNTHETIC}:500:0.9:24)")
 
