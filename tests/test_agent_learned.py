@@ -125,9 +125,10 @@ def test_evaluate_writes_results_with_cis(tmp_path):
 
 @pytest.mark.expensive
 def test_ppo_learns_to_start_jobs_in_n_steps(tmp_path):
-    """From scratch (no warm start), MaskablePPO learns within 6,000 steps to start queued
+    """From scratch (no warm start), MaskablePPO learns within 15,000 steps to start queued
     jobs and leave them running, on one 4-GPU node with rigid 1-GPU jobs (start and suspend
-    are the only actions), reaching static FIFO's JCT, which is optimal-ish here."""
+    are the only actions), reaching static FIFO's JCT, which is optimal here. Without the
+    per-action charge of `ScaledReward` it learns to thrash instead (see its docstring)."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -135,20 +136,19 @@ def test_ppo_learns_to_start_jobs_in_n_steps(tmp_path):
     rows += [f"j{i},{300 * i},1,{600 + 400 * (i % 4)},1,1" for i in range(8)]
     workload = tmp_path / "rigid.csv"
     workload.write_text("\n".join(rows) + "\n")
-    env = DummyVecEnv([lambda: ScaledReward(ClusterAllocEnv((str(workload),), "1x4"), 0.1)])
+    env = DummyVecEnv([lambda: ScaledReward(ClusterAllocEnv((str(workload),), "1x4"), 0.1, 0.05)])
     model = MaskablePPO("MlpPolicy", env, n_steps=512, batch_size=128, learning_rate=1e-3,
                         seed=0, device="cpu", policy_kwargs={"net_arch": [64]})
 
     def avg_jct(decide) -> float:
         sim = build_scenario(str(workload), "1x4").simulator(seed=0)
-        result = run_policy(sim, decide, limit_s=2 * 86_400)
+        result = run_policy(sim, decide, limit_s=6 * 3600)  # static needs < 1 h
         return result.metrics["avg_jct_s"] if result.finished else float("inf")
 
-    untrained = avg_jct(load_policy_from(model, env, tmp_path / "untrained").act)
-    model.learn(6_000)
+    model.learn(15_000)
     learned = avg_jct(load_policy_from(model, env, tmp_path / "learned").act)
     static = avg_jct(load_policy("static").act)
-    assert learned <= 1.2 * static, (untrained, learned, static)
+    assert learned <= 1.1 * static, (learned, static)
 
 
 def load_policy_from(model, env, directory):
