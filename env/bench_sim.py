@@ -42,7 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bench_replay(trace: Path, cluster: str, policy_name: str) -> dict[str, float]:
     """Load and replay `trace` once; wall times, events and decisions per second."""
     from agent.registry import load_policy
-
     from env.scenario import build_scenario
 
     if not trace.is_file():
