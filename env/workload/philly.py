@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from env.cluster import ClusterSpec
@@ -22,10 +21,10 @@ from env.workload.table import (
     MIN_WORKERS,
     generic_max_workers,
     generic_work,
-    numeric,
     read_table,
     reject_beyond_cluster,
     reject_rows,
+    seconds,
     submit_order,
     whole_numbers,
 )
@@ -45,13 +44,7 @@ def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
         "timestamp is not a date-time",
         "write it as YYYY-MM-DD HH:MM:SS",
     )
-    duration_s = numeric(df, "duration")
-    reject_rows(
-        path,
-        np.isnan(duration_s) | (duration_s < 0),
-        "duration must be a number of seconds >= 0",
-        "fix the duration cell",
-    )
+    duration_s = seconds(path, df, "duration")
     gpus = whole_numbers(path, df, "num_gpus", 1)
     reject_beyond_cluster(path, gpus, "num_gpus", cluster.total_gpus)
 

@@ -18,10 +18,10 @@ from env.profiles import AppProfile, restore_s
 from env.workload.spec import JobSpec, Workload
 from env.workload.table import (
     MIN_WORKERS,
-    numeric,
     read_table,
     reject_beyond_cluster,
     reject_rows,
+    seconds,
     submit_order,
     whole_numbers,
 )
@@ -79,13 +79,7 @@ def load_pollux(
         path, df["name"].duplicated().to_numpy(), "name repeats an earlier job's",
         "make job names unique",
     )
-    submit_s = numeric(df, "time")
-    reject_rows(
-        path,
-        np.isnan(submit_s) | (submit_s < 0),
-        "time must be a number of seconds >= 0",
-        "fix the time cell",
-    )
+    submit_s = seconds(path, df, "time")
     gpus = whole_numbers(path, df, "num_replicas", 1)
     reject_beyond_cluster(path, gpus, "num_replicas", cluster.total_gpus)
     batch_size = whole_numbers(path, df, "batch_size", 1)

@@ -61,6 +61,14 @@ def numeric(df: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
 
 
+def seconds(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
+    """`column` as seconds; every row must hold a number >= 0 (else one-line `UserError`)."""
+    values = numeric(df, column)
+    reject_rows(path, np.isnan(values) | (values < 0),
+                f"{column} must be a number of seconds >= 0", f"fix the {column} cell")
+    return values
+
+
 def whole_numbers(
     path: Path, df: pd.DataFrame, column: str, minimum: int, where: np.ndarray | None = None
 ) -> np.ndarray:
