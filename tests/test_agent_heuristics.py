@@ -39,8 +39,9 @@ def make_state(node_free: list[int], jobs: list[JobInfo], time_s: float = 10_000
 
 
 def job(job_id: str, status: JobStatus, requested: int, placement: tuple[int, ...] = (),
-        submit_s: float = 0.0, max_workers: int = 16, **kw: object) -> JobInfo:
-    return JobInfo(job_id, status, submit_s, requested, 1, max_workers,
+        submit_s: float = 0.0, max_workers: int = 16, min_workers: int = 1,
+        **kw: object) -> JobInfo:
+    return JobInfo(job_id, status, submit_s, requested, min_workers, max_workers,
                    workers=len(placement), placement=placement, **kw)
 
 
@@ -183,5 +184,15 @@ def test_static_allocations_match_requests_throughout():
 def test_elastic_config_is_respected_for_levels():
     state = make_state([4, 4], [job("a", Q, 3, submit_s=0.0, max_workers=8,
                                     scaling_alpha=0.0, scaling_beta=0.0)])
-    sizes = ElasticPolicy(ElasticConfig(worker_levels=(1, 2, 4))).allowed_sizes(state, 0)
+    sizes = ElasticPolicy(ElasticConfig(worker_levels=(1, 2, 4))).size_table(state).of(0)
     assert sizes.tolist() == [1, 2, 3, 4]
+
+
+def test_size_table_drops_duplicates_and_sizes_outside_min_max():
+    state = make_state([8, 8], [job("a", Q, 4, submit_s=0.0, min_workers=2, max_workers=6),
+                                job("b", Q, 3, submit_s=1.0, min_workers=3, max_workers=3)])
+    table = ElasticPolicy(ElasticConfig(worker_levels=(1, 2, 4, 8))).size_table(state)
+    assert table.of(0).tolist() == [2, 4]
+    assert table.of(1).tolist() == [3]
+    assert table.sizes[1].tolist() == [3, 0, 0, 0, 0]
+    assert table.speedups[1, 1:].tolist() == [0.0] * 4
