@@ -73,14 +73,18 @@ OBS_BOUND = 10.0
 JOB_FEATURES = 19
 
 
-def select_slots(state: ClusterState, top_k: int) -> np.ndarray:
-    """Rows of `state.jobs` shown to the policy, in slot order (see module docstring)."""
+def select_slots(state: ClusterState, top_k: int,
+                 at_risk: np.ndarray | None = None) -> np.ndarray:
+    """Rows of `state.jobs` shown to the policy, in slot order (see module docstring).
+    `at_risk` is `at_risk_nodes(state)` when the caller has it already."""
     jobs = state.jobs
     if jobs.count == 0:
         return np.zeros(0, dtype=np.int64)
-    queued = np.flatnonzero(jobs.status == _QUEUED)
-    allocated = np.flatnonzero(jobs.status != _QUEUED)
-    at_risk = at_risk_nodes(state)
+    is_queued = jobs.status == _QUEUED
+    queued = np.flatnonzero(is_queued)
+    allocated = np.flatnonzero(~is_queued)
+    if at_risk is None:
+        at_risk = at_risk_nodes(state)
     if at_risk.any() and len(allocated):
         on_risky = np.array([bool(at_risk[list(jobs.placement[r])].any()) for r in allocated])
         allocated = np.concatenate([allocated[on_risky], allocated[~on_risky]])
@@ -149,9 +153,10 @@ class Featurizer:
     def _view(self, state: ClusterState) -> _View:
         if self._cached is not None and self._cached[0] is state:
             return self._cached[1]
-        slots = select_slots(state, self.spec.top_k)
+        nodes = self._node_view(state)
+        slots = select_slots(state, self.spec.top_k, nodes.at_risk)
         view = _View(slots=slots, placements=[state.jobs.placement[r] for r in slots.tolist()],
-                     nodes=self._node_view(state))
+                     nodes=nodes)
         self._cached = (state, view)
         return view
 
@@ -170,7 +175,9 @@ class Featurizer:
         features[1] = nodes.gpus_total[usable].sum() / total
         features[2] = np.count_nonzero(nodes.warned) / n_nodes
         features[3] = nodes.failure_risk.max(initial=0.0)
-        features[4:8] = np.count_nonzero(free[:, None] >= _FREE_THRESHOLDS, axis=0) / n_nodes
+        # nodes with at least 1, 2, 4, 8 free GPUs: a histogram of free counts, summed from the top
+        at_least = np.cumsum(np.bincount(free, minlength=_FREE_THRESHOLDS[-1] + 1)[::-1])[::-1]
+        features[4:8] = at_least[_FREE_THRESHOLDS] / n_nodes
         features[8] = free.max(initial=0) / per_node
         view = _NodeView(usable=usable, at_risk=at_risk, any_risk=bool(at_risk.any()),
                          total_free=int(free.sum()), per_node=per_node, features=features)

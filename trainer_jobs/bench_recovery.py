@@ -6,8 +6,9 @@ Two phases with the default model (tens of millions of parameters) on local CPU 
    once with `async` saves. A stall is the time the loop is blocked by the save call
    (`*_blocked_s`; for async only the in-memory copy) plus the extra time the steps took while
    a background write ran — on a machine without spare cores that write competes with training,
-   and counting only the blocked time would flatter async. The sync save time is
-   `checkpoint_save_s`.
+   and counting only the blocked time would flatter async. Means over the checkpoints after
+   the first; the first (`*_first_stall_s`) also allocates async staging buffers. The sync
+   save time is `checkpoint_save_s`.
 2. Recovery: torchrun with `--workers` workers and the default checkpoint interval; one worker is
    SIGKILLed after `--kill-at-step` steps. `recovery_s` runs from the kill to the first step
    completed after the restart; `progress_preserved` is the share of the steps completed before
@@ -48,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torchrun workers in the recovery phase (one of them is killed)")
     parser.add_argument("--kill-at-step", type=int, default=60,
                         help="SIGKILL a worker once the job has completed this many steps")
-    parser.add_argument("--checkpoints", type=int, default=3,
-                        help="periodic checkpoints measured per mode in the stall phase")
+    parser.add_argument("--checkpoints", type=int, default=6,
+                        help="periodic checkpoints per mode in the stall phase (the first is "
+                             "reported apart)")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="keep checkpoints and logs here (default: a temporary directory)")
 
@@ -60,8 +62,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UserError(f"--workers {args.workers}: need at least 2 (one is killed)")
     if args.kill_at_step < 1:
         raise UserError(f"--kill-at-step {args.kill_at_step}: must be at least 1")
-    if args.checkpoints < 1:
-        raise UserError(f"--checkpoints {args.checkpoints}: must be at least 1")
+    if args.checkpoints < 2:
+        raise UserError(f"--checkpoints {args.checkpoints}: must be at least 2 (the first "
+                        "is reported apart)")
     if args.out is not None:
         parent = args.out.resolve().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -92,19 +95,28 @@ def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress
     return read_events(log)
 
 
-def _stall_s(events: list[Event]) -> tuple[float, float, float]:
-    """Mean stall and mean blocked time per periodic checkpoint, and the plain step time."""
+def _stall_s(events: list[Event]) -> dict[str, float]:
+    """Stall per periodic checkpoint: the time the save call blocked the loop plus the extra
+    time of the steps that overlapped its background write (over the median step without one).
+
+    The first checkpoint of a run is reported apart (`first_stall_s`): an async save also
+    allocates the staging buffers there that every later save reuses. `stall_s` and
+    `blocked_s` are the means over the later ones, what a long job pays per checkpoint.
+    """
     steps = [e for e in events if e["event"] == "step"]
     periodic = [e for e in events if e["event"] == "checkpoint" and e["reason"] == "periodic"]
     committed = {e["step"]: e["time"] for e in events if e["event"] == "checkpoint_committed"}
-    overlapped = {
-        s["step"] for c in periodic for s in steps if c["time"] < s["time"] <= committed[c["step"]]}
+    overlapping = {c["step"]: [s for s in steps if c["time"] < s["time"] <= committed[c["step"]]]
+                   for c in periodic}
+    overlapped = {s["step"] for group in overlapping.values() for s in group}
     # The first steps warm up the allocator and autograd; keep them out of the baseline.
     baseline_s = statistics.median(
         s["step_s"] for s in steps[2:] if s["step"] not in overlapped)
-    extra_s = sum(max(0.0, s["step_s"] - baseline_s) for s in steps if s["step"] in overlapped)
-    blocked_s = sum(c["blocked_s"] for c in periodic)
-    return (blocked_s + extra_s) / len(periodic), blocked_s / len(periodic), baseline_s
+    stalls = [c["blocked_s"] + sum(max(0.0, s["step_s"] - baseline_s)
+                                   for s in overlapping[c["step"]]) for c in periodic]
+    return {"stall_s": statistics.mean(stalls[1:]), "first_stall_s": stalls[0],
+            "blocked_s": statistics.mean(c["blocked_s"] for c in periodic[1:]),
+            "step_s": baseline_s}
 
 
 def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
@@ -160,19 +172,20 @@ def run(args: argparse.Namespace) -> int:
         sync_events = _stall_phase(work_dir, "sync", args.checkpoints, progress)
         async_events = _stall_phase(work_dir, "async", args.checkpoints, progress)
         recovery = _recovery_phase(work_dir, args.workers, args.kill_at_step, progress)
-    sync_stall_s, sync_blocked_s, step_s = _stall_s(sync_events)
-    async_stall_s, async_blocked_s, _ = _stall_s(async_events)
+    sync_stall, async_stall = _stall_s(sync_events), _stall_s(async_events)
     sync_saves = [e["blocked_s"] for e in sync_events
                   if e["event"] == "checkpoint" and e["reason"] == "periodic"]
     report = {
         **recovery,
-        "sync_stall_s": sync_stall_s,
-        "async_stall_s": async_stall_s,
-        "async_over_sync_stall": async_stall_s / sync_stall_s,
-        "sync_blocked_s": sync_blocked_s,
-        "async_blocked_s": async_blocked_s,
+        "sync_stall_s": sync_stall["stall_s"],
+        "async_stall_s": async_stall["stall_s"],
+        "async_over_sync_stall": async_stall["stall_s"] / sync_stall["stall_s"],
+        "sync_blocked_s": sync_stall["blocked_s"],
+        "async_blocked_s": async_stall["blocked_s"],
+        "sync_first_stall_s": sync_stall["first_stall_s"],
+        "async_first_stall_s": async_stall["first_stall_s"],
         "checkpoint_save_s": statistics.median(sync_saves),
-        "step_s_one_worker": step_s,
+        "step_s_one_worker": sync_stall["step_s"],
         "model_parameters": count_parameters(TransformerLM(defaults.model)),
         "checkpoint_every_steps": defaults.checkpoint_every_steps,
         "workers": args.workers,

@@ -1,0 +1,62 @@
+"""In-process checks of async checkpointing: reused staging buffers never leak into a
+checkpoint that was already written, and a save captures the state at the call, not later."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from trainer_jobs import layout
+from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from trainer_jobs.data import DataPosition
+from trainer_jobs.runlog import RunLog
+
+
+def _state(seed: int) -> TrainState:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return TrainState(model, optimizer, Progress(0, DataPosition(0, 0)))
+
+
+def _train_step(state: TrainState) -> None:
+    state.optimizer.zero_grad()
+    state.model(torch.randn(16, 32)).square().mean().backward()
+    state.optimizer.step()
+    state.progress = Progress(state.progress.step + 1, DataPosition(0, state.progress.step + 1))
+
+
+def _weights(state: TrainState) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+
+
+def test_consecutive_async_saves_each_keep_their_own_step(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        state = _state(0)
+        checkpointer = Checkpointer(tmp_path / "ckpt", 0, 1, dist.group.WORLD, keep_last=3,
+                                    model_shape={"toy": 1}, config={}, run_log=RunLog(None, 0),
+                                    on_commit=lambda step, unix: None)
+        saved = {}
+        for _ in range(3):
+            _train_step(state)
+            saved[state.progress.step] = _weights(state)
+            checkpointer.save(state, "async", "periodic")
+            with torch.no_grad():  # the loop goes on while the write runs in the background
+                for param in state.model.parameters():
+                    param.add_(100.0)
+        checkpointer.close()
+        committed = layout.committed_dirs(tmp_path / "ckpt")
+        assert [step for step, _ in committed] == [1, 2, 3]
+        for step, path in committed:
+            layout.verify(path)
+            loaded = _state(1)
+            dcp.load({"train": loaded}, checkpoint_id=path, process_group=dist.group.WORLD)
+            assert loaded.progress.step == step
+            for name, value in _weights(loaded).items():
+                torch.testing.assert_close(value, saved[step][name], rtol=0, atol=0)
+    finally:
+        dist.destroy_process_group()
