@@ -11,9 +11,8 @@ commit runs on rank 0 in the same thread once every rank's data is on disk. Chec
 collectives use their own gloo process group so the background thread never interleaves its
 collectives with the training loop's gradient all-reduces.
 
-Keeping the async stall small: one DCP stager lives as long as the `Checkpointer`, so the
-in-memory copy goes into the same buffers every time (a fresh copy of a 250 MB state page-faults
-its way in at twice the cost), which is safe because a save first waits for the previous one;
+Keeping the async stall small: the in-memory copy goes into the same buffers every time
+(`staging.ReusingStager`), which is safe because a save first waits for the previous one;
 and torch.save's per-record CRC-32 is off, because `layout.commit` already records the CRC-32 of
 every file and `layout.verify` checks it before anything is loaded: computing it twice only takes
 CPU away from the training steps that overlap the background write.
@@ -32,7 +31,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.serialization import config as serialization_config
@@ -41,6 +39,7 @@ from env.errors import UserError
 from trainer_jobs import layout
 from trainer_jobs.data import DataPosition
 from trainer_jobs.runlog import RunLog
+from trainer_jobs.staging import ReusingStager
 
 
 @dataclass
@@ -111,11 +110,7 @@ class Checkpointer:
         self.last_saved_step = -1
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future[None] | None = None
-        # plain CPU staging, copied before async_save returns (no pinned or shared memory)
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=False,
-                                                    use_shared_memory=False,
-                                                    use_async_staging=False,
-                                                    use_non_blocking_copy=False))
+        self._stager = ReusingStager()
         serialization_config.save.compute_crc32 = False  # see the module docstring
 
     def _commit(self, tmp_dir: Path, step: int, rng_ranks: list[int], started: float) -> None:
