@@ -12,6 +12,7 @@ from trainer_jobs import layout
 from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
 from trainer_jobs.data import DataPosition
 from trainer_jobs.runlog import RunLog
+from trainer_jobs.staging import ReusingStager
 
 
 def _state(seed: int) -> TrainState:
@@ -60,3 +61,20 @@ def test_consecutive_async_saves_each_keep_their_own_step(tmp_path):
                 torch.testing.assert_close(value, saved[step][name], rtol=0, atol=0)
     finally:
         dist.destroy_process_group()
+
+
+def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():
+    stager = ReusingStager()
+    live = {"w": torch.arange(6.0), "groups": [{"lr": 0.1, "params": ["w"]}]}
+    first = stager.stage(live)
+    live["w"].add_(1.0)
+    assert first["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # a copy, not a view
+    second = stager.stage(live)
+    assert second["w"].data_ptr() == first["w"].data_ptr()  # same buffer, no new allocation
+    assert second["groups"] == live["groups"] and second["groups"] is not live["groups"]
+    subclass = {"p": nn.Parameter(torch.ones(3))}
+    staged = stager.stage(subclass)
+    with torch.no_grad():
+        subclass["p"].mul_(5.0)
+    assert torch.equal(staged["p"], torch.ones(3))
+    stager.close()
