@@ -1,5 +1,6 @@
 """In-process checks of async checkpointing: reused staging buffers never leak into a
-checkpoint that was already written, and a save captures the state at the call, not later."""
+checkpoint that was already written, and a save captures the state at the call, not the
+changes the training loop makes once `before_update` has returned."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def test_consecutive_async_saves_each_keep_their_own_step(tmp_path):
             _train_step(state)
             saved[state.progress.step] = _weights(state)
             checkpointer.save(state, "async", "periodic")
+            assert checkpointer.before_update() >= 0.0  # as the trainer does before its step
             with torch.no_grad():  # the loop goes on while the write runs in the background
                 for param in state.model.parameters():
                     param.add_(100.0)
@@ -66,14 +68,14 @@ def test_consecutive_async_saves_each_keep_their_own_step(tmp_path):
 def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():
     stager = ReusingStager()
     live = {"w": torch.arange(6.0), "groups": [{"lr": 0.1, "params": ["w"]}]}
-    first = stager.stage(live)
+    first = stager.stage(live).result()
     live["w"].add_(1.0)
     assert first["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # a copy, not a view
-    second = stager.stage(live)
+    second = stager.stage(live).result()
     assert second["w"].data_ptr() == first["w"].data_ptr()  # same buffer, no new allocation
     assert second["groups"] == live["groups"] and second["groups"] is not live["groups"]
     subclass = {"p": nn.Parameter(torch.ones(3))}
-    staged = stager.stage(subclass)
+    staged = stager.stage(subclass).result()
     with torch.no_grad():
         subclass["p"].mul_(5.0)
     assert torch.equal(staged["p"], torch.ones(3))

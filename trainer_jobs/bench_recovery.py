@@ -3,12 +3,13 @@
 Two phases with the default model (tens of millions of parameters) on local CPU workers:
 
 1. Checkpoint stall: one worker trains with a checkpoint every few steps, once with `sync` and
-   once with `async` saves. A stall is the time the loop is blocked by the save call
-   (`*_blocked_s`; for async only the in-memory copy) plus the extra time the steps took while
-   a background write ran — on a machine without spare cores that write competes with training,
-   and counting only the blocked time would flatter async. Means over the checkpoints after
-   the first; the first (`*_first_stall_s`) also allocates async staging buffers. The sync
-   save time is `checkpoint_save_s`.
+   once with `async` saves. A stall is the time the save call blocks the loop plus the extra
+   time the steps took while the background copy or write ran: on a machine without spare
+   cores those compete with training, and counting only the blocked time would flatter async.
+   `*_blocked_s` is the outright wait (for async: the save call and the wait for the copy,
+   which overlaps the next forward and backward pass). Means over the checkpoints after the
+   first; the first (`*_first_stall_s`) also allocates the async staging buffers. The sync save
+   time is `checkpoint_save_s`.
 2. Recovery: torchrun with `--workers` workers and the default checkpoint interval; one worker is
    SIGKILLed after `--kill-at-step` steps. `recovery_s` runs from the kill to the first step
    completed after the restart; `progress_preserved` is the share of the steps completed before
@@ -97,7 +98,9 @@ def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress
 
 def _stall_s(events: list[Event]) -> dict[str, float]:
     """Stall per periodic checkpoint: the time the save call blocked the loop plus the extra
-    time of the steps that overlapped its background write (over the median step without one).
+    time of the steps that overlapped its background copy and write (over the median step
+    without one). `blocked_s` is the time the loop waited outright: the save call and, for
+    async, the wait for the copy before the next optimizer step.
 
     The first checkpoint of a run is reported apart (`first_stall_s`): an async save also
     allocates the staging buffers there that every later save reuses. `stall_s` and
@@ -106,16 +109,20 @@ def _stall_s(events: list[Event]) -> dict[str, float]:
     steps = [e for e in events if e["event"] == "step"]
     periodic = [e for e in events if e["event"] == "checkpoint" and e["reason"] == "periodic"]
     committed = {e["step"]: e["time"] for e in events if e["event"] == "checkpoint_committed"}
-    overlapping = {c["step"]: [s for s in steps if c["time"] < s["time"] <= committed[c["step"]]]
-                   for c in periodic}
+    # the steps that ended while the background copy and write ran, and always the step right
+    # after the save (its optimizer step waits for the copy, however fast the write was)
+    overlapping = {c["step"]: [s for s in steps if c["time"] < s["time"] and (
+        s["time"] <= committed[c["step"]] or s["step"] == c["step"] + 1)] for c in periodic}
     overlapped = {s["step"] for group in overlapping.values() for s in group}
     # The first steps warm up the allocator and autograd; keep them out of the baseline.
     baseline_s = statistics.median(
         s["step_s"] for s in steps[2:] if s["step"] not in overlapped)
     stalls = [c["blocked_s"] + sum(max(0.0, s["step_s"] - baseline_s)
                                    for s in overlapping[c["step"]]) for c in periodic]
+    copy_waits = {e["step"]: e["waited_s"] for e in events if e["event"] == "checkpoint_copied"}
     return {"stall_s": statistics.mean(stalls[1:]), "first_stall_s": stalls[0],
-            "blocked_s": statistics.mean(c["blocked_s"] for c in periodic[1:]),
+            "blocked_s": statistics.mean(c["blocked_s"] + copy_waits.get(c["step"], 0.0)
+                                         for c in periodic[1:]),
             "step_s": baseline_s}
 
 

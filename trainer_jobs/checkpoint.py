@@ -6,8 +6,10 @@ position (a global sample offset, see `data.py`), and each rank's RNG state. The
 and its atomic commit are in `layout.py`.
 
 Two modes. `sync` blocks every rank until the files and the commit marker are written. `async`
-(DCP `async_save`) blocks only for an in-memory copy, then writes from a background thread; the
-commit runs on rank 0 in the same thread once every rank's data is on disk. Checkpoint
+(DCP `async_save`) makes an in-memory copy while the next step's forward and backward pass run
+(the loop waits for it in `before_update`, before the optimizer step), then writes from a
+background thread; the commit runs on rank 0 in the same thread once every rank's data is on
+disk. Checkpoint
 collectives use their own gloo process group so the background thread never interleaves its
 collectives with the training loop's gradient all-reduces.
 
@@ -32,6 +34,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.serialization import config as serialization_config
 
@@ -110,6 +113,7 @@ class Checkpointer:
         self.last_saved_step = -1
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future[None] | None = None
+        self._copying: Future[None] | None = None
         self._stager = ReusingStager()
         serialization_config.save.compute_crc32 = False  # see the module docstring
 
@@ -126,8 +130,21 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until an in-flight async checkpoint is committed (re-raising its error)."""
         if self._pending is not None:
-            pending, self._pending = self._pending, None
+            pending, self._pending, self._copying = self._pending, None, None
             pending.result()
+
+    def before_update(self) -> float:
+        """Wait until an async save's in-memory copy is complete; the trainer calls this before
+        its optimizer step, the first thing after a save that modifies the saved tensors.
+        Returns the seconds waited (part of the checkpoint's stall)."""
+        if self._copying is None:
+            return 0.0
+        started = time.perf_counter()
+        copying, self._copying = self._copying, None
+        copying.result()
+        waited_s = time.perf_counter() - started
+        self.run_log.event("checkpoint_copied", step=self.last_saved_step, waited_s=waited_s)
+        return waited_s
 
     def save(self, state: TrainState, mode: str, reason: str) -> float:
         """Checkpoint the current step on every rank; return the seconds the caller was blocked."""
@@ -148,10 +165,12 @@ class Checkpointer:
             if self.rank == 0:
                 self._commit(tmp_dir, step, rng_ranks, started)
         else:
-            upload = dcp.async_save(state_dict, checkpoint_id=tmp_dir,
-                                    process_group=self.process_group, async_stager=self._stager)
-            self._pending = self._executor.submit(
-                self._finish_async, upload, tmp_dir, step, rng_ranks, started)
+            response = dcp.async_save(state_dict, checkpoint_id=tmp_dir,
+                                      process_group=self.process_group, async_stager=self._stager)
+            assert isinstance(response, AsyncSaveResponse)  # the stager copies in the background
+            self._copying = response.staging_completion
+            self._pending = self._executor.submit(self._finish_async, response.upload_completion,
+                                                  tmp_dir, step, rng_ranks, started)
         blocked_s = time.perf_counter() - started
         self.last_saved_step = step
         self.run_log.event("checkpoint", step=step, mode=mode, reason=reason, blocked_s=blocked_s)

@@ -157,6 +157,7 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
     step_times: deque[float] = deque(maxlen=_THROUGHPUT_WINDOW_STEPS)
     last_checkpoint = time.monotonic()
     stopping = False
+    blocked_s = 0.0  # the latest checkpoint's stall so far (save call + copy wait)
     while state.progress.step < config.max_steps:
         started = time.perf_counter()
         global_indices = sampler.global_batch_indices(state.progress.position)
@@ -178,6 +179,10 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
                 run_log.event("peer_failure", step=state.progress.step, error=str(err)[:200])
                 checkpointer.emergency_save(state)
             raise
+        copy_wait_s = checkpointer.before_update()  # an async save may still be copying
+        if copy_wait_s and metrics:
+            blocked_s += copy_wait_s
+            metrics.on_checkpoint_blocked(blocked_s)
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         state.progress = Progress(state.progress.step + 1,
