@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torchrun workers in the recovery phase (one of them is killed)")
     parser.add_argument("--kill-at-step", type=int, default=60,
                         help="SIGKILL a worker once the job has completed this many steps")
-    parser.add_argument("--checkpoints", type=int, default=6,
+    parser.add_argument("--checkpoints", type=int, default=10,
                         help="periodic checkpoints per mode in the stall phase (the first is "
                              "reported apart)")
     parser.add_argument("--work-dir", type=Path, default=None,
