@@ -9,9 +9,8 @@ Two modes. `sync` blocks every rank until the files and the commit marker are wr
 (DCP `async_save`) makes an in-memory copy while the next step's forward and backward pass run
 (the loop waits for it in `before_update`, before the optimizer step), then writes from a
 background thread; the commit runs on rank 0 in the same thread once every rank's data is on
-disk. Checkpoint
-collectives use their own gloo process group so the background thread never interleaves its
-collectives with the training loop's gradient all-reduces.
+disk. Checkpoint collectives use their own gloo process group so the background thread never
+interleaves its collectives with the training loop's gradient all-reduces.
 
 Keeping the async stall small: the in-memory copy goes into the same buffers every time
 (`staging.ReusingStager`), which is safe because a save first waits for the previous one;
