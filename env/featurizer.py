@@ -15,20 +15,21 @@ strategy | migrate off its most at-risk node.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from env.placement import choose_nodes
-from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from env.state import NOOP, Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes, Strategy
 
 _SCALE, _MIGRATE, _PACKED = ActionKind.SCALE, ActionKind.MIGRATE, Strategy.PACKED
 
 _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _LOG_GPUS = math.log2(1 + 256)
-_FREE_THRESHOLDS = np.array([1, 2, 4, 8])
+_FREE_THRESHOLDS = (1, 2, 4, 8)
 RISKY_NODE_SCORE = 0.5
 """A node whose failure-risk score reaches this counts as at risk, like a warned node."""
 
@@ -77,21 +78,27 @@ def select_slots(state: ClusterState, top_k: int,
                  at_risk: np.ndarray | None = None) -> np.ndarray:
     """Rows of `state.jobs` shown to the policy, in slot order (see module docstring).
     `at_risk` is `at_risk_nodes(state)` when the caller has it already."""
-    jobs = state.jobs
-    if jobs.count == 0:
-        return np.zeros(0, dtype=np.int64)
-    is_queued = jobs.status == _QUEUED
-    queued = np.flatnonzero(is_queued)
-    allocated = np.flatnonzero(~is_queued)
     if at_risk is None:
         at_risk = at_risk_nodes(state)
-    if at_risk.any() and len(allocated):
-        on_risky = np.array([bool(at_risk[list(jobs.placement[r])].any()) for r in allocated])
-        allocated = np.concatenate([allocated[on_risky], allocated[~on_risky]])
+    rows = _slot_rows(state.jobs.status.tolist(), state.jobs.placement, at_risk, top_k)
+    return np.array(rows, dtype=np.int64)
+
+
+def _slot_rows(status: list[int], placement: tuple[tuple[int, ...], ...], at_risk: np.ndarray,
+               top_k: int) -> list[int]:
+    """`select_slots` on plain lists: a state holds tens of jobs, where list work beats a dozen
+    numpy calls."""
+    queued = [row for row, s in enumerate(status) if s == _QUEUED]
+    allocated = [row for row, s in enumerate(status) if s != _QUEUED]
+    if allocated and at_risk.any():
+        risky = at_risk.tolist()
+        on_risky = [any(risky[n] for n in placement[row]) for row in allocated]
+        allocated = ([row for row, on in zip(allocated, on_risky, strict=True) if on]
+                     + [row for row, on in zip(allocated, on_risky, strict=True) if not on])
     # rows are in arrival order already in both groups (stable ordering)
     n_queued = min(len(queued), max(top_k // 2, top_k - len(allocated)))
     n_alloc = min(len(allocated), top_k - n_queued)
-    return np.concatenate([queued[:n_queued], allocated[:n_alloc]]).astype(np.int64)
+    return queued[:n_queued] + allocated[:n_alloc]
 
 
 def at_risk_nodes(state: ClusterState) -> np.ndarray:
@@ -114,18 +121,57 @@ def _speedup_scalar(n: int, k: int, alpha: float, beta: float) -> float:
     return n / (1.0 + alpha * (n - 1) + (beta * n if k > 1 else 0.0))
 
 
-@dataclass(frozen=True, slots=True)
-class _NodeView:
-    """Everything derived from the nodes alone; `Nodes` objects are shared by the simulator's
-    snapshots until an allocation or health change, so this is cached by their identity."""
+_VALUE_CACHE_SIZE = 4096
+"""Bound on the entries of each per-row cache (feature rows, mask blocks)."""
 
-    usable: np.ndarray
+
+def _allocation_features(status: int, workers: int, req: int, lo: int, hi: int, alpha: float,
+                         beta: float, restore: float, placement: tuple[int, ...],
+                         per_node: int) -> tuple[float, ...]:
+    """The parts of a job's feature row that depend only on its allocation and its fixed
+    attributes; columns 8-10 and 14-16 (time and node risk) are left 0 for the caller."""
+    n_nodes = len(set(placement))
+    ceil, log2 = math.ceil, math.log2
+    doubled = min(max(workers * 2, 1), hi)
+    now = _speedup_scalar(workers, n_nodes, alpha, beta)
+    after = _speedup_scalar(doubled, ceil(doubled / per_node), alpha, beta)
+    at_req = _speedup_scalar(req, ceil(req / per_node), alpha, beta)
+    safe_workers = max(workers, 1)
+    return (
+        1.0, status == _QUEUED, status == _RUNNING, status == _RESTARTING,
+        log2(1 + workers) / _LOG_GPUS, log2(1 + req) / _LOG_GPUS,
+        log2(1 + lo) / _LOG_GPUS, log2(1 + hi) / _LOG_GPUS,
+        0.0, 0.0, 0.0,
+        now / safe_workers,
+        after / now - 1.0 if now > 0 else 1.0,
+        at_req / max(req, 1),
+        0.0, 0.0, 0.0,
+        restore / 300.0,
+        (n_nodes - ceil(safe_workers / per_node)) / safe_workers if workers else 0.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _HealthView:
+    """What the featurizer derives from the nodes' sizes and health columns. The simulator's
+    snapshots share these arrays until a failure, repair or warning, and allocations change far
+    more often, so this part is cached by the arrays' identity, apart from the free GPUs."""
+
+    arrays: tuple[np.ndarray, ...]
+    """The arrays it was derived from (held so that an identity check cannot see a reused id)."""
+    usable_list: list[bool]
+    all_usable: bool
     at_risk: np.ndarray
+    at_risk_list: list[bool]
     any_risk: bool
-    total_free: int
+    max_risk: float
+    uniform_risk: bool
+    """Every node has the same risk score (a healthy cluster)."""
+    total_gpus: int
+    n_nodes: int
     per_node: int
-    features: np.ndarray
-    """The node-only cluster features (indices 0-1 and 11-17 of the observation)."""
+    features: list[float]
+    """Observation indices 1, 11 and 12 (usable share, warned share, max risk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,56 +179,106 @@ class _View:
     """What observe, mask and decode all need from one state, computed once."""
 
     slots: np.ndarray
+    rows: list[int]
+    """`slots` as a list."""
     placements: list[tuple[int, ...]]
-    nodes: _NodeView
+    status: list[int]
+    """Per job row."""
+    n_queued: int
+    fixed: list[tuple]
+    """Per job row: (requested, min, max workers, scaling alpha, beta, restore s)."""
+    workers: list[int]
+    """Per job row."""
+    health: _HealthView
+    total_free: int
+    node_features: list[float]
+    """The node-only cluster features (indices 0-1 and 11-17 of the observation)."""
+
+
+def _health_arrays(nodes: Nodes) -> tuple[np.ndarray, ...]:
+    return (nodes.gpus_total, nodes.ready, nodes.cordoned, nodes.xid_errors_5m,
+            nodes.ecc_errors_30m, nodes.ready_flaps_60m, nodes.failure_risk)
+
+
+def _health_view(state: ClusterState) -> _HealthView:
+    nodes = state.nodes
+    usable = nodes.ready & ~nodes.cordoned
+    at_risk = at_risk_nodes(state)
+    n_nodes = max(nodes.count, 1)
+    total = max(int(nodes.gpus_total.sum()), 1)
+    max_risk = float(nodes.failure_risk.max(initial=0.0))
+    features = [int(nodes.gpus_total[usable].sum()) / total,
+                int(np.count_nonzero(nodes.warned)) / n_nodes, max_risk]
+    return _HealthView(
+        arrays=_health_arrays(nodes), usable_list=usable.tolist(),
+        all_usable=bool(usable.all()), at_risk=at_risk, at_risk_list=at_risk.tolist(),
+        any_risk=bool(at_risk.any()), max_risk=max_risk,
+        uniform_risk=bool(nodes.failure_risk.min(initial=max_risk) == max_risk), total_gpus=total,
+        n_nodes=n_nodes, per_node=max(int(nodes.gpus_total.max(initial=1)), 1),
+        features=features)
 
 
 class Featurizer:
     """Turns states into observations and masks, and discrete actions into `Action`s.
 
     The three calls on one state share their common work through one-entry caches keyed by
-    the identity of the state and of its nodes (states are immutable snapshots).
+    the identity of the state, of its nodes and of their health columns (states are immutable
+    snapshots); per-job feature rows and mask blocks are cached per job row and allocation
+    while the state's jobs stay the same ones (`_fixed_attributes`).
     """
 
     def __init__(self, spec: FeatureSpec | None = None) -> None:
         self.spec = spec or FeatureSpec()
-        self._levels = np.asarray(self.spec.worker_levels, dtype=np.int64)
         self._cached: tuple[ClusterState, _View] | None = None
-        self._cached_nodes: tuple[object, _NodeView] | None = None
+        self._cached_nodes: tuple[Nodes, tuple[int, list[float]]] | None = None
+        self._cached_health: _HealthView | None = None
+        self._cached_fixed: tuple[tuple, list[tuple]] | None = None
+        self._row_cache: dict[tuple, bytes] = {}
+        self._mask_cache: dict[tuple, bytes] = {}
 
     def _view(self, state: ClusterState) -> _View:
         if self._cached is not None and self._cached[0] is state:
             return self._cached[1]
-        nodes = self._node_view(state)
-        slots = select_slots(state, self.spec.top_k, nodes.at_risk)
-        view = _View(slots=slots, placements=[state.jobs.placement[r] for r in slots.tolist()],
-                     nodes=nodes)
+        health = self._health(state)
+        total_free, node_features = self._free_view(state, health)
+        jobs = state.jobs
+        status = jobs.status.tolist()
+        rows = _slot_rows(status, jobs.placement, health.at_risk, self.spec.top_k)
+        view = _View(slots=np.array(rows, dtype=np.int64), rows=rows,
+                     placements=[jobs.placement[r] for r in rows], status=status,
+                     n_queued=status.count(_QUEUED), fixed=self._fixed_attributes(jobs),
+                     workers=jobs.workers.tolist(), health=health, total_free=total_free,
+                     node_features=node_features)
         self._cached = (state, view)
         return view
 
-    def _node_view(self, state: ClusterState) -> _NodeView:
+    def _health(self, state: ClusterState) -> _HealthView:
+        cached = self._cached_health
+        if cached is None or not all(
+                a is b for a, b in zip(cached.arrays, _health_arrays(state.nodes), strict=True)):
+            cached = self._cached_health = _health_view(state)
+        return cached
+
+    def _free_view(self, state: ClusterState, health: _HealthView) -> tuple[int, list[float]]:
+        """Free GPUs in all and the node-only observation features, cached by `Nodes` identity
+        (the simulator shares one `Nodes` between snapshots until something changes)."""
         nodes = state.nodes
         if self._cached_nodes is not None and self._cached_nodes[0] is nodes:
             return self._cached_nodes[1]
-        usable = nodes.ready & ~nodes.cordoned
-        at_risk = at_risk_nodes(state)
-        free = np.where(usable, nodes.gpus_free, 0)
-        total = max(int(nodes.gpus_total.sum()), 1)
-        n_nodes = max(nodes.count, 1)
-        per_node = max(int(nodes.gpus_total.max(initial=1)), 1)
-        features = np.empty(9, dtype=np.float32)
-        features[0] = free.sum() / total
-        features[1] = nodes.gpus_total[usable].sum() / total
-        features[2] = np.count_nonzero(nodes.warned) / n_nodes
-        features[3] = nodes.failure_risk.max(initial=0.0)
-        # nodes with at least 1, 2, 4, 8 free GPUs: a histogram of free counts, summed from the top
-        at_least = np.cumsum(np.bincount(free, minlength=_FREE_THRESHOLDS[-1] + 1)[::-1])[::-1]
-        features[4:8] = at_least[_FREE_THRESHOLDS] / n_nodes
-        features[8] = free.max(initial=0) / per_node
-        view = _NodeView(usable=usable, at_risk=at_risk, any_risk=bool(at_risk.any()),
-                         total_free=int(free.sum()), per_node=per_node, features=features)
-        self._cached_nodes = (nodes, view)
-        return view
+        free = nodes.gpus_free.tolist()
+        if not health.all_usable:
+            free = [f if ok else 0 for f, ok in zip(free, health.usable_list, strict=True)]
+        total_free, n_nodes = sum(free), health.n_nodes
+        ascending = sorted(free)
+        features = [
+            total_free / health.total_gpus, *health.features,
+            # nodes with at least 1, 2, 4, 8 free GPUs
+            *((n_nodes - bisect.bisect_left(ascending, at_least)) / n_nodes
+              for at_least in _FREE_THRESHOLDS),
+            (ascending[-1] if ascending else 0) / health.per_node,
+        ]
+        self._cached_nodes = (nodes, (total_free, features))
+        return total_free, features
 
     def slots(self, state: ClusterState) -> np.ndarray:
         """Rows of `state.jobs` in slot order (what slot k of the observation refers to)."""
@@ -192,116 +288,143 @@ class Featurizer:
     def observe(self, state: ClusterState) -> np.ndarray:
         """Observation vector (float32, length `spec.obs_size`)."""
         view = self._view(state)
-        obs = np.zeros(self.spec.obs_size, dtype=np.float32)
-        obs[:CLUSTER_FEATURES] = self._cluster_features(state, view)
-        if len(view.slots):
-            per_job = self._job_features(state, view)
-            obs[CLUSTER_FEATURES:CLUSTER_FEATURES + per_job.size] = per_job.ravel()
+        n = len(view.placements)
+        blob = bytearray(np.array(self._cluster_features(state, view), dtype=np.float32).tobytes())
+        blob += b"".join(self._allocation_rows(state, view))
+        blob += bytes((self.spec.top_k - n) * JOB_FEATURES * 4)
+        obs = np.frombuffer(blob, dtype=np.float32)
+        if n:
+            per_job = obs[CLUSTER_FEATURES:CLUSTER_FEATURES + n * JOB_FEATURES]
+            self._fill_dynamic_features(state, view, per_job.reshape(n, JOB_FEATURES))
         return np.clip(obs, -OBS_BOUND, OBS_BOUND, out=obs)
 
-    def _cluster_features(self, state: ClusterState, view: _View) -> np.ndarray:
-        jobs, demand = state.jobs, state.demand
-        node_features = view.nodes.features
-        total = max(int(state.nodes.gpus_total.sum()), 1)
-        n_queued = int(np.count_nonzero(jobs.status == _QUEUED))
+    def _cluster_features(self, state: ClusterState, view: _View) -> list[float]:
+        jobs, demand, top_k = state.jobs, state.demand, self.spec.top_k
+        node_features = view.node_features
+        n_queued = view.n_queued
         day = 2 * math.pi * state.time_of_day_s / 86_400.0
-        out = np.empty(CLUSTER_FEATURES, dtype=np.float32)
-        out[:2] = node_features[:2]
-        out[2:11] = (
-            min(n_queued / self.spec.top_k, 4.0),
-            min(demand.pending_gpus / total, 4.0),
-            min((jobs.count - n_queued) / self.spec.top_k, 4.0),
+        return [
+            *node_features[:2],
+            min(n_queued / top_k, 4.0),
+            min(demand.pending_gpus / view.health.total_gpus, 4.0),
+            min((jobs.count - n_queued) / top_k, 4.0),
             min(demand.arrivals_1h / 10.0, 4.0),
             math.sin(day), math.cos(day),
             *demand.forecast_gpus,
-        )
-        out[11:] = node_features[2:]
-        return out
+            *node_features[2:],
+        ]
 
-    def _job_features(self, state: ClusterState, view: _View) -> np.ndarray:
-        """Per-slot features; plain Python over <= top_k slots beats dozens of tiny numpy ops."""
-        jobs, nodes = state.jobs, state.nodes
-        slots = view.slots
-        per_node = view.nodes.per_node
-        at_risk = view.nodes.at_risk.tolist() if view.nodes.any_risk else None
-        scores = nodes.failure_risk.tolist() if nodes.failure_risk.any() else None
-        columns = zip(
-            jobs.status[slots].tolist(), jobs.workers[slots].tolist(),
-            jobs.requested_gpus[slots].tolist(), jobs.min_workers[slots].tolist(),
-            jobs.max_workers[slots].tolist(), jobs.submit_s[slots].tolist(),
-            jobs.attained_gpu_s[slots].tolist(), jobs.progress[slots].tolist(),
-            jobs.scaling_alpha[slots].tolist(), jobs.scaling_beta[slots].tolist(),
-            jobs.since_checkpoint_s[slots].tolist(), jobs.restore_s[slots].tolist(),
-            view.placements, strict=True,
-        )
-        now_s, interval = state.time_s, self.spec.checkpoint_interval_s
-        log1p, log2, ceil = math.log1p, math.log2, math.ceil
+    def _allocation_rows(self, state: ClusterState, view: _View) -> list[bytes]:
+        """Each slot's feature row as float32 bytes, with the time- and risk-dependent columns
+        still 0. The rest depends only on the job's fixed attributes and its allocation, which
+        rarely change between steps, so rows are cached by (job row, allocation) for as long
+        as the job rows keep their fixed attributes (see `_fixed_attributes`)."""
+        fixed, workers, status = view.fixed, view.workers, view.status
+        per_node = view.health.per_node
+        cache = self._row_cache
+        if len(cache) > _VALUE_CACHE_SIZE:
+            cache.clear()
         rows = []
-        for (status, workers, req, lo, hi, submit, attained, progress, alpha, beta, since_ckpt,
-             restore, placement) in columns:
-            used = set(placement)
-            n_nodes = len(used)
-            doubled = min(max(workers * 2, 1), hi)
-            now = _speedup_scalar(workers, n_nodes, alpha, beta)
-            after = _speedup_scalar(doubled, ceil(doubled / per_node), alpha, beta)
-            at_req = _speedup_scalar(req, ceil(req / per_node), alpha, beta)
-            safe_workers = max(workers, 1)
-            rows.append((
-                1.0, status == _QUEUED, status == _RUNNING, status == _RESTARTING,
-                log2(1 + workers) / _LOG_GPUS, log2(1 + req) / _LOG_GPUS,
-                log2(1 + lo) / _LOG_GPUS, log2(1 + hi) / _LOG_GPUS,
-                log1p(max(now_s - submit, 0.0) / 3600.0) / 4.0,
-                log1p(attained / 3600.0) / 6.0,
-                progress,
-                now / safe_workers,
-                after / now - 1.0 if now > 0 else 1.0,
-                at_req / max(req, 1),
-                any(at_risk[n] for n in used) if at_risk is not None else False,
-                max((scores[n] for n in used), default=0.0) if scores is not None else 0.0,
-                since_ckpt / interval,
-                restore / 300.0,
-                (n_nodes - ceil(safe_workers / per_node)) / safe_workers if workers else 0.0,
-            ))
-        return np.array(rows, dtype=np.float32)
+        for row, placement in zip(view.rows, view.placements, strict=True):
+            key = (row, status[row], workers[row], placement, per_node)
+            features = cache.get(key)
+            if features is None:
+                features = cache[key] = np.array(
+                    _allocation_features(status[row], workers[row], *fixed[row], placement,
+                                         per_node), dtype=np.float32).tobytes()
+            rows.append(features)
+        return rows
+
+    def _fixed_attributes(self, jobs: Jobs) -> list[tuple]:
+        """(requested, min, max workers, scaling alpha, beta, restore s) per job row. The
+        simulator's snapshots share these arrays until a job arrives or leaves: cached by
+        their identity. While they stay, a job row means the same job, so the per-row caches
+        are keyed by row and emptied when the arrays change."""
+        arrays = (jobs.requested_gpus, jobs.min_workers, jobs.max_workers, jobs.scaling_alpha,
+                  jobs.scaling_beta, jobs.restore_s)
+        cached = self._cached_fixed
+        if cached is None or not all(a is b for a, b in zip(cached[0], (jobs.job_id, *arrays),
+                                                             strict=True)):
+            cached = self._cached_fixed = ((jobs.job_id, *arrays),
+                                           list(zip(*(a.tolist() for a in arrays), strict=True)))
+            self._row_cache.clear()
+            self._mask_cache.clear()
+        return cached[1]
+
+    def _fill_dynamic_features(self, state: ClusterState, view: _View, out: np.ndarray) -> None:
+        """Write the columns that change with time (age, attained service, progress, time since
+        checkpoint) and with node risk into the slots' rows `out`."""
+        jobs, slots = state.jobs, view.slots
+        out[:, 8] = np.log1p(np.maximum(state.time_s - jobs.submit_s[slots], 0.0) / 3600.0) / 4.0
+        out[:, 9] = np.log1p(jobs.attained_gpu_s[slots] / 3600.0) / 6.0
+        out[:, 10] = jobs.progress[slots]
+        out[:, 16] = (jobs.since_checkpoint_s[slots].astype(np.float64)
+                      / self.spec.checkpoint_interval_s)
+        health, placements = view.health, view.placements
+        if health.any_risk:
+            at_risk = health.at_risk_list
+            out[:, 14] = [any(map(at_risk.__getitem__, p)) for p in placements]
+        if health.uniform_risk:
+            out[:, 15] = [health.max_risk if p else 0.0 for p in placements]
+        else:
+            scores = state.nodes.failure_risk.tolist()
+            out[:, 15] = [max(map(scores.__getitem__, p)) if p else 0.0 for p in placements]
 
     # ------------------------------------------------------------------ actions
     def action_mask(self, state: ClusterState) -> np.ndarray:
-        """bool mask over the discrete actions; exact: every True action changes the state."""
+        """bool mask over the discrete actions; exact: every True action changes the state.
+
+        A slot's block depends only on the job's size bounds, its workers and the GPUs it
+        could use (free + its own), so blocks are cached by those values as bytes and joined.
+        """
         spec = self.spec
         view = self._view(state)
-        slots, placements = view.slots, view.placements
-        usable, total_free = view.nodes.usable, view.nodes.total_free
-        mask = np.zeros(spec.num_actions, dtype=bool)
-        mask[0] = True
-        if not len(slots):
-            return mask
-        jobs, nodes = state.jobs, state.nodes
-        all_usable = bool(usable.all())
-        own_usable = np.array([len(p) if all_usable else sum(1 for n in p if usable[n])
-                               for p in placements])
-        workers = jobs.workers[slots]
-        targets = np.empty((len(slots), spec.levels_per_slot), dtype=np.int64)
-        targets[:, :-1] = self._levels
-        targets[:, -1] = jobs.requested_gpus[slots]
-        feasible = ((targets >= jobs.min_workers[slots, None])
-                    & (targets <= jobs.max_workers[slots, None])
-                    & (targets <= (total_free + own_usable)[:, None])
-                    & (targets != workers[:, None]))
-        n_strategies = len(spec.strategies)
-        block = mask[1:1 + len(slots) * spec.actions_per_slot].reshape(len(slots), -1)
-        block[:, 0] = workers > 0
-        block[:, 1:1 + spec.levels_per_slot * n_strategies] = np.repeat(feasible, n_strategies,
-                                                                       axis=1)
-        if view.nodes.any_risk:
-            for k, placement in enumerate(placements):
-                if not placement or not view.nodes.at_risk[list(placement)].any():
-                    continue
-                row = int(slots[k])
-                src = self._migration_source(state, row)
-                kept = sum(1 for node in placement if node != src and usable[node])
-                free_elsewhere = total_free - (int(nodes.gpus_free[src]) if usable[src] else 0)
-                block[k, -1] = free_elsewhere + kept >= len(placement)
+        health, placements = view.health, view.placements
+        usable, total_free = health.usable_list, view.total_free
+        fixed, workers = view.fixed, view.workers
+        cache = self._mask_cache
+        if len(cache) > _VALUE_CACHE_SIZE:
+            cache.clear()
+        blocks = [b"\x01"]
+        for row, placement in zip(view.rows, placements, strict=True):
+            own = (len(placement) if health.all_usable
+                   else sum(1 for n in placement if usable[n]))
+            key = (row, workers[row], total_free + own)
+            block = cache.get(key)
+            if block is None:
+                block = cache[key] = self._slot_mask(fixed[row], workers[row], total_free + own)
+            blocks.append(block)
+        blocks.append(bytes((spec.top_k - len(placements)) * spec.actions_per_slot))
+        mask = np.frombuffer(bytearray(b"".join(blocks)), dtype=bool)
+        if health.any_risk:
+            self._mask_migrations(state, view, mask)
         return mask
+
+    def _slot_mask(self, fixed: tuple, workers: int, capacity: int) -> bytes:
+        """One slot's block without its migrate action: suspend if running, then each
+        (target, strategy) that is a change within [lo, hi] and fits in `capacity` GPUs."""
+        spec = self.spec
+        req, lo, hi = fixed[:3]
+        block = bytearray(spec.actions_per_slot)
+        block[0] = workers > 0
+        for level, target in enumerate((*spec.worker_levels, req)):
+            if lo <= target <= hi and target <= capacity and target != workers:
+                start = 1 + level * len(spec.strategies)
+                block[start:start + len(spec.strategies)] = b"\x01" * len(spec.strategies)
+        return bytes(block)
+
+    def _mask_migrations(self, state: ClusterState, view: _View, mask: np.ndarray) -> None:
+        """Allow 'migrate off the most at-risk node' where the rest of the cluster holds the job."""
+        spec, nodes = self.spec, state.nodes
+        usable, at_risk = view.health.usable_list, view.health.at_risk_list
+        total_free = view.total_free
+        for k, placement in enumerate(view.placements):
+            if not any(at_risk[n] for n in placement):
+                continue
+            src = self._migration_source(state, view.rows[k])
+            kept = sum(1 for node in placement if node != src and usable[node])
+            free_elsewhere = total_free - (int(nodes.gpus_free[src]) if usable[src] else 0)
+            mask[(k + 1) * spec.actions_per_slot] = free_elsewhere + kept >= len(placement)
 
     @staticmethod
     def _migration_source(state: ClusterState, row: int) -> int:
@@ -326,7 +449,7 @@ class Featurizer:
             return Action(_SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
         if offset == spec.actions_per_slot - 1:
             placement = state.jobs.placement[row]
-            at_risk = self._view(state).nodes.at_risk
+            at_risk = self._view(state).health.at_risk
             if not placement or not at_risk[list(placement)].any():
                 return NOOP  # migration is for jobs on warned or risky nodes only
             src = self._migration_source(state, row)

@@ -12,19 +12,23 @@ import numpy as np
 
 from env.state import ClusterState, Strategy
 
-_NO_ROOM = np.int64(1 << 30)
 _PACKED = Strategy.PACKED
 
 
 def free_gpus_for(state: ClusterState, job_row: int | None, exclude_node: int = -1) -> np.ndarray:
     """Free GPUs per node as seen by job `job_row` (its own GPUs count as free)."""
+    return np.asarray(_free_list(state, job_row, exclude_node), dtype=np.int64)
+
+
+def _free_list(state: ClusterState, job_row: int | None, exclude_node: int) -> list[int]:
     nodes = state.nodes
-    free = nodes.gpus_free.astype(np.int64)
+    free = nodes.gpus_free.tolist()
     if job_row is not None:
         for node in state.jobs.placement[job_row]:
             free[node] += 1
-    usable = nodes.ready & ~nodes.cordoned
-    free = np.where(usable, free, 0)
+    if not nodes.ready.all() or nodes.cordoned.any():
+        free = [f if ready and not cordoned else 0 for f, ready, cordoned
+                in zip(free, nodes.ready.tolist(), nodes.cordoned.tolist(), strict=True)]
     if exclude_node >= 0:
         free[exclude_node] = 0
     return free
@@ -36,41 +40,39 @@ def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strateg
 
     PACKED puts the job on as few nodes as possible, choosing the best-fitting node for the
     remainder; SPREAD fills the most fragmented nodes first. Warned nodes come last in both.
+    Ties go to the lowest node index. (Plain Python: called once per action on clusters of
+    tens to hundreds of nodes, where a dozen numpy calls cost more than the loops.)
     """
     if workers <= 0:
         return ()
-    free = free_gpus_for(state, job_row, exclude_node)
+    free = _free_list(state, job_row, exclude_node)
     warned = state.nodes.warned
-    healthy_free = np.where(warned, 0, free)
+    healthy_free = ([0 if w else f for f, w in zip(free, warned.tolist(), strict=True)]
+                    if warned.any() else free)
     for candidate_free in (healthy_free, free):
-        if candidate_free.sum() >= workers:
+        if sum(candidate_free) >= workers:
             return _pick(candidate_free, workers, strategy)
     return None
 
 
-def _pick(free: np.ndarray, workers: int, strategy: Strategy) -> tuple[int, ...]:
+def _pick(free: list[int], workers: int, strategy: Strategy) -> tuple[int, ...]:
     chosen: list[int] = []
     need = workers
-    free = free.copy()
     if strategy == _PACKED:
+        free = list(free)
         while need > 0:
-            fits = np.where(free >= need, free, _NO_ROOM)
-            best = int(fits.argmin())
-            if fits[best] < _NO_ROOM:  # one node holds the rest: the tightest such node
-                chosen.extend([best] * need)
+            fits = [(f, node) for node, f in enumerate(free) if f >= need]
+            if fits:  # one node holds the rest: the tightest such node
+                chosen.extend([min(fits)[1]] * need)
                 break
-            biggest = int(free.argmax())  # otherwise take the emptiest node whole
-            take = int(free[biggest])
-            chosen.extend([biggest] * take)
+            biggest = max(range(len(free)), key=free.__getitem__)  # else the emptiest, whole
+            chosen.extend([biggest] * free[biggest])
+            need -= free[biggest]
             free[biggest] = 0
-            need -= take
     else:
-        order = np.argsort(np.where(free > 0, free, _NO_ROOM), kind="stable")
-        for node in order:
-            take = int(min(free[node], need))
-            if take <= 0:
-                break
-            chosen.extend([int(node)] * take)
+        for node in sorted((n for n, f in enumerate(free) if f > 0), key=free.__getitem__):
+            take = min(free[node], need)
+            chosen.extend([node] * take)
             need -= take
             if need == 0:
                 break

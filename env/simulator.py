@@ -40,7 +40,7 @@ from env.metrics import RunAccounting
 from env.params import SimParams
 from env.placement import placement_shape
 from env.signals import NO_SIGNALS, Signals
-from env.snapshot import SnapshotDemand, SnapshotJobs
+from env.snapshot import SnapshotDemand, SnapshotJobs, SnapshotNodes
 from env.state import (
     Action,
     ActionKind,
@@ -144,6 +144,7 @@ class Simulator:
         self._snapshot_static: dict[str, object] = {}
         self._snapshot_alloc: dict[str, object] | None = None
         self._snapshot_nodes: Nodes | None = None
+        self._snapshot_health: _NodeHealth | None = None
 
         self.accounting = RunAccounting(self, self.params)
         self._events: list[tuple[float, int, int, int, int]] = []
@@ -329,13 +330,11 @@ class Simulator:
                 return "a migration keeps the worker count"
         if tuple(sorted(nodes)) == self._placement[row]:
             return "placement unchanged"
-        need = np.bincount(np.asarray(nodes, dtype=np.int64), minlength=len(self.node_names))
-        own = np.bincount(np.asarray(self._placement[row], dtype=np.int64),
-                          minlength=len(self.node_names))
-        usable = ~self._down & ~self._cordoned
-        short = (need > 0) & ((need > self._gpus_free + own) | ~usable)
-        if short.any():
-            return f"not enough free GPUs on {self.node_names[int(np.argmax(short))]}"
+        own = self._placement[row]
+        for node in sorted(set(nodes)):  # a placement touches a few nodes: no arrays needed
+            if (self._down[node] or self._cordoned[node]
+                    or nodes.count(node) > self._gpus_free[node] + own.count(node)):
+                return f"not enough free GPUs on {self.node_names[node]}"
         return ""
 
     def _reallocate(self, row: int, nodes: tuple[int, ...]) -> None:
@@ -420,6 +419,10 @@ class Simulator:
         self._snapshot_alloc = None
         self._snapshot_nodes = None
 
+    def _health_changed(self) -> None:
+        self._snapshot_health = None
+        self._snapshot_nodes = None
+
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, a: int, b: int) -> None:
         self._seq += 1
@@ -481,7 +484,7 @@ class Simulator:
         node = event.node
         if event.kind == "warn":
             self._episodes[node] = event.episode
-            self._snapshot_nodes = None
+            self._health_changed()
         elif event.kind == "calm":
             pass  # the episode lingers in windowed counts; dropped in _node_snapshot
         elif event.kind == "fail":
@@ -494,7 +497,7 @@ class Simulator:
                 return
             self._down[node] = False
             self._gpus_free[node] = self._gpus_total[node]
-            self._snapshot_nodes = None
+            self._health_changed()
             self.accounting.change(up=int(self._gpus_total[node]))
 
     def _fail_node(self, node: int, t: float) -> None:
@@ -509,7 +512,7 @@ class Simulator:
             self._release(row, t)
         self._down[node] = True
         self._gpus_free[node] = 0
-        self._snapshot_nodes = None
+        self._health_changed()
         self.accounting.change(up=-int(self._gpus_total[node]))
 
     # ------------------------------------------------------------------ observation parts
@@ -517,6 +520,28 @@ class Simulator:
         """Node columns; cached while no allocation, health or telemetry change happened."""
         if self._snapshot_nodes is not None and not self._episodes:
             return self._snapshot_nodes
+        health = self._node_health()
+        self._snapshot_nodes = SnapshotNodes(
+            {
+                "name": self.node_names, "gpus_total": self._snapshot_totals,
+                "gpus_free": self._gpus_free.copy(), "gpu_type": self._gpu_types,
+                "rack": self._snapshot_racks, "ready": health.ready, "cordoned": health.cordoned,
+                "xid_errors_5m": health.xid_errors_5m, "ecc_errors_30m": health.ecc_errors_30m,
+                "ready_flaps_60m": health.ready_flaps_60m,
+                "temperature_delta_30m_c": health.temperature_delta_30m_c,
+                "failure_risk": health.failure_risk,
+            },
+            (self.params.base_temperature_c, self.params.busy_temperature_rise_c),
+            health.temperature_excess,
+        )
+        return self._snapshot_nodes
+
+    def _node_health(self) -> _NodeHealth:
+        """The health columns of the node snapshot. While no node has a warning episode they
+        change only on a failure or repair, so consecutive snapshots share the same arrays
+        (which lets the featurizer reuse what it derived from them)."""
+        if self._snapshot_health is not None and not self._episodes:
+            return self._snapshot_health
         t = self.time_s
         for node, episode in list(self._episodes.items()):
             if t - episode.end_s > _LINGER_S:
@@ -528,27 +553,12 @@ class Simulator:
         else:  # healthy cluster: all-zero telemetry, shared
             telemetry = self._zero_telemetry
             counts, temp_excess, temp_delta = self._zero_counts, 0.0, telemetry[:, 5]
-        util = np.where(self._down, 0.0, 1.0 - self._gpus_free / self._gpus_total)
-        temperature = (self.params.base_temperature_c
-                       + self.params.busy_temperature_rise_c * util + temp_excess)
-        risk = self._node_risks(telemetry)
-        self._snapshot_nodes = Nodes(
-            name=self.node_names,
-            gpus_total=self._snapshot_totals,
-            gpus_free=self._gpus_free.copy(),
-            gpu_type=self._gpu_types,
-            rack=self._snapshot_racks,
-            ready=~self._down,
-            cordoned=self._cordoned.copy(),
-            xid_errors_5m=counts[:, 0],
-            ecc_errors_30m=counts[:, 2],
-            ready_flaps_60m=counts[:, 3],
-            temperature_c=temperature.astype(np.float32),
-            temperature_delta_30m_c=temp_delta,
-            gpu_util=util.astype(np.float32),
-            failure_risk=risk,
-        )
-        return self._snapshot_nodes
+        self._snapshot_health = _NodeHealth(
+            ready=~self._down, cordoned=self._cordoned.copy(), xid_errors_5m=counts[:, 0],
+            ecc_errors_30m=counts[:, 2], ready_flaps_60m=counts[:, 3],
+            temperature_excess=temp_excess, temperature_delta_30m_c=temp_delta,
+            failure_risk=self._node_risks(telemetry))
+        return self._snapshot_health
 
     def _forecast(self, minutes: int) -> tuple[float, float, float]:
         """Demand forecast from the first `minutes` per-minute samples (the history is append-only,
@@ -595,6 +605,21 @@ class Simulator:
         minutes = self.accounting.demand_minutes
         return SnapshotDemand(self.accounting.queued_gpus, int(hi - lo),
                               lambda: self._forecast(minutes))
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeHealth:
+    """Health and telemetry columns of a node snapshot (see `Nodes` for each field)."""
+
+    ready: np.ndarray
+    cordoned: np.ndarray
+    xid_errors_5m: np.ndarray
+    ecc_errors_30m: np.ndarray
+    ready_flaps_60m: np.ndarray
+    temperature_excess: np.ndarray | float
+    """Degrees above the utilisation-driven temperature (warning episodes only)."""
+    temperature_delta_30m_c: np.ndarray
+    failure_risk: np.ndarray
 
 
 def _pick(items: Sequence, rows: np.ndarray) -> tuple:

@@ -3,8 +3,9 @@
 Replaying the 82k-job Philly trace hands out hundreds of thousands of states, and a heuristic
 like static FIFO never reads progress, attained service or time since checkpoint. Those columns
 are derived from per-allocation inputs (captured when the snapshot is taken, so later simulation
-cannot change them) and the snapshot time, on first access, then cached; the demand forecast
-likewise. Everything else about the objects is a plain `Jobs` and `Demand`.
+cannot change them) and the snapshot time, on first access, then cached; node utilisation and
+temperature and the demand forecast likewise. Everything else about the objects is a plain
+`Jobs`, `Nodes` and `Demand`.
 """
 
 from __future__ import annotations
@@ -14,52 +15,75 @@ from functools import cached_property
 
 import numpy as np
 
-from env.state import Demand, Jobs, JobStatus
+from env.state import Demand, Jobs, JobStatus, Nodes
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 
 
 class SnapshotJobs(Jobs):
     """`Jobs` whose progress, attained service, run time, throughput and time since the last
-    checkpoint are computed lazily from `inputs` (arrays frozen at snapshot time)."""
+    checkpoint are computed from `inputs` (arrays frozen at snapshot time) when first read."""
 
     def __init__(self, columns: dict[str, object], inputs: dict[str, np.ndarray], time_s: float,
                  checkpoint_interval_s: float) -> None:
-        for name, value in columns.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_inputs", inputs)
-        object.__setattr__(self, "_time_s", time_s)
-        object.__setattr__(self, "_interval_s", checkpoint_interval_s)
+        self.__dict__.update(columns)
+        self.__dict__.update(_inputs=inputs, _time_s=time_s, _interval_s=checkpoint_interval_s)
 
-    @cached_property
-    def _busy_since(self) -> np.ndarray:
-        return np.where(self.status == _RUNNING, self._time_s - self._inputs["busy_from"], 0.0)
+    def __getattr__(self, name: str) -> np.ndarray:
+        # Python calls this only for attributes not set yet: the lazy columns (and their
+        # shared intermediates), each stored on first read
+        compute = _LAZY_JOB_COLUMNS.get(name)
+        if compute is None:
+            raise AttributeError(name)
+        value = self.__dict__[name] = compute(self, self._inputs)
+        return value
 
-    @cached_property
-    def _held(self) -> np.ndarray:
-        return np.where(self.status != _QUEUED, self._time_s - self._inputs["anchor"], 0.0)
 
-    @cached_property
-    def throughput(self) -> np.ndarray:
-        return np.where(self.status == _RUNNING, self._inputs["rate"], 0.0).astype(np.float32)
+def _busy_since(jobs: SnapshotJobs, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Seconds of training since the current allocation's restore ended (0 unless running)."""
+    return np.where(jobs.status == _RUNNING, jobs._time_s - inputs["busy_from"], 0.0)
 
-    @cached_property
-    def progress(self) -> np.ndarray:
-        inputs = self._inputs
-        done = inputs["done"] + inputs["rate"] * self._busy_since
-        return np.minimum(done / inputs["work"], 1.0).astype(np.float32)
 
-    @cached_property
-    def attained_gpu_s(self) -> np.ndarray:
-        return self._inputs["attained"] + self.workers * self._held
+def _held(jobs: SnapshotJobs, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Seconds the current allocation has been held (0 when queued)."""
+    return np.where(jobs.status != _QUEUED, jobs._time_s - inputs["anchor"], 0.0)
 
-    @cached_property
-    def run_s(self) -> np.ndarray:
-        return self._inputs["run_s"] + self._held
 
-    @cached_property
-    def since_checkpoint_s(self) -> np.ndarray:
-        return np.mod(self._busy_since, self._interval_s).astype(np.float32)
+_LAZY_JOB_COLUMNS = {
+    "_busy_since": _busy_since,
+    "_held": _held,
+    "throughput": lambda jobs, inputs: np.where(jobs.status == _RUNNING, inputs["rate"],
+                                                0.0).astype(np.float32),
+    "progress": lambda jobs, inputs: np.minimum(
+        (inputs["done"] + inputs["rate"] * jobs._busy_since) / inputs["work"],
+        1.0).astype(np.float32),
+    "attained_gpu_s": lambda jobs, inputs: inputs["attained"] + jobs.workers * jobs._held,
+    "run_s": lambda jobs, inputs: inputs["run_s"] + jobs._held,
+    "since_checkpoint_s": lambda jobs, inputs: np.mod(jobs._busy_since,
+                                                      jobs._interval_s).astype(np.float32),
+}
+
+
+class SnapshotNodes(Nodes):
+    """`Nodes` whose utilisation and temperature are computed when first read: telemetry
+    exporters read them, the policies do not, and allocations (which change both) happen at
+    nearly every environment step."""
+
+    def __init__(self, columns: dict[str, object], temperature: tuple[float, float],
+                 temperature_excess: np.ndarray | float) -> None:
+        self.__dict__.update(columns)
+        self.__dict__.update(_temperature=temperature, _temperature_excess=temperature_excess)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        # Python calls this only for attributes not set yet: here, utilisation and temperature
+        if name not in ("gpu_util", "temperature_c"):
+            raise AttributeError(name)
+        util = np.where(self.ready, 1.0 - self.gpus_free / self.gpus_total, 0.0)
+        base_c, busy_rise_c = self._temperature
+        temperature = base_c + busy_rise_c * util + self._temperature_excess
+        self.__dict__.update(gpu_util=util.astype(np.float32),
+                             temperature_c=temperature.astype(np.float32))
+        return self.__dict__[name]
 
 
 class SnapshotDemand(Demand):

@@ -108,3 +108,31 @@ def test_slot_order_is_stable_and_observation_shape_fixed():
     queued = [r for r in slots if state.jobs.status[r] == 0]
     assert queued == sorted(queued, key=lambda r: state.jobs.submit_s[r])
     assert np.isfinite(Featurizer(spec).observe(state)).all()
+
+
+def test_cached_features_and_mask_equal_those_of_a_fresh_featurizer():
+    """The featurizer reuses feature rows, mask blocks and node summaries from earlier states;
+    along a trajectory with failures, warnings and migrations, none of it may change what it
+    returns for a state."""
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=1.0))
+    environment = ClusterAllocEnv(workloads=("synthetic:40:1.5",), cluster="4x4", params=params)
+    environment.reset(seed=3)
+    spec = environment.featurizer.spec
+    migrate = [(k + 1) * spec.actions_per_slot for k in range(spec.top_k)]
+    rng = np.random.default_rng(3)
+    seen = {"warned": 0, "down": 0, "migrations": 0}
+    for _ in range(1500):
+        state = environment._state
+        mask = environment.action_masks()
+        fresh = Featurizer(spec)
+        assert np.array_equal(environment.featurizer.observe(state), fresh.observe(state))
+        assert np.array_equal(mask, fresh.action_mask(state))
+        seen["warned"] += bool(state.nodes.warned.any())
+        seen["down"] += not bool(state.nodes.ready.all())
+        seen["migrations"] += bool(mask[migrate].any())
+        valid = np.flatnonzero(mask)
+        action = 0 if rng.random() < 0.5 else int(valid[rng.integers(len(valid))])
+        _, _, terminated, truncated, _ = environment.step(action)
+        if terminated or truncated:
+            environment.reset()
+    assert min(seen.values()) > 0, seen  # every cached path was exercised
