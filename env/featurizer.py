@@ -121,8 +121,9 @@ def _speedup_scalar(n: int, k: int, alpha: float, beta: float) -> float:
     return n / (1.0 + alpha * (n - 1) + (beta * n if k > 1 else 0.0))
 
 
-_VALUE_CACHE_SIZE = 4096
-"""Bound on the entries of each per-row cache (feature rows, mask blocks)."""
+_VALUE_CACHE_SIZE = 8192
+"""Entries kept in each of the featurizer's value caches (attribute classes, feature rows,
+mask blocks) before it is emptied; a 16x4 episode uses a few hundred."""
 
 
 def _allocation_features(status: int, workers: int, req: int, lo: int, hi: int, alpha: float,
@@ -187,6 +188,8 @@ class _View:
     n_queued: int
     fixed: list[tuple]
     """Per job row: (requested, min, max workers, scaling alpha, beta, restore s)."""
+    classes: list[int]
+    """Per job row: an id shared by the jobs with equal `fixed` attributes."""
     workers: list[int]
     """Per job row."""
     health: _HealthView
@@ -223,8 +226,8 @@ class Featurizer:
 
     The three calls on one state share their common work through one-entry caches keyed by
     the identity of the state, of its nodes and of their health columns (states are immutable
-    snapshots); per-job feature rows and mask blocks are cached per job row and allocation
-    while the state's jobs stay the same ones (`_fixed_attributes`).
+    snapshots); per-job feature rows and mask blocks are cached by the values they depend on
+    (`_fixed_attributes`, `_allocation_rows`, `action_mask`).
     """
 
     def __init__(self, spec: FeatureSpec | None = None) -> None:
@@ -232,7 +235,8 @@ class Featurizer:
         self._cached: tuple[ClusterState, _View] | None = None
         self._cached_nodes: tuple[Nodes, tuple[int, list[float]]] | None = None
         self._cached_health: _HealthView | None = None
-        self._cached_fixed: tuple[tuple, list[tuple]] | None = None
+        self._cached_fixed: tuple[tuple, tuple[list[tuple], list[int]]] | None = None
+        self._classes: dict[tuple, int] = {}
         self._row_cache: dict[tuple, bytes] = {}
         self._mask_cache: dict[tuple, bytes] = {}
 
@@ -244,9 +248,10 @@ class Featurizer:
         jobs = state.jobs
         status = jobs.status.tolist()
         rows = _slot_rows(status, jobs.placement, health.at_risk, self.spec.top_k)
+        fixed, classes = self._fixed_attributes(jobs)
         view = _View(slots=np.array(rows, dtype=np.int64), rows=rows,
                      placements=[jobs.placement[r] for r in rows], status=status,
-                     n_queued=status.count(_QUEUED), fixed=self._fixed_attributes(jobs),
+                     n_queued=status.count(_QUEUED), fixed=fixed, classes=classes,
                      workers=jobs.workers.tolist(), health=health, total_free=total_free,
                      node_features=node_features)
         self._cached = (state, view)
@@ -317,16 +322,17 @@ class Featurizer:
     def _allocation_rows(self, state: ClusterState, view: _View) -> list[bytes]:
         """Each slot's feature row as float32 bytes, with the time- and risk-dependent columns
         still 0. The rest depends only on the job's fixed attributes and its allocation, which
-        rarely change between steps, so rows are cached by (job row, allocation) for as long
-        as the job rows keep their fixed attributes (see `_fixed_attributes`)."""
-        fixed, workers, status = view.fixed, view.workers, view.status
+        rarely change between steps, and many jobs share attributes: rows are cached by
+        (attribute class, allocation)."""
+        fixed, classes = view.fixed, view.classes
+        workers, status = view.workers, view.status
         per_node = view.health.per_node
         cache = self._row_cache
         if len(cache) > _VALUE_CACHE_SIZE:
             cache.clear()
         rows = []
         for row, placement in zip(view.rows, view.placements, strict=True):
-            key = (row, status[row], workers[row], placement, per_node)
+            key = (classes[row], status[row], workers[row], placement, per_node)
             features = cache.get(key)
             if features is None:
                 features = cache[key] = np.array(
@@ -335,21 +341,25 @@ class Featurizer:
             rows.append(features)
         return rows
 
-    def _fixed_attributes(self, jobs: Jobs) -> list[tuple]:
-        """(requested, min, max workers, scaling alpha, beta, restore s) per job row. The
-        simulator's snapshots share these arrays until a job arrives or leaves: cached by
-        their identity. While they stay, a job row means the same job, so the per-row caches
-        are keyed by row and emptied when the arrays change."""
+    def _fixed_attributes(self, jobs: Jobs) -> tuple[list[tuple], list[int]]:
+        """Per job row, its fixed attributes (requested, min, max workers, scaling alpha, beta,
+        restore s) and their class: a small int shared by all jobs with equal attributes, the
+        cheap-to-hash key of the per-row caches. The simulator's snapshots share the attribute
+        arrays until a job arrives or leaves, so this is cached by their identity."""
         arrays = (jobs.requested_gpus, jobs.min_workers, jobs.max_workers, jobs.scaling_alpha,
                   jobs.scaling_beta, jobs.restore_s)
         cached = self._cached_fixed
-        if cached is None or not all(a is b for a, b in zip(cached[0], (jobs.job_id, *arrays),
-                                                             strict=True)):
-            cached = self._cached_fixed = ((jobs.job_id, *arrays),
-                                           list(zip(*(a.tolist() for a in arrays), strict=True)))
+        if cached is not None and all(a is b for a, b in zip(cached[0], arrays, strict=True)):
+            return cached[1]
+        if len(self._classes) > _VALUE_CACHE_SIZE:  # class ids are about to be reused
+            self._classes.clear()
             self._row_cache.clear()
             self._mask_cache.clear()
-        return cached[1]
+        fixed = list(zip(*(a.tolist() for a in arrays), strict=True))
+        classes = [self._classes.setdefault(attributes, len(self._classes))
+                   for attributes in fixed]
+        self._cached_fixed = (arrays, (fixed, classes))
+        return fixed, classes
 
     def _fill_dynamic_features(self, state: ClusterState, view: _View, out: np.ndarray) -> None:
         """Write the columns that change with time (age, attained service, progress, time since
@@ -381,7 +391,7 @@ class Featurizer:
         view = self._view(state)
         health, placements = view.health, view.placements
         usable, total_free = health.usable_list, view.total_free
-        fixed, workers = view.fixed, view.workers
+        fixed, classes, workers = view.fixed, view.classes, view.workers
         cache = self._mask_cache
         if len(cache) > _VALUE_CACHE_SIZE:
             cache.clear()
@@ -389,10 +399,13 @@ class Featurizer:
         for row, placement in zip(view.rows, placements, strict=True):
             own = (len(placement) if health.all_usable
                    else sum(1 for n in placement if usable[n]))
-            key = (row, workers[row], total_free + own)
+            req, lo, hi = fixed[row][:3]
+            # targets never exceed hi: capacities beyond it give the same block
+            capacity = min(total_free + own, hi)
+            key = (classes[row], workers[row], capacity)
             block = cache.get(key)
             if block is None:
-                block = cache[key] = self._slot_mask(fixed[row], workers[row], total_free + own)
+                block = cache[key] = self._slot_mask(req, lo, hi, workers[row], capacity)
             blocks.append(block)
         blocks.append(bytes((spec.top_k - len(placements)) * spec.actions_per_slot))
         mask = np.frombuffer(bytearray(b"".join(blocks)), dtype=bool)
@@ -400,11 +413,10 @@ class Featurizer:
             self._mask_migrations(state, view, mask)
         return mask
 
-    def _slot_mask(self, fixed: tuple, workers: int, capacity: int) -> bytes:
+    def _slot_mask(self, req: int, lo: int, hi: int, workers: int, capacity: int) -> bytes:
         """One slot's block without its migrate action: suspend if running, then each
         (target, strategy) that is a change within [lo, hi] and fits in `capacity` GPUs."""
         spec = self.spec
-        req, lo, hi = fixed[:3]
         block = bytearray(spec.actions_per_slot)
         block[0] = workers > 0
         for level, target in enumerate((*spec.worker_levels, req)):

@@ -22,7 +22,8 @@ _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 
 class SnapshotJobs(Jobs):
     """`Jobs` whose progress, attained service, run time, throughput and time since the last
-    checkpoint are computed from `inputs` (arrays frozen at snapshot time) when first read."""
+    checkpoint are computed from `inputs` (arrays frozen at snapshot time) when one of them is
+    first read, all five together (they share their intermediate arrays)."""
 
     def __init__(self, columns: dict[str, object], inputs: dict[str, np.ndarray], time_s: float,
                  checkpoint_interval_s: float) -> None:
@@ -30,38 +31,27 @@ class SnapshotJobs(Jobs):
         self.__dict__.update(_inputs=inputs, _time_s=time_s, _interval_s=checkpoint_interval_s)
 
     def __getattr__(self, name: str) -> np.ndarray:
-        # Python calls this only for attributes not set yet: the lazy columns (and their
-        # shared intermediates), each stored on first read
-        compute = _LAZY_JOB_COLUMNS.get(name)
-        if compute is None:
+        # Python calls this only for attributes not set yet: here, the time-dependent columns
+        if name not in _TIME_COLUMNS:
             raise AttributeError(name)
-        value = self.__dict__[name] = compute(self, self._inputs)
-        return value
+        inputs, t = self._inputs, self._time_s
+        running = self.status == _RUNNING
+        busy_since = np.where(running, t - inputs["busy_from"], 0.0)
+        held = np.where(self.status != _QUEUED, t - inputs["anchor"], 0.0)
+        done = inputs["done"] + inputs["rate"] * busy_since
+        columns = {
+            "throughput": np.where(running, inputs["rate"], 0.0).astype(np.float32),
+            "progress": np.minimum(done / inputs["work"], 1.0).astype(np.float32),
+            "attained_gpu_s": inputs["attained"] + self.workers * held,
+            "run_s": inputs["run_s"] + held,
+            "since_checkpoint_s": np.mod(busy_since, self._interval_s).astype(np.float32),
+        }
+        self.__dict__.update(columns)
+        return columns[name]
 
 
-def _busy_since(jobs: SnapshotJobs, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Seconds of training since the current allocation's restore ended (0 unless running)."""
-    return np.where(jobs.status == _RUNNING, jobs._time_s - inputs["busy_from"], 0.0)
-
-
-def _held(jobs: SnapshotJobs, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Seconds the current allocation has been held (0 when queued)."""
-    return np.where(jobs.status != _QUEUED, jobs._time_s - inputs["anchor"], 0.0)
-
-
-_LAZY_JOB_COLUMNS = {
-    "_busy_since": _busy_since,
-    "_held": _held,
-    "throughput": lambda jobs, inputs: np.where(jobs.status == _RUNNING, inputs["rate"],
-                                                0.0).astype(np.float32),
-    "progress": lambda jobs, inputs: np.minimum(
-        (inputs["done"] + inputs["rate"] * jobs._busy_since) / inputs["work"],
-        1.0).astype(np.float32),
-    "attained_gpu_s": lambda jobs, inputs: inputs["attained"] + jobs.workers * jobs._held,
-    "run_s": lambda jobs, inputs: inputs["run_s"] + jobs._held,
-    "since_checkpoint_s": lambda jobs, inputs: np.mod(jobs._busy_since,
-                                                      jobs._interval_s).astype(np.float32),
-}
+_TIME_COLUMNS = frozenset({"throughput", "progress", "attained_gpu_s", "run_s",
+                           "since_checkpoint_s"})
 
 
 class SnapshotNodes(Nodes):
