@@ -6,7 +6,8 @@ A saved model directory holds
   discrete action: action logits for PPO, Q-values for DQN);
 - ``policy.json``: `ExportMeta` (format version, algorithm, layer sizes, activation, the
   `FeatureSpec` the observation and action layout come from, observation-normalisation
-  statistics if training used them, and whether the action mask applies).
+  statistics if training used them, whether the action mask applies, and, for a residual
+  policy, the heuristics its extra "follow" actions defer to: see `agent.residual`).
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
 break across Python versions) never enters the cluster. `agent.export` writes it from a
@@ -27,8 +28,11 @@ from env.errors import UserError
 from env.featurizer import FeatureSpec, Featurizer
 from env.state import Action, ClusterState, Strategy
 
-FORMAT_VERSION = 1
-"""Bumped whenever `policy.json` or the network layout changes incompatibly."""
+FORMAT_VERSION = 2
+"""Bumped whenever `policy.json` or the network layout changes incompatibly (2 added
+`residual`)."""
+READABLE_VERSIONS = (1, 2)
+"""Versions this rlalloc loads (a version-1 file is a policy over the raw actions)."""
 WEIGHTS_FILE = "policy.pt"
 META_FILE = "policy.json"
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -59,6 +63,8 @@ class ExportMeta:
     masked: bool
     """Apply the action mask before the argmax (as MaskablePPO's predict does; DQN does not)."""
     obs_norm: ObsNormalization | None = None
+    residual: tuple[str, ...] = ()
+    """Heuristics behind the extra last actions, "follow its proposal" (none: raw actions)."""
     format_version: int = FORMAT_VERSION
 
     def spec(self) -> FeatureSpec:
@@ -67,6 +73,20 @@ class ExportMeta:
         fields["worker_levels"] = tuple(fields["worker_levels"])
         fields["strategies"] = tuple(Strategy(s) for s in fields["strategies"])
         return FeatureSpec(**fields)
+
+    def featurizer(self) -> Featurizer:
+        """The featurizer the model was trained with (residual if `residual` names any)."""
+        if not self.residual:
+            return Featurizer(self.spec())
+        from agent.residual import residual_featurizer  # needs the heuristics, not SB3
+
+        return residual_featurizer(self.spec(), self.residual)
+
+    def expected_obs_size(self) -> int:
+        """Observation length of this rlalloc's `featurizer()` for the model."""
+        from agent.residual import PROPOSAL_FEATURES
+
+        return self.spec().obs_size + PROPOSAL_FEATURES * len(self.residual)
 
     @staticmethod
     def spec_fields(spec: FeatureSpec) -> dict:
@@ -102,7 +122,7 @@ class LearnedPolicy:
         self.name = name
         self.meta = meta
         self.net = net.eval()
-        self.featurizer = Featurizer(meta.spec())
+        self.featurizer = meta.featurizer()
         norm = meta.obs_norm
         self._norm = None if norm is None else (
             np.asarray(norm.mean, dtype=np.float32),
@@ -146,11 +166,12 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
                         f" create one with `rlalloc train`)")
     try:
         raw = json.loads(meta_path.read_text())
-        if raw.get("format_version") != FORMAT_VERSION:
+        if raw.get("format_version") not in READABLE_VERSIONS:
             raise UserError(f"{meta_path}: format_version {raw.get('format_version')!r}, this "
-                            f"rlalloc reads {FORMAT_VERSION}; re-export the model")
+                            f"rlalloc reads {READABLE_VERSIONS}; re-export the model")
         norm = raw.pop("obs_norm", None)
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
+        raw["residual"] = tuple(raw.get("residual", ()))
         meta = ExportMeta(**raw, obs_norm=None if norm is None else ObsNormalization(
             tuple(norm["mean"]), tuple(norm["var"]), norm["clip"], norm["epsilon"]))
         net = PolicyNet(meta.obs_size, meta.hidden_sizes, meta.num_actions, meta.activation)
@@ -158,7 +179,7 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         raise UserError(f"{directory}: damaged saved policy ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0][:120]}); re-export it") from err
-    if meta.obs_size != Featurizer(meta.spec()).spec.obs_size:
+    if meta.obs_size != meta.expected_obs_size():
         raise UserError(f"{meta_path}: observation size {meta.obs_size} does not match this "
                         f"rlalloc's featurizer; retrain the model")
     return LearnedPolicy(name or directory.name, meta, net)

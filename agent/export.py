@@ -2,7 +2,8 @@
 
 Only the parts inference needs are kept: the policy MLP (PPO: the actor's hidden layers and
 action head; DQN: the Q-network), the layer sizes, the feature spec and the observation
-normalisation, if any. The value network, optimizer and replay buffer stay behind.
+normalisation, if any, and the heuristic behind a residual policy's "follow" action
+(`agent.residual`). The value network, optimizer and replay buffer stay behind.
 """
 
 from __future__ import annotations
@@ -46,25 +47,28 @@ def deployed_net(model: object, algo: str) -> tuple[PolicyNet, str]:
 
 
 def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
-          obs_norm: ObsNormalization | None) -> ExportMeta:
+          obs_norm: ObsNormalization | None, residual: tuple[str, ...]) -> ExportMeta:
     linears = [m for m in net.layers if isinstance(m, nn.Linear)]
     return ExportMeta(
         algo=algo, obs_size=linears[0].in_features, num_actions=linears[-1].out_features,
         hidden_sizes=tuple(m.out_features for m in linears[:-1]), activation=activation,
-        feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm)
+        feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm,
+        residual=residual)
 
 
-def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec,
-                     activation: str = "tanh") -> LearnedPolicy:
+def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec, activation: str = "tanh",
+                     residual: tuple[str, ...] = ()) -> LearnedPolicy:
     """The deployed policy for `net` without a round trip through files (for evaluations
     during training)."""
-    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None), net)
+    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual), net)
 
 
 def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
-                 obs_norm: ObsNormalization | None = None) -> ExportMeta:
-    """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`."""
+                 obs_norm: ObsNormalization | None = None,
+                 residual: tuple[str, ...] = ()) -> ExportMeta:
+    """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`; `residual` names
+    the heuristics of the model's extra "follow" actions (none: the raw action space)."""
     net, activation = deployed_net(model, algo)
-    meta = _meta(net, algo, activation, spec, obs_norm)
+    meta = _meta(net, algo, activation, spec, obs_norm, residual)
     save_deployed(Path(directory), meta, net.state_dict())
     return meta

@@ -15,7 +15,8 @@
   remaining run beats the checkpoint-restore time it pays (no thrashing).
   With ``failover=True`` ("reactive") jobs stopped by a failure restart at once on whatever GPUs
   are free (any size within min..max); with ``proactive=True`` ("proactive") jobs are also
-  moved off nodes whose telemetry warns, before the node fails.
+  moved off nodes whose telemetry warns, before the node fails; with ``remaining_power=0.5``
+  ("elastic-srpt") spare GPUs go first to jobs with little work left.
 
 Sizes: the elastic policies allocate only the worker counts the discrete action space can
 express (`FeatureSpec.worker_levels` plus the job's request, within min..max), and place every
@@ -163,6 +164,11 @@ class ElasticConfig:
     """Restart failure-stopped jobs first, on whatever GPUs are free ("reactive")."""
     proactive: bool = False
     """Move jobs off at-risk nodes before they fail ("proactive"; implies failover)."""
+    remaining_power: float = 0.0
+    """Divide each step-up's speed-up gain by the job's remaining work (1-GPU seconds) to this
+    power: GPUs beyond the smallest sizes then go to jobs near completion first, as shortest
+    remaining time first does for average JCT. 0 for "elastic"; 0.5 ("elastic-srpt") gave
+    3,113 vs 3,473 s average JCT on Pollux workload-1..6 (1.0: 3,326 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +270,7 @@ class ElasticPolicy:
         sizes, speedups, count = table.sizes.tolist(), table.speedups.tolist(), table.count.tolist()
         levels = level.tolist()
         rank = {row: i for i, row in enumerate(running.tolist() + queued.tolist())}
+        weight = self._remaining_weights(state, rank)
 
         def step_gain(row: int) -> tuple[float, int, int] | None:
             now = levels[row]
@@ -271,7 +278,7 @@ class ElasticPolicy:
                 return None
             gain = ((speedups[row][now + 1] - speedups[row][now])
                     / (sizes[row][now + 1] - sizes[row][now]))
-            return (-gain, rank[row], row) if gain > 0 else None
+            return (-gain * weight.get(row, 1.0), rank[row], row) if gain > 0 else None
 
         heap = [entry for entry in map(step_gain, rank) if entry is not None]
         heapq.heapify(heap)
@@ -287,6 +294,17 @@ class ElasticPolicy:
             if entry is not None:
                 heapq.heappush(heap, entry)
         return target
+
+    def _remaining_weights(self, state: ClusterState, rows: dict[int, int]) -> dict[int, float]:
+        """Per job in `rows`: 1 / (remaining work in 1-GPU seconds, at least a minute) to the
+        power `remaining_power` (empty when it is 0: plain goodput-greedy)."""
+        power = self.config.remaining_power
+        if power == 0.0:
+            return {}
+        workers = state.jobs.workers
+        return {row: max(self.remaining_s(state, row) * (
+            self._speedup(state, row, int(workers[row])) if workers[row] else 1.0),
+            60.0) ** -power for row in rows}
 
     # ----------------------------------------------------------------- decisions
     def act(self, state: ClusterState) -> Action:

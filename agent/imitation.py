@@ -112,13 +112,16 @@ def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, 
 
 
 def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size: int,
-               learning_rate: float, seed: int, value: bool = True) -> dict[str, float]:
+               learning_rate: float, seed: int, value: bool = True,
+               actor: bool = True) -> dict[str, float]:
     """Fit an SB3 actor-critic (or Q-network) policy to the demonstrations, in place.
 
     Actor-critic policies (MaskablePPO) get a masked cross-entropy on their logits plus a
-    value regression on the returns; Q-networks (DQN) are fitted so that the demonstrated
-    action has the highest Q-value (a cross-entropy on the Q-values as logits), which makes the
-    greedy DQN policy start as the heuristic. Returns the final training accuracy and loss.
+    value regression on the returns (`actor=False`: the value regression alone, for a residual
+    policy whose actor is initialised as its teacher instead, see `agent.residual`).
+    Q-networks (DQN) are fitted so that the demonstrated action has the highest Q-value (a
+    cross-entropy on the Q-values as logits), which makes the greedy DQN policy start as the
+    heuristic. Returns the final training accuracy and loss.
     """
     generator = torch.Generator().manual_seed(seed)
     obs = torch.as_tensor(demos.obs)
@@ -138,7 +141,7 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
                 latent_pi, latent_vf = policy.mlp_extractor(features)
                 scores = policy.action_net(latent_pi)
                 masked = scores.masked_fill(~masks[batch], -1e8)
-                loss = nn.functional.cross_entropy(masked, actions[batch])
+                loss = nn.functional.cross_entropy(masked, actions[batch]) if actor else 0.0
                 if value:
                     values = policy.value_net(latent_vf).squeeze(-1)
                     loss = loss + 0.5 * nn.functional.mse_loss(values, returns[batch])

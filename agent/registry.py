@@ -24,6 +24,8 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
     "elastic": ElasticPolicy,
     "reactive": lambda: ElasticPolicy(ElasticConfig(failover=True), name="reactive"),
     "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
+    "elastic-srpt": lambda: ElasticPolicy(ElasticConfig(remaining_power=0.5),
+                                          name="elastic-srpt"),
 }
 """Built-in heuristics by name."""
 SHIPPED_MODELS = ("ppo", "dqn")

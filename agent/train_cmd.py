@@ -33,6 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-start", default=_DEFAULTS.warm_start,
                         help="heuristic to behaviour-clone first ('' for none)")
     parser.add_argument("--dagger-rounds", type=int, default=_DEFAULTS.dagger_rounds)
+    parser.add_argument("--residual", default="", metavar="H1[,H2...]",
+                        help="add a 'follow H' action per heuristic and start as H1 (ppo only;"
+                             " replaces --warm-start; see agent.residual)")
+    parser.add_argument("--residual-veto-p", type=float, default=_DEFAULTS.residual_veto_p,
+                        help="residual start: chance of sampling a veto of a proposal")
+    parser.add_argument("--residual-raw-p", type=float, default=_DEFAULTS.residual_raw_p,
+                        help="residual start: chance of sampling a raw action")
+    parser.add_argument("--residual-switch-p", type=float, default=_DEFAULTS.residual_switch_p,
+                        help="residual start: chance of following H2... where H1 is idle")
+    parser.add_argument("--action-cost", type=float, default=_DEFAULTS.action_cost,
+                        help="reward charged per applied action (rewards are scaled by 0.01)")
+    parser.add_argument("--gamma", type=float, default=_DEFAULTS.gamma,
+                        help="discount per environment step")
     parser.add_argument("--eval-every", type=int, default=_DEFAULTS.eval_every,
                         help="steps between evaluations on the training workloads")
     parser.add_argument("--eval-workload", action="append", dest="eval_workloads", metavar="W",
@@ -56,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
         cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
         n_envs=args.n_envs, learning_rate=learning_rate, warm_start=args.warm_start,
-        dagger_rounds=args.dagger_rounds, eval_every=args.eval_every,
+        dagger_rounds=args.dagger_rounds,
+        residual=tuple(name for name in args.residual.split(",") if name),
+        residual_veto_p=args.residual_veto_p, residual_raw_p=args.residual_raw_p,
+        residual_switch_p=args.residual_switch_p,
+        action_cost=args.action_cost, gamma=args.gamma, eval_every=args.eval_every,
         eval_workloads=tuple(args.eval_workloads or ()),
         extra={"command": "rlalloc " + shlex.join(sys.argv[1:])})
     summary = train(config, args.out, resume=args.resume, force=args.force)

@@ -4,6 +4,9 @@ periodic evaluation, checkpoints and export.
 Recipe (docs/agent.md): behaviour-clone the best heuristic into the policy (and fit the critic
 to its returns), then fine-tune with RL at a small learning rate, keeping the deployed export
 of whichever policy scored best on the training workloads during the periodic evaluations.
+With `residual` set the heuristics are instead extra actions of the policy (`agent.residual`):
+the actor is initialised to follow the first, only the critic is fitted to its returns, and
+RL learns where to deviate.
 Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
 critic's warm start and the RL returns are on the same scale.
 """
@@ -25,6 +28,7 @@ from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.registry import load_policy
+from agent.residual import follow_first, init_follow_head, make_residual
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS, FailureParams
 from env.gym_env import ClusterAllocEnv
@@ -71,7 +75,16 @@ class TrainConfig:
     shipped PPO; 0.05 (= 5 job-hours at reward_scale 0.01) after the warm start made PPO
     worse (best 3,924 s vs 3,667 s on workload-1..6): too large, a smaller one is untested."""
     warm_start: str = "elastic"
-    """Heuristic to behaviour-clone before RL ('' for none)."""
+    """Heuristic to behaviour-clone before RL ('' for none); unused with `residual`."""
+    residual: tuple[str, ...] = ()
+    """Heuristics behind extra "follow its proposal" actions (`agent.residual`; PPO only);
+    none for the raw action space. Replaces the warm start by `_residual_start`."""
+    residual_veto_p: float = 0.1
+    """Residual start: probability that the sampling policy vetoes the first heuristic."""
+    residual_raw_p: float = 0.02
+    """Residual start: probability that the sampling policy takes a raw action instead."""
+    residual_switch_p: float = 0.1
+    """Residual start: probability of following another heuristic where the first is idle."""
     bc_episodes_per_workload: int = 1
     bc_epochs: int = 30
     bc_learning_rate: float = 1e-3
@@ -138,9 +151,11 @@ class ScaledReward(gym.Wrapper):
 
 
 def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> ClusterAllocEnv:
-    """A training environment over `workloads` (default: the config's)."""
-    return ClusterAllocEnv(workloads or config.workloads, config.cluster,
-                           params=config.sim_params())
+    """A training environment over `workloads` (default: the config's), residual if the
+    config says so."""
+    env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
+                          params=config.sim_params())
+    return make_residual(env, config.residual) if config.residual else env
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
@@ -198,6 +213,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     torch.set_num_threads(1)
+    if config.residual and config.algo != "ppo":
+        raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
+                        "follow action is masked when the heuristic proposes nothing)")
     out = Path(out)
     checkpoint = out / CHECKPOINT_DIR / LAST_CHECKPOINT
     if resume:
@@ -228,20 +246,23 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
     else:
         model = _build_model(config, vec_env, out / "tb")
-        if config.warm_start:
+        if config.residual:
+            summary["warm_start"] = _residual_start(config, model, log)
+        elif config.warm_start:
             summary["warm_start"] = _warm_start(config, model, log)
         best = float("inf")
 
     def evaluate_now(step: int) -> float:
         nonlocal best
         net, _ = deployed_net(model, config.algo)
-        jct = evaluate_jct(in_memory_policy(net, config.algo, spec).act, config, eval_workloads)
+        jct = evaluate_jct(in_memory_policy(net, config.algo, spec, residual=config.residual).act,
+                           config, eval_workloads)
         summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
                                        "wall_s": time.perf_counter() - started})
         (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if killed
         if jct < best:
             best = jct
-            export_model(model, config.algo, spec, out)
+            export_model(model, config.algo, spec, out, residual=config.residual)
         log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training workload(s)"
             f" (best {best:,.0f} s)")
         return jct
@@ -272,7 +293,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     summary["best_avg_jct_s"] = best
     summary["heuristic_avg_jct_s"] = {
         name: evaluate_jct(load_policy(name).act, config, eval_workloads)
-        for name in dict.fromkeys((config.warm_start or "elastic", "static"))}
+        for name in dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))}
     (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "card.md").write_text(card_markdown(summary))
     load_deployed(out)  # the export must load
@@ -293,6 +314,11 @@ def latest_checkpoint(out: Path) -> Path | None:
 def _describe_warm_start(info: dict | None) -> str:
     if not info:
         return "none"
+    if "residual" in info:
+        return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}: actor "
+                f"initialised to follow the first (sampled veto {info['veto_p']}, raw action "
+                f"{info['raw_p']}, switch {info.get('switch_p', 0)}), critic fitted to its "
+                f"returns on {info['samples']:,} steps")
     rounds = info["rounds"]
     return (f"behaviour cloning of `{info['teacher']}` + {len(rounds) - 1} DAgger round(s); "
             f"training accuracy {rounds[0]['accuracy']:.3f} -> {rounds[-1]['accuracy']:.3f} on "
@@ -359,3 +385,26 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) 
         model.q_net_target.load_state_dict(model.q_net.state_dict())
     return {"teacher": config.warm_start, "unexpressible": demos.unexpressible,
             "rounds": history}
+
+
+def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None]) -> dict:
+    """Start a residual policy as its first heuristic: fit the critic to the returns of
+    rollouts that always follow it, then set the action head so that its argmax is that
+    heuristic, exactly, and its samples deviate with small probabilities (cloning by
+    cross-entropy would make it near-deterministic, leaving RL nothing to explore)."""
+    teacher = load_policy(config.residual[0])  # labels only: the driver follows it
+    envs = [make_env(config, (workload,)) for workload in config.workloads]
+    demos = concatenate([
+        collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
+                               config.seed + 1000 * i, config.gamma, config.reward_scale,
+                               follow_first(len(config.residual)))
+        for i, env in enumerate(envs)])
+    stats = fit_policy(model.policy, demos, config.bc_epochs, 256, config.bc_learning_rate,
+                       config.seed, value=True, actor=False)
+    init_follow_head(model.policy.action_net, len(config.residual), config.residual_veto_p,
+                     config.residual_raw_p, config.residual_switch_p)
+    log(f"residual start: critic fitted on {len(demos.actions)} steps (loss {stats['loss']:.4f})")
+    return {"residual": list(config.residual), "veto_p": config.residual_veto_p,
+            "raw_p": config.residual_raw_p, "switch_p": config.residual_switch_p,
+            "samples": len(demos.actions),
+            "critic_loss": stats["loss"]}

@@ -121,6 +121,19 @@ def test_elastic_gives_a_spare_gpu_to_the_job_that_scales_best():
     assert action.kind == ActionKind.SCALE and action.job_id == "linear" and action.workers > 1
 
 
+def test_elastic_srpt_gives_the_spare_gpu_to_the_job_nearest_completion():
+    # equal scaling: elastic breaks the tie by age, elastic-srpt by remaining work
+    early = job("early", R, 1, placement=(0,), submit_s=0.0, scaling_alpha=0.0,
+                scaling_beta=0.0, progress=0.1, run_s=1_000.0, restore_s=10.0)
+    nearly = job("nearly", R, 1, placement=(1,), submit_s=100.0, scaling_alpha=0.0,
+                 scaling_beta=0.0, progress=0.9, run_s=9_000.0, restore_s=10.0)
+    state = make_state([0, 0, 1], [early, nearly], gpus_per_node=1)
+    assert ElasticPolicy().targets(state).tolist() == [2, 1]
+    assert load_policy("elastic-srpt").targets(state).tolist() == [1, 2]
+    action = load_policy("elastic-srpt").act(state)
+    assert action.job_id == "nearly" and action.workers == 2
+
+
 def test_elastic_does_not_resize_when_the_restore_costs_more_than_it_saves():
     # 90% done after 9,000 s: ~1,000 s left; a 2,000 s restore cannot pay for itself
     nearly_done = job("done-soon", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,

@@ -1,0 +1,162 @@
+"""The residual action space: the raw discrete actions plus "follow heuristic k" actions.
+
+PPO warm-started by imitation stayed 8% behind `elastic` on held-out workloads: the 5% of
+states where the clone disagrees with its teacher cost more than RL won back. Here the
+heuristics are part of the policy instead. One extra action per heuristic (after the raw
+ones, in the order given) applies whatever that heuristic proposes for the current state, so
+a policy that always picks the first one *is* that heuristic, including its resizes of
+running jobs outside the visible slots, which have no raw index (on workload-3, 156 of
+elastic's 417 actions). No-op stays a veto and the raw scale/suspend/migrate actions stay
+available, so RL has only the deviations left to learn: vetoes, raw actions, and which
+heuristic to follow in which state.
+
+`ResidualFeaturizer` is a `Featurizer` whose observation ends with a few features of each
+proposal (a veto or a choice can only be learnt if the policy sees what it chooses between),
+whose mask has one more entry per heuristic (valid exactly when that heuristic proposes a
+change, so "follow" and "no-op" never mean the same thing), and whose `decode` returns the
+proposal for a follow index. The gym environment, the evaluation and the deployed policy all
+go through the featurizer, so they all see the same residual policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from agent.policy import Policy
+from agent.registry import HEURISTICS
+from env.errors import UserError
+from env.featurizer import FeatureSpec, Featurizer, speedup
+from env.state import Action, ActionKind, ClusterState, JobStatus
+
+if TYPE_CHECKING:
+    from env.gym_env import ClusterAllocEnv
+
+PROPOSAL_FEATURES = 10
+"""Observation entries appended per heuristic (see `ResidualFeaturizer.observe`)."""
+_LOG_WORKERS = math.log2(1 + 16)
+
+
+class ResidualFeaturizer(Featurizer):
+    """The featurizer of the residual action space (see module docstring)."""
+
+    def __init__(self, spec: FeatureSpec, teachers: tuple[Policy, ...]) -> None:
+        super().__init__(spec)
+        self.teachers = teachers
+        self.follow_index = spec.num_actions
+        """The "do what the first heuristic proposes" action, one past the raw actions; the
+        other heuristics' follow actions come right after it."""
+        self.num_actions = spec.num_actions + len(teachers)
+        self.obs_size = spec.obs_size + PROPOSAL_FEATURES * len(teachers)
+        self._proposals: tuple[ClusterState, tuple[Action, ...]] | None = None
+
+    def proposals(self, state: ClusterState) -> tuple[Action, ...]:
+        """Each heuristic's action in `state` (cached for the last state: observe, mask and
+        decode all ask for them, and states are immutable snapshots)."""
+        if self._proposals is None or self._proposals[0] is not state:
+            self._proposals = (state, tuple(t.act(state) for t in self.teachers))
+        return self._proposals[1]
+
+    def observe(self, state: ClusterState) -> np.ndarray:
+        """The featurizer's observation, then `proposal_features` of each proposal."""
+        return np.concatenate([super().observe(state),
+                               *(proposal_features(state, a) for a in self.proposals(state))])
+
+    def action_mask(self, state: ClusterState) -> np.ndarray:
+        """The raw mask, then one entry per heuristic: valid when it proposes a change."""
+        return np.concatenate([super().action_mask(state),
+                               [a.kind != ActionKind.NOOP for a in self.proposals(state)]])
+
+    def decode(self, state: ClusterState, index: int) -> Action:
+        """A heuristic's proposal for its follow index, else the raw action."""
+        if index >= self.follow_index:
+            return self.proposals(state)[index - self.follow_index]
+        return super().decode(state, index)
+
+
+def proposal_features(state: ClusterState, action: Action) -> np.ndarray:
+    """What a proposal would do: valid, starts a queued job, shrinks, grows, migrates, new and
+    current workers (log-scaled), the job's progress, its restore time / 300 s, and the
+    speed-up the change buys (new / current - 1, clipped to [-1, 4]). All 0 for a no-op."""
+    extra = np.zeros(PROPOSAL_FEATURES, dtype=np.float32)
+    if action.kind == ActionKind.NOOP:
+        return extra
+    jobs = state.jobs
+    row = state.job_index(action.job_id)
+    now, new = int(jobs.workers[row]), int(action.workers)
+    gains = speedup(np.array([new, now]),
+                    np.array([len(set(action.nodes)) or 1, len(set(jobs.placement[row])) or 1]),
+                    jobs.scaling_alpha[row], jobs.scaling_beta[row])
+    extra[0] = 1.0
+    extra[1] = jobs.status[row] == int(JobStatus.QUEUED)
+    extra[2] = action.kind == ActionKind.SCALE and 0 < new < now
+    extra[3] = action.kind == ActionKind.SCALE and 0 < now < new
+    extra[4] = action.kind == ActionKind.MIGRATE
+    extra[5] = math.log2(1 + new) / _LOG_WORKERS
+    extra[6] = math.log2(1 + now) / _LOG_WORKERS
+    extra[7] = jobs.progress[row]
+    extra[8] = jobs.restore_s[row] / 300.0
+    extra[9] = min(max(gains[0] / gains[1] - 1.0, -1.0), 4.0) if gains[1] > 0 else 4.0
+    return extra
+
+
+def residual_featurizer(spec: FeatureSpec, teachers: tuple[str, ...]) -> ResidualFeaturizer:
+    """The residual featurizer following built-in heuristics `teachers` (UserError if one is
+    not a built-in heuristic)."""
+    unknown = [name for name in teachers if name not in HEURISTICS]
+    if unknown or not teachers:
+        raise UserError(f"residual heuristics {','.join(teachers)!r}: give one or more of "
+                        f"{', '.join(HEURISTICS)}")
+    return ResidualFeaturizer(spec, tuple(HEURISTICS[name]() for name in teachers))
+
+
+def make_residual(env: ClusterAllocEnv, teachers: tuple[str, ...]) -> ClusterAllocEnv:
+    """`env` with the residual action space and observation, in place (the environment reads
+    observations, masks and actions through its featurizer)."""
+    import gymnasium as gym
+
+    featurizer = residual_featurizer(env.featurizer.spec, teachers)
+    low, high = env.observation_space.low.flat[0], env.observation_space.high.flat[0]
+    env.featurizer = featurizer
+    env.observation_space = gym.spaces.Box(low, high, (featurizer.obs_size,), np.float32)
+    env.action_space = gym.spaces.Discrete(featurizer.num_actions)
+    return env
+
+
+def follow_logits(num_raw_actions: int, veto_p: float, raw_p: float,
+                  switch_p: float) -> tuple[float, float, float]:
+    """(no-op, first follow, other follows) logits, raw actions at 0, such that the argmax is
+    exactly the first heuristic and the sampling policy deviates from it with about these
+    probabilities: `raw_p` a raw action, `veto_p` a no-op where the first heuristic proposes
+    something, `switch_p` another heuristic's proposal where the first proposes nothing."""
+    noop = math.log((num_raw_actions - 1) * (1.0 - raw_p) / raw_p)
+    return (noop, noop + math.log((1.0 - veto_p) / veto_p),
+            noop - math.log((1.0 - switch_p) / switch_p))
+
+
+def init_follow_head(action_net: torch.nn.Linear, num_teachers: int, veto_p: float,
+                     raw_p: float, switch_p: float) -> None:
+    """Make a fresh action head start as the first heuristic (see `follow_logits`): biases
+    set, and weights scaled to 1% so that no observation outweighs them yet."""
+    num_raw = action_net.out_features - num_teachers
+    noop, first, others = follow_logits(num_raw, veto_p, raw_p, switch_p)
+    with torch.no_grad():
+        action_net.weight.mul_(0.01)
+        action_net.bias.zero_()
+        action_net.bias[0] = noop
+        action_net.bias[num_raw] = first
+        action_net.bias[num_raw + 1:] = others
+
+
+def follow_first(num_teachers: int) -> Callable[[np.ndarray, np.ndarray], int]:
+    """A driver of the residual environment that is its first heuristic: follow it when it
+    proposes something, else no-op."""
+    def drive(obs: np.ndarray, mask: np.ndarray) -> int:
+        del obs
+        index = len(mask) - num_teachers
+        return index if mask[index] else 0
+    return drive

@@ -1,0 +1,170 @@
+"""The residual action space: the follow action is the heuristic, exactly; its mask; the
+start that makes the policy the heuristic; and the deployed path against SB3's predict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agent.deployed import PolicyNet, load_deployed
+from agent.evaluation import run_policy
+from agent.export import export_model, in_memory_policy
+from agent.imitation import encode_action
+from agent.registry import load_policy
+from agent.residual import (
+    PROPOSAL_FEATURES,
+    follow_first,
+    follow_logits,
+    init_follow_head,
+    make_residual,
+)
+from agent.training import TrainConfig, train
+from env.errors import UserError
+from env.featurizer import FeatureSpec, Featurizer
+from env.gym_env import ClusterAllocEnv
+from env.scenario import build_scenario
+from env.state import ActionKind
+
+torch.set_num_threads(1)
+# busy enough that elastic admits, shrinks and grows, and resizes jobs outside the 4 slots
+WORKLOAD, CLUSTER = "synthetic:40:2.0", "4x4"
+SMALL_SLOTS = 4
+
+
+TEACHERS = ("elastic", "elastic-srpt")
+follow_elastic = follow_first(len(TEACHERS))
+
+
+def _residual_env(top_k: int = 16) -> ClusterAllocEnv:
+    return make_residual(ClusterAllocEnv((WORKLOAD,), CLUSTER,
+                                         features=FeatureSpec(top_k=top_k)), TEACHERS)
+
+
+def test_following_the_first_heuristic_is_elastic_exactly():
+    """Driving the residual env with "follow, else no-op" gives elastic's run to the second,
+    although with 4 slots many of elastic's resizes have no raw index."""
+    env = _residual_env(top_k=SMALL_SLOTS)
+    plain_featurizer = Featurizer(env.featurizer.spec)
+    obs, _ = env.reset(seed=0)
+    done, followed, without_raw_index = False, 0, 0
+    while not done:
+        mask = env.action_masks()
+        if mask[env.featurizer.follow_index]:
+            state = env.sim.state()
+            followed += 1
+            without_raw_index += encode_action(plain_featurizer, state,
+                                               env.featurizer.proposals(state)[0]) is None
+        obs, _, terminated, truncated, info = env.step(follow_elastic(obs, mask))
+        done = terminated or truncated
+    assert followed > 0 and without_raw_index > 0
+    plain = ClusterAllocEnv((WORKLOAD,), CLUSTER)
+    plain.reset(seed=0)  # the same seeded scenario and episode seed
+    elastic = run_policy(plain.sim, load_policy("elastic").act).metrics["avg_jct_s"]
+    assert info["metrics"]["avg_jct_s"] == pytest.approx(elastic, rel=0, abs=1e-6)
+
+
+def test_mask_and_decode_of_the_follow_action():
+    env = _residual_env()
+    featurizer, plain = env.featurizer, Featurizer(env.featurizer.spec)
+    teachers = [load_policy(name) for name in TEACHERS]
+    raw, extra = plain.spec.num_actions, plain.spec.obs_size
+    env.reset(seed=1)
+    seen = {True: 0, False: 0}
+    differ = 0
+    for _ in range(400):
+        state = env.sim.state()
+        proposals = [teacher.act(state) for teacher in teachers]
+        mask = featurizer.action_mask(state)
+        obs = featurizer.observe(state)
+        assert len(mask) == raw + len(TEACHERS) == env.action_space.n
+        assert (mask[:raw] == plain.action_mask(state)).all()
+        assert obs.shape == env.observation_space.shape
+        assert (obs[:extra] == plain.observe(state)).all()
+        for k, proposal in enumerate(proposals):
+            assert mask[raw + k] == (proposal.kind != ActionKind.NOOP)
+            assert obs[extra + k * PROPOSAL_FEATURES] == mask[raw + k]
+            if mask[raw + k]:
+                assert featurizer.decode(state, raw + k) == proposal
+        differ += proposals[0] != proposals[1]
+        seen[bool(mask[raw])] += 1
+        _, _, terminated, truncated, _ = env.step(follow_elastic(obs, mask))
+        if terminated or truncated:
+            env.reset()
+    assert seen[True] > 10 and seen[False] > 10 and differ > 0
+
+
+def test_follow_logits_give_the_asked_probabilities():
+    noop, first, other = follow_logits(225, veto_p=0.1, raw_p=0.02, switch_p=0.2)
+    raw = np.zeros(225)
+    raw[0] = noop
+    only_raw = np.exp(raw) / np.exp(raw).sum()
+    assert 1 - only_raw[0] == pytest.approx(0.02, rel=1e-6)
+    assert 1 / (1 + np.exp(noop - first)) == pytest.approx(0.9, rel=1e-6)  # follow vs veto
+    assert 1 / (1 + np.exp(noop - other)) == pytest.approx(0.2, rel=1e-6)  # switch vs idle
+
+
+def test_initialised_head_acts_as_elastic():
+    """A network started by `init_follow_head` picks, in every state, the action elastic
+    proposes (the deployed path, with no SB3)."""
+    env = _residual_env()
+    torch.manual_seed(0)
+    net = PolicyNet(env.observation_space.shape[0], (32, 32), int(env.action_space.n), "tanh")
+    init_follow_head(net.layers[-1], len(TEACHERS), veto_p=0.1, raw_p=0.02, switch_p=0.2)
+    policy = in_memory_policy(net, "ppo", env.featurizer.spec, residual=TEACHERS)
+    elastic = load_policy("elastic")
+    sim = build_scenario(WORKLOAD, CLUSTER, seed=2).simulator(seed=2)
+    changes = 0
+    for _ in range(600):
+        state = sim.state()
+        action = policy.act(state)
+        assert action == elastic.act(state)
+        changes += action.kind != ActionKind.NOOP
+        if action.kind == ActionKind.NOOP or not sim.apply(action):
+            sim.advance()
+        if sim.done:
+            break
+    assert changes > 10
+
+
+def test_residual_export_matches_sb3_predict(tmp_path):
+    from sb3_contrib import MaskablePPO
+
+    env = _residual_env()
+    model = MaskablePPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, seed=0,
+                        device="cpu", policy_kwargs={"net_arch": [32, 32]})
+    init_follow_head(model.policy.action_net, len(TEACHERS), veto_p=0.1, raw_p=0.02,
+                     switch_p=0.2)
+    model.learn(128)
+    export_model(model, "ppo", env.featurizer.spec, tmp_path, residual=TEACHERS)
+    deployed = load_deployed(tmp_path)
+    assert deployed.meta.residual == TEACHERS
+    rollout = _residual_env()
+    rng = np.random.default_rng(0)
+    obs, _ = rollout.reset(seed=3)
+    followed = 0
+    for _ in range(300):
+        state, mask = rollout.sim.state(), rollout.action_masks()
+        expected, _ = model.predict(obs, deterministic=True, action_masks=mask)
+        assert deployed.choose(obs, mask) == int(expected)
+        assert (deployed.featurizer.observe(state) == obs).all()
+        assert deployed.act(state) == rollout.featurizer.decode(state, int(expected))
+        followed += int(expected) >= rollout.featurizer.follow_index
+        obs, _, terminated, truncated, _ = rollout.step(int(rng.choice(np.flatnonzero(mask))))
+        if terminated or truncated:
+            obs, _ = rollout.reset()
+    assert followed > 0
+
+
+def test_residual_starts_as_elastic_in_training(tmp_path):
+    """`rlalloc train --residual elastic` exports, before any RL step, a policy that scores
+    elastic's JCT exactly; DQN cannot be residual."""
+    config = TrainConfig(workloads=(WORKLOAD,), cluster=CLUSTER, timesteps=0, n_envs=1,
+                         residual=TEACHERS, bc_epochs=2, net_arch=(32,))
+    summary = train(config, tmp_path / "model", log=lambda _: None)
+    assert summary["evaluations"][0]["avg_jct_s"] == pytest.approx(
+        summary["heuristic_avg_jct_s"]["elastic"], abs=1e-6)
+    assert load_policy(str(tmp_path / "model")).meta.residual == TEACHERS
+    with pytest.raises(UserError, match="--residual needs --algo ppo"):
+        train(TrainConfig(algo="dqn", workloads=(WORKLOAD,), cluster=CLUSTER,
+                          residual=TEACHERS), tmp_path / "dqn", log=lambda _: None)
