@@ -72,7 +72,12 @@ def test_killed_worker_restarts_from_checkpoint_and_sigterm_saves(tmp_path):
                              "--job-name", "lm-test"],
                          log, max_restarts=1, output_path=tmp_path / "torchrun.out")
     try:
-        wait_for_event(log, lambda e: e["event"] == "step" and e["step"] >= 30, TIMEOUT_S, job)
+        # kill once a periodic checkpoint has committed (async saves commit in the background,
+        # later than the step that took them on a busy machine) and training went on past it
+        saved = wait_for_event(log, lambda e: e["event"] == "checkpoint_committed"
+                               and e["step"] >= 20 and e["step"] % 20 == 0, TIMEOUT_S, job)
+        wait_for_event(log, lambda e: e["event"] == "step" and e["step"] >= saved["step"] + 10,
+                       TIMEOUT_S, job)
         os.kill(worker_pids(log, restart=0)[1], signal.SIGKILL)
         resume = wait_for_event(log, lambda e: e["event"] == "resume", TIMEOUT_S, job)
         steps_before_kill = max(
