@@ -3,7 +3,9 @@
 Two figures matter: the wall time to replay the full 82k-job Philly trace on a 128x8 cluster
 under static FIFO (target: under 30 s), and environment steps per second with random valid
 actions on a 16x4 cluster (target: well above 5,000, so PPO's update loop, not the simulator,
-bounds training). Peak memory is the process's maximum resident set size.
+bounds training). The third checks that claim directly: a short MaskablePPO run with the
+shipped training settings, timing how much of its wall time is spent inside the environment.
+Peak memory is the process's maximum resident set size.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import resource
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -36,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cluster of the environment-step benchmark (default: %(default)s)")
     parser.add_argument("--env-steps", type=int, default=20_000,
                         help="environment steps to time (default: %(default)s)")
+    parser.add_argument("--ppo-steps", type=int, default=8192,
+                        help="MaskablePPO steps whose time inside the environment is measured "
+                             "(0: skip; default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
 
 
@@ -93,13 +99,65 @@ def bench_env_steps(cluster: str, steps: int, seed: int = 0) -> dict[str, float]
     return {"env_steps": steps, "env_steps_per_s": steps / elapsed, "env_episodes": episodes}
 
 
+class _TimedEnv(gym.Wrapper):
+    """Adds up the wall time spent inside the environment (steps, resets and masks)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.seconds = 0.0
+
+    def _timed(self, call: object, *args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        result = call(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        return result
+
+    def step(self, action: int) -> tuple:
+        return self._timed(self.env.step, action)
+
+    def reset(self, **kwargs: object) -> tuple:
+        return self._timed(self.env.reset, **kwargs)
+
+    def action_masks(self) -> np.ndarray:
+        return self._timed(self.env.unwrapped.action_masks)
+
+
+def bench_ppo_share(cluster: str, steps: int, seed: int = 0) -> dict[str, float]:
+    """MaskablePPO steps per second with the shipped training settings (`TrainConfig`
+    defaults: 2 lock-step environments, 1,024 steps each per update, 128x128 MLP, 1 torch
+    thread), and the share of that wall time spent inside the environment."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agent.training import TrainConfig
+    from env.gym_env import ClusterAllocEnv
+
+    torch.set_num_threads(1)
+    config = TrainConfig()
+    envs = [_TimedEnv(ClusterAllocEnv(cluster=cluster)) for _ in range(config.n_envs)]
+    model = MaskablePPO(
+        "MlpPolicy", DummyVecEnv([lambda env=env: env for env in envs]),
+        n_steps=config.n_steps, batch_size=config.batch_size, n_epochs=config.n_epochs,
+        policy_kwargs={"net_arch": list(config.net_arch)}, seed=seed, device="cpu", verbose=0)
+    start = time.perf_counter()
+    model.learn(steps)
+    elapsed = time.perf_counter() - start
+    return {"ppo_steps": model.num_timesteps, "ppo_steps_per_s": model.num_timesteps / elapsed,
+            "ppo_env_share": sum(env.seconds for env in envs) / elapsed}
+
+
 def run(args: argparse.Namespace) -> int:
     """Run both benchmarks, print a table, optionally write JSON."""
     if args.env_steps < 1:
         raise UserError("--env-steps must be at least 1")
+    if args.ppo_steps < 0:
+        raise UserError("--ppo-steps must be at least 0 (0 skips the PPO measurement)")
     # env steps first: a training process holds only the environment, not the replay's
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)
+    if args.ppo_steps:
+        figures.update(bench_ppo_share(args.env_cluster, args.ppo_steps))
     figures.update(bench_replay(args.trace, args.cluster, args.policy))
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     figures["machine"] = f"{platform.machine()} {platform.python_version()}"
