@@ -156,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
     # env steps first: a training process holds only the environment, not the replay's
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)
+    figures.update(bench_replay(args.trace, args.cluster, args.policy))
+    # before the PPO run: torch and its model would add ~100 MB that the replay does not use
+    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if args.ppo_steps:
         figures.update(bench_ppo_share(args.env_cluster, args.ppo_steps))
-    figures.update(bench_replay(args.trace, args.cluster, args.policy))
-    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     figures["machine"] = f"{platform.machine()} {platform.python_version()}"
     table = Table(title=f"rlalloc bench sim: {args.trace.name} on {args.cluster}")
     table.add_column("figure")
