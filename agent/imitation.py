@@ -63,7 +63,8 @@ class Demonstrations:
     masks: np.ndarray
     actions: np.ndarray
     returns: np.ndarray
-    """Discounted return from each step (rewards scaled as in training)."""
+    """Discounted return from each step (rewards scaled as in training; discounted by gamma
+    per step, times the step's ``info["discount"]`` under a semi-MDP time discount)."""
     unexpressible: int
     """Heuristic actions with no discrete index (replaced by no-ops)."""
 
@@ -84,7 +85,7 @@ def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, 
     unexpressible = 0
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        rewards = []
+        rewards, discounts = [], []
         done = False
         while not done and len(rewards) < max_steps:
             state = env.sim.state()
@@ -97,13 +98,14 @@ def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, 
             mask_rows.append(mask)
             actions.append(index)
             taken = index if driver is None else driver(obs, mask)
-            obs, reward, terminated, truncated, _ = env.step(taken)
+            obs, reward, terminated, truncated, info = env.step(taken)
             rewards.append(reward * reward_scale)
+            discounts.append(gamma * info.get("discount", 1.0))
             done = terminated or truncated
         running = 0.0
         episode_returns = np.empty(len(rewards))
         for i in range(len(rewards) - 1, -1, -1):
-            running = rewards[i] + gamma * running
+            running = rewards[i] + discounts[i] * running
             episode_returns[i] = running
         returns.append(episode_returns)
     return Demonstrations(np.asarray(obs_rows, dtype=np.float32), np.asarray(mask_rows),

@@ -18,14 +18,23 @@ from env.errors import UserError
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 """The shipped models (``models/ppo``, ``models/dqn``) beside the package."""
 
+
+def elastic_srpt(remaining_power: float, name: str) -> Policy:
+    """`elastic` with each step up ranked by speed-up gain per GPU / remaining work **
+    `remaining_power` (`ElasticConfig.remaining_power`): the strength of the pull towards
+    shortest remaining time first. On Pollux workload-1..6 (failures none, seed 0) 0.25 gave
+    3,060 s average JCT, 0.5 3,113 s, 0.75 3,229 s, 1.0 3,326 s, 0 (elastic) 3,473 s."""
+    return ElasticPolicy(ElasticConfig(remaining_power=remaining_power), name=name)
+
+
 HEURISTICS: dict[str, Callable[[], Policy]] = {
     "static": StaticPolicy,
     "tiresias": TiresiasPolicy,
     "elastic": ElasticPolicy,
     "reactive": lambda: ElasticPolicy(ElasticConfig(failover=True), name="reactive"),
     "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
-    "elastic-srpt": lambda: ElasticPolicy(ElasticConfig(remaining_power=0.5),
-                                          name="elastic-srpt"),
+    "elastic-srpt": lambda: elastic_srpt(0.5, "elastic-srpt"),
+    "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
 }
 """Built-in heuristics by name."""
 SHIPPED_MODELS = ("ppo", "dqn")

@@ -28,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="failures per GPU-day or none|default|stress")
     parser.add_argument("--n-envs", type=int, default=_DEFAULTS.n_envs,
                         help="environments stepped together (DummyVecEnv)")
+    parser.add_argument("--n-steps", type=int, default=_DEFAULTS.n_steps,
+                        help="ppo: steps per environment per update (larger = less noisy "
+                             "updates)")
+    parser.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size,
+                        help="ppo: minibatch size")
+    parser.add_argument("--gae-lambda", type=float, default=_DEFAULTS.gae_lambda,
+                        help="ppo: GAE lambda (lower = less variance, more critic bias)")
     parser.add_argument("--learning-rate", type=float, default=None,
                         help=f"default {_DEFAULTS.learning_rate} (ppo), 1e-4 (dqn)")
     parser.add_argument("--warm-start", default=_DEFAULTS.warm_start,
@@ -46,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reward charged per applied action (rewards are scaled by 0.01)")
     parser.add_argument("--gamma", type=float, default=_DEFAULTS.gamma,
                         help="discount per environment step")
+    parser.add_argument("--time-discount-s", type=float, default=_DEFAULTS.time_discount_s,
+                        help="semi-MDP discount exp(-t/T) over simulated seconds, on top of "
+                             "--gamma (use --gamma 1 with it); 0 = off")
     parser.add_argument("--eval-every", type=int, default=_DEFAULTS.eval_every,
                         help="steps between evaluations on the training workloads")
     parser.add_argument("--eval-workload", action="append", dest="eval_workloads", metavar="W",
@@ -59,24 +69,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="continue from OUT/checkpoints/last.zip up to --timesteps")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Train, export the best policy to OUT and write OUT/card.json."""
-    from agent.training import train
-
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The `TrainConfig` that `rlalloc train` flags describe (the command line is kept in
+    ``extra`` so that the model card can show it)."""
     learning_rate = args.learning_rate or (_DEFAULTS.learning_rate if args.algo == "ppo"
                                            else 1e-4)
-    config = replace(
+    return replace(
         _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
         cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
-        n_envs=args.n_envs, learning_rate=learning_rate, warm_start=args.warm_start,
+        n_envs=args.n_envs, n_steps=args.n_steps, batch_size=args.batch_size,
+        gae_lambda=args.gae_lambda, learning_rate=learning_rate, warm_start=args.warm_start,
         dagger_rounds=args.dagger_rounds,
         residual=tuple(name for name in args.residual.split(",") if name),
         residual_veto_p=args.residual_veto_p, residual_raw_p=args.residual_raw_p,
         residual_switch_p=args.residual_switch_p,
-        action_cost=args.action_cost, gamma=args.gamma, eval_every=args.eval_every,
+        action_cost=args.action_cost, gamma=args.gamma, time_discount_s=args.time_discount_s,
+        eval_every=args.eval_every,
         eval_workloads=tuple(args.eval_workloads or ()),
         extra={"command": "rlalloc " + shlex.join(sys.argv[1:])})
-    summary = train(config, args.out, resume=args.resume, force=args.force)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, export the best policy to OUT and write OUT/card.json."""
+    from agent.training import train
+
+    summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)
     print(f"saved {args.out}: best avg JCT {summary['best_avg_jct_s']:,.0f} s on the training "
           f"evaluation ({summary['timesteps']} steps, {summary['wall_s']:.0f} s wall)")
     return 0

@@ -31,7 +31,7 @@ from agent.registry import load_policy
 from agent.residual import follow_first, init_follow_head, make_residual
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS, FailureParams
-from env.gym_env import ClusterAllocEnv
+from env.gym_env import ClusterAllocEnv, RewardWeights
 from env.params import SimParams
 from env.scenario import build_scenario
 
@@ -61,10 +61,16 @@ class TrainConfig:
     learning_rate: float = 3e-5
     """Small: fine-tuning a cloned policy, large steps undo the warm start."""
     n_steps: int = 1024
+    """PPO steps per environment per update (`--n-steps`); larger = less noisy updates."""
     batch_size: int = 256
     n_epochs: int = 4
     gamma: float = 0.99
+    time_discount_s: float = 0.0
+    """Semi-MDP discount: time constant (simulated seconds) of exp(-t/T), applied on top of
+    `gamma` per step (`RewardWeights.time_discount_s`, `agent.smdp`; PPO only); 0: off. With
+    it, set gamma 1 so that zero-time actions are not discounted at all."""
     gae_lambda: float = 0.95
+    """GAE lambda (`--gae-lambda`): lower trusts the critic sooner, less variance, more bias."""
     clip_range: float = 0.1
     ent_coef: float = 0.0
     target_kl: float = 0.02
@@ -154,7 +160,8 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> C
     """A training environment over `workloads` (default: the config's), residual if the
     config says so."""
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
-                          params=config.sim_params())
+                          params=config.sim_params(),
+                          reward=RewardWeights(time_discount_s=config.time_discount_s))
     return make_residual(env, config.residual) if config.residual else env
 
 
@@ -181,6 +188,7 @@ def _build_model(config: TrainConfig, vec_env: object, tb_dir: Path) -> object:
             batch_size=config.batch_size, n_epochs=config.n_epochs, gamma=config.gamma,
             gae_lambda=config.gae_lambda, clip_range=config.clip_range,
             ent_coef=config.ent_coef, target_kl=config.target_kl, seed=config.seed,
+            rollout_buffer_class=_rollout_buffer_class(config),
             policy_kwargs={"net_arch": {"pi": list(config.net_arch),
                                         "vf": list(config.net_arch)}},
             tensorboard_log=str(tb_dir), device="cpu", verbose=0)
@@ -213,6 +221,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     torch.set_num_threads(1)
+    if config.time_discount_s > 0 and config.algo != "ppo":
+        raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
     if config.residual and config.algo != "ppo":
         raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
                         "follow action is masked when the heuristic proposes nothing)")
@@ -244,6 +254,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         summary["evaluations"] = previous.get("evaluations", [])
         summary["warm_start"] = previous.get("warm_start")
         best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
+        # wall time so far: the finished run's, else (killed) that of its last evaluation
+        started -= previous.get("wall_s", summary["evaluations"][-1]["wall_s"]
+                                if summary["evaluations"] else 0.0)
     else:
         model = _build_model(config, vec_env, out / "tb")
         if config.residual:
@@ -278,6 +291,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     remaining = config.timesteps - model.num_timesteps
     if remaining > 0:
         callbacks = CallbackList([
+            *_discount_callbacks(config),
             PeriodicEvaluation(),
             CheckpointCallback(max(config.eval_every // config.n_envs, 1),
                                str(out / CHECKPOINT_DIR), name_prefix="step"),
@@ -287,9 +301,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         evaluate_now(model.num_timesteps)
     model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
     summary["timesteps"] = int(model.num_timesteps)
-    summary["wall_s"] = time.perf_counter() - started + (
-        json.loads((out / "card.json").read_text()).get("wall_s", 0.0)
-        if resume and (out / "card.json").is_file() else 0.0)
+    summary["wall_s"] = time.perf_counter() - started
     summary["best_avg_jct_s"] = best
     summary["heuristic_avg_jct_s"] = {
         name: evaluate_jct(load_policy(name).act, config, eval_workloads)
@@ -298,6 +310,22 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     (out / "card.md").write_text(card_markdown(summary))
     load_deployed(out)  # the export must load
     return summary
+
+
+def _rollout_buffer_class(config: TrainConfig) -> type | None:
+    """PPO's rollout buffer: per-step discounts under a time discount, else SB3's default."""
+    if config.time_discount_s <= 0:
+        return None
+    from agent.smdp import SemiMdpRolloutBuffer
+    return SemiMdpRolloutBuffer
+
+
+def _discount_callbacks(config: TrainConfig) -> list:
+    """The callback that feeds step discounts to PPO's buffer under a time discount."""
+    if config.time_discount_s <= 0:
+        return []
+    from agent.smdp import RecordDiscounts
+    return [RecordDiscounts()]
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -9,10 +9,15 @@ that passed, in job-hours, so the episode return is minus the total JCT / 3600 a
 it minimises average JCT; minus `lost_gpu_weight` per GPU-hour lost to failures; minus
 `energy_weight` per kWh. Invalid actions (possible only when the mask is ignored, e.g. DQN)
 are no-ops and are counted in ``info["invalid_actions"]``.
+
+Discounting: a learner's per-step gamma pays for extra zero-time actions (each one pushes the
+negative rewards one more step away), so the environment can instead discount by simulated
+time (semi-MDP, `RewardWeights.time_discount_s`); see `ClusterAllocEnv.step`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +36,7 @@ _NOOP = ActionKind.NOOP
 
 @dataclass(frozen=True, slots=True)
 class RewardWeights:
-    """Weights of the reward terms (per unit of each quantity)."""
+    """Weights of the reward terms (per unit of each quantity) and their discounting."""
 
     jobs_weight: float = 1.0
     """Per job-hour in the system (makes the return track total JCT)."""
@@ -39,6 +44,13 @@ class RewardWeights:
     """Per GPU-hour of work lost to failures."""
     energy_weight: float = 0.0
     """Per kWh of GPU energy (0: energy is reported, not optimised, by default)."""
+    time_discount_s: float = 0.0
+    """Time constant T of a semi-MDP discount exp(-t/T) over simulated seconds; 0: off (the
+    reward is undiscounted and the learner's per-step gamma applies). With T > 0 each step's
+    reward is its cost discounted from the step's start, and ``info["discount"]`` is
+    exp(-elapsed/T), the factor to apply to the next step's return in place of a per-step
+    gamma. A zero-time step (an action at a decision point) then has discount 1: extra
+    actions neither defer costs nor are penalised."""
 
 
 class ClusterAllocEnv(gym.Env):
@@ -76,6 +88,7 @@ class ClusterAllocEnv(gym.Env):
         self._steps = 0
         self._actions_here = 0
         self._last = self._totals()
+        self._last_time_s = self.sim.time_s
         self._refresh()
         return self._observation(), {}
 
@@ -93,11 +106,15 @@ class ClusterAllocEnv(gym.Env):
             self._actions_here = 0
             sim.advance()
         self._steps += 1
-        reward = self._reward()
+        elapsed_s = sim.time_s - self._last_time_s
+        self._last_time_s = sim.time_s
+        reward = self._reward() * self._in_step_discount(elapsed_s)
         terminated = sim.done
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._refresh()
         info = {"invalid_actions": sim.invalid_actions}
+        if self.reward_weights.time_discount_s > 0:
+            info["discount"] = math.exp(-elapsed_s / self.reward_weights.time_discount_s)
         if terminated or truncated:
             info["metrics"] = sim.accounting.summary()
         return self._observation(), reward, terminated, truncated, info
@@ -128,6 +145,18 @@ class ClusterAllocEnv(gym.Env):
     def _totals(self) -> tuple[float, float, float]:
         acc = self.sim.accounting
         return acc.jobs_in_system_s, acc.lost_gpu_s, acc.energy_kwh()
+
+    def _in_step_discount(self, elapsed_s: float) -> float:
+        """Mean of exp(-t/T) over a step of `elapsed_s` seconds (1 without a time discount).
+
+        The number of jobs in the system and the power draw are constant within a step (the
+        simulator stops at every event), so the step's JCT and energy cost times this mean is
+        that cost discounted, exactly, to the step's start. Work lost to a failure is spread
+        over the step the same way (an approximation: it is lost at one instant)."""
+        horizon_s = self.reward_weights.time_discount_s
+        if horizon_s <= 0 or elapsed_s <= 0:
+            return 1.0
+        return -math.expm1(-elapsed_s / horizon_s) * horizon_s / elapsed_s
 
     def _reward(self) -> float:
         jobs_s, lost_s, energy_kwh = now = self._totals()

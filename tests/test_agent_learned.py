@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -83,6 +84,20 @@ def test_saved_model_loads_and_acts_within_the_mask(tmp_path):
             break
     with pytest.raises(UserError, match="--force"):
         train(config, tmp_path / "model", log=lambda _: None)
+
+
+def test_resume_adds_to_the_wall_time_and_keeps_the_evaluations(tmp_path):
+    """A resumed run's card reports the wall time of both segments, not just the last one."""
+    config = TrainConfig(workloads=TINY, cluster="2x4", timesteps=128, n_envs=1, n_steps=128,
+                         batch_size=64, warm_start="elastic", dagger_rounds=0, bc_epochs=2,
+                         eval_every=10_000, net_arch=(32,))
+    first = train(config, tmp_path / "model", log=lambda _: None)
+    resumed = train(replace(config, timesteps=256), tmp_path / "model", resume=True,
+                    log=lambda _: None)
+    assert resumed["timesteps"] == 256
+    assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256]
+    assert resumed["wall_s"] > first["wall_s"]
+    assert resumed["evaluations"][-1]["wall_s"] > first["wall_s"]
 
 
 @pytest.mark.parametrize("name", SHIPPED_MODELS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import env
 from env.failures import FailureParams
 from env.featurizer import FeatureSpec, Featurizer, select_slots
-from env.gym_env import ClusterAllocEnv
+from env.gym_env import ClusterAllocEnv, RewardWeights
 from env.params import SimParams
 from env.state import ActionKind
 
@@ -80,6 +82,53 @@ def test_episode_return_is_minus_total_jct_in_hours():
     metrics = info["metrics"]
     expected = -metrics["avg_jct_s"] * metrics["jobs_completed"] / 3600.0
     assert total == pytest.approx(expected, rel=1e-9)
+
+
+def _start_oldest_or_wait(environment: ClusterAllocEnv) -> int:
+    """Start the oldest queued job at its requested size when possible, else no-op."""
+    from env.state import Strategy
+
+    featurizer, state = environment.featurizer, environment._state
+    for k, row in enumerate(featurizer.slots(state)):
+        if state.jobs.status[row] == 0:
+            index = featurizer.encode_scale(k, None, Strategy.PACKED)
+            return index if environment.action_masks()[index] else 0
+    return 0
+
+
+@pytest.mark.parametrize("horizon_s", [1800.0, 7200.0])
+def test_time_discounted_return_is_the_discounted_jct_integral(horizon_s):
+    """Semi-MDP discount: sum_k (prod_{j<k} discount_j) r_k equals minus the integral of
+    jobs-in-system x exp(-(t - t0)/T) in hours, computed here from the jobs counted before each
+    step; a step that applies an action takes no time and has discount 1."""
+    environment = small_env(params=NO_FAILURES, reward=RewardWeights(time_discount_s=horizon_s))
+    environment.reset(seed=1)
+    sim = environment.sim
+    start_s = sim.time_s
+    total, weight, integral_h, zero_time_steps = 0.0, 1.0, 0.0, 0
+    while True:
+        jobs, before_s = sim.jobs_in_system, sim.time_s
+        _, reward, terminated, truncated, info = environment.step(
+            _start_oldest_or_wait(environment))
+        total += weight * reward
+        weight *= info["discount"]
+        integral_h += jobs * horizon_s / 3600.0 * (math.exp(-(before_s - start_s) / horizon_s)
+                                                  - math.exp(-(sim.time_s - start_s) / horizon_s))
+        if sim.time_s == before_s:
+            zero_time_steps += 1
+            assert info["discount"] == 1.0 and reward == 0.0
+        if terminated or truncated:
+            break
+    assert terminated and zero_time_steps > 10
+    assert total == pytest.approx(-integral_h, rel=1e-9)
+
+
+def test_time_discount_of_one_busy_hour_by_hand():
+    """One job in the system for one hour at T = 1 h costs (1 - 1/e) discounted job-hours."""
+    environment = small_env(reward=RewardWeights(time_discount_s=3600.0))
+    assert environment._in_step_discount(3600.0) == pytest.approx(1.0 - math.exp(-1.0))
+    assert environment._in_step_discount(0.0) == 1.0
+    assert small_env()._in_step_discount(3600.0) == 1.0
 
 
 def test_dqn_style_invalid_actions_are_noops_and_counted():

@@ -1,0 +1,101 @@
+"""Semi-MDP discounting in PPO's buffer, and the `rlalloc train` flags that configure it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
+
+from agent.smdp import SemiMdpRolloutBuffer
+from agent.train_cmd import add_arguments, config_from_args
+from agent.training import TrainConfig
+
+REWARDS = [-1.0, -2.0, -0.5]
+VALUES = [-3.0, -2.5, -0.4]
+LAST_VALUE = -0.2
+
+
+def _filled(cls: type, gamma: float, gae_lambda: float,
+            discounts: list[float] | None = None) -> MaskableRolloutBuffer:
+    """A one-env buffer holding the 3 steps above, the episode still running after them."""
+    buffer = cls(3, gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2), device="cpu",
+                 gamma=gamma, gae_lambda=gae_lambda, n_envs=1)
+    for step, (reward, value) in enumerate(zip(REWARDS, VALUES, strict=True)):
+        if discounts is not None:
+            buffer.record_discounts([{"discount": discounts[step]}])
+        buffer.add(np.zeros((1, 1)), np.zeros((1, 1)), np.array([reward]),
+                   np.array([step == 0]), torch.tensor([value]), torch.tensor([0.0]),
+                   action_masks=np.ones((1, 2)))
+    buffer.compute_returns_and_advantage(torch.tensor([LAST_VALUE]), np.array([False]))
+    return buffer
+
+
+def test_without_time_discounts_gae_is_sb3s():
+    """Discounts of 1 (no time discount, or missing from the info) leave SB3's GAE unchanged."""
+    ours = _filled(SemiMdpRolloutBuffer, 0.9, 0.8)
+    theirs = _filled(MaskableRolloutBuffer, 0.9, 0.8)
+    np.testing.assert_allclose(ours.advantages, theirs.advantages, rtol=1e-6)
+    np.testing.assert_allclose(ours.returns, theirs.returns, rtol=1e-6)
+
+
+def test_time_discounted_gae_by_hand():
+    """gamma 1, lambda 1: the return is rewards discounted by the product of the step
+    discounts before them. Step 0 took no time (discount 1), step 1 an hour (T = 1 h: e^-1)."""
+    discounts = [1.0, float(np.exp(-1.0)), 0.5]
+    buffer = _filled(SemiMdpRolloutBuffer, 1.0, 1.0, discounts)
+    g2 = REWARDS[2] + 0.5 * LAST_VALUE
+    g1 = REWARDS[1] + np.exp(-1.0) * g2
+    g0 = REWARDS[0] + 1.0 * g1
+    np.testing.assert_allclose(buffer.returns[:, 0], [g0, g1, g2], rtol=1e-6)
+    np.testing.assert_allclose(buffer.advantages[:, 0], np.array([g0, g1, g2]) - VALUES,
+                               rtol=1e-6)
+
+
+def test_train_flags_reach_the_config_and_survive_json():
+    """The PPO flags added for the residual runs land in TrainConfig, and the saved
+    train_config.json gives the same config back."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", "x", "--n-steps", "8192", "--batch-size", "512",
+                              "--gae-lambda", "0.85", "--time-discount-s", "3600",
+                              "--gamma", "1", "--residual", "elastic-srpt,elastic"])
+    config = config_from_args(args)
+    assert (config.n_steps, config.batch_size, config.gae_lambda) == (8192, 512, 0.85)
+    assert (config.time_discount_s, config.gamma) == (3600.0, 1.0)
+    assert config.residual == ("elastic-srpt", "elastic")
+    saved = json.loads(json.dumps(asdict(config)))
+    restored = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
+                              for k, v in saved.items()})
+    assert restored == config
+
+
+@pytest.mark.parametrize("flag", ["--n-steps", "--gae-lambda", "--time-discount-s"])
+def test_train_flag_defaults_are_the_configs(flag):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--out", "x"]))
+    field = flag.removeprefix("--").replace("-", "_")
+    assert getattr(config, field) == getattr(TrainConfig(), field)
+
+
+def test_ppo_reads_the_step_discounts_of_a_time_discounted_env(tmp_path):
+    """With time_discount_s set, PPO's buffer holds exp(-elapsed/T) per step: 1 for actions
+    at a decision point, below 1 for steps that advanced the clock."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agent.training import ScaledReward, _build_model, _discount_callbacks, make_env
+
+    config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
+                         batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
+    vec_env = DummyVecEnv([lambda: ScaledReward(make_env(config), config.reward_scale)])
+    model = _build_model(config, vec_env, tmp_path)
+    model.learn(256, callback=_discount_callbacks(config))
+    discounts = model.rollout_buffer.discounts
+    assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
+    assert (discounts == 1.0).any() and (discounts < 1.0).any() and (discounts > 0.0).all()
