@@ -22,7 +22,8 @@ from env.metrics import METRIC_KEYS
 from env.output import prepare_out_dir, write_atomic, write_json
 from env.workload.loader import EMBEDDED_DEFAULT
 
-DEFAULT_POLICIES = "static,tiresias,elastic,reactive,proactive,elastic-srpt,ppo,dqn"
+DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
+                    "ppo,dqn")
 REPORT_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_util", "goodput",
                   "lost_gpu_hours", "restarts_per_job", "progress_preserved", "ettr",
                   "energy_kwh")
