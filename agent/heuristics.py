@@ -227,12 +227,18 @@ class ElasticPolicy:
                              jobs.scaling_beta[row])[0])
 
     def remaining_s(self, state: ClusterState, row: int) -> float:
-        """Estimated remaining run time at the job's current speed (extrapolated progress)."""
+        """Estimated remaining run time of one job (see `remaining_times`)."""
+        return float(self.remaining_times(state, np.array([row]))[0])
+
+    def remaining_times(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
+        """Estimated remaining run time of jobs `rows` at their current speed, extrapolated
+        from progress (`default_remaining_s` for a job too new to tell)."""
         jobs = state.jobs
-        progress = float(jobs.progress[row])
-        if progress < 0.01 or jobs.run_s[row] <= 0:
-            return self.config.default_remaining_s
-        return float(jobs.run_s[row]) * (1.0 - progress) / progress
+        progress = jobs.progress[rows].astype(np.float64)
+        run_s = jobs.run_s[rows]
+        known = (progress >= 0.01) & (run_s > 0)
+        return np.where(known, run_s * (1.0 - progress) / np.where(known, progress, 1.0),
+                        self.config.default_remaining_s)
 
     def _failed(self, state: ClusterState) -> np.ndarray:
         """bool per job: queued after having run (elastic never suspends: a failure did it)."""
@@ -270,7 +276,7 @@ class ElasticPolicy:
         sizes, speedups, count = table.sizes.tolist(), table.speedups.tolist(), table.count.tolist()
         levels = level.tolist()
         rank = {row: i for i, row in enumerate(running.tolist() + queued.tolist())}
-        weight = self._remaining_weights(state, rank)
+        weight = self._remaining_weights(state, list(rank))
 
         def step_gain(row: int) -> tuple[float, int, int] | None:
             now = levels[row]
@@ -295,16 +301,21 @@ class ElasticPolicy:
                 heapq.heappush(heap, entry)
         return target
 
-    def _remaining_weights(self, state: ClusterState, rows: dict[int, int]) -> dict[int, float]:
+    def _remaining_weights(self, state: ClusterState, rows: list[int]) -> dict[int, float]:
         """Per job in `rows`: 1 / (remaining work in 1-GPU seconds, at least a minute) to the
-        power `remaining_power` (empty when it is 0: plain goodput-greedy)."""
+        power `remaining_power` (empty when it is 0: plain goodput-greedy). All jobs at once:
+        `targets` runs at every decision step, for up to thousands of jobs."""
         power = self.config.remaining_power
-        if power == 0.0:
+        if power == 0.0 or not rows:
             return {}
-        workers = state.jobs.workers
-        return {row: max(self.remaining_s(state, row) * (
-            self._speedup(state, row, int(workers[row])) if workers[row] else 1.0),
-            60.0) ** -power for row in rows}
+        jobs, index = state.jobs, np.asarray(rows)
+        workers = jobs.workers[index]
+        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
+        current = np.where(workers > 0, speedup(workers, -(-workers // per_node),
+                                                jobs.scaling_alpha[index],
+                                                jobs.scaling_beta[index]), 1.0)
+        work = self.remaining_times(state, index) * current
+        return {row: max(w, 60.0) ** -power for row, w in zip(rows, work.tolist(), strict=True)}
 
     # ----------------------------------------------------------------- decisions
     def act(self, state: ClusterState) -> Action:
