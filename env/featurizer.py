@@ -92,13 +92,18 @@ def _slot_rows(status: list[int], placement: tuple[tuple[int, ...], ...], at_ris
     allocated = [row for row, s in enumerate(status) if s != _QUEUED]
     if allocated and at_risk.any():
         risky = at_risk.tolist()
-        on_risky = [any(risky[n] for n in placement[row]) for row in allocated]
+        on_risky = [_touches(risky, placement[row]) for row in allocated]
         allocated = ([row for row, on in zip(allocated, on_risky, strict=True) if on]
                      + [row for row, on in zip(allocated, on_risky, strict=True) if not on])
     # rows are in arrival order already in both groups (stable ordering)
     n_queued = min(len(queued), max(top_k // 2, top_k - len(allocated)))
     n_alloc = min(len(allocated), top_k - n_queued)
     return queued[:n_queued] + allocated[:n_alloc]
+
+
+def _touches(flags: list[bool], placement: tuple[int, ...]) -> bool:
+    """Whether a placement uses a node whose flag is set (e.g. an at-risk node)."""
+    return any(map(flags.__getitem__, placement))
 
 
 def at_risk_nodes(state: ClusterState) -> np.ndarray:
@@ -373,7 +378,7 @@ class Featurizer:
         health, placements = view.health, view.placements
         if health.any_risk:
             at_risk = health.at_risk_list
-            out[:, 14] = [any(map(at_risk.__getitem__, p)) for p in placements]
+            out[:, 14] = [_touches(at_risk, p) for p in placements]
         if health.uniform_risk:
             out[:, 15] = [health.max_risk if p else 0.0 for p in placements]
         else:
@@ -431,7 +436,7 @@ class Featurizer:
         usable, at_risk = view.health.usable_list, view.health.at_risk_list
         total_free = view.total_free
         for k, placement in enumerate(view.placements):
-            if not any(at_risk[n] for n in placement):
+            if not _touches(at_risk, placement):
                 continue
             src = self._migration_source(state, view.rows[k])
             kept = sum(1 for node in placement if node != src and usable[node])
@@ -450,19 +455,17 @@ class Featurizer:
         spec = self.spec
         if index <= 0:
             return NOOP
-        slots = self._view(state).slots
+        view = self._view(state)
         k, offset = divmod(index - 1, spec.actions_per_slot)
-        if k >= len(slots):
+        if k >= len(view.rows):
             return NOOP
-        row = int(slots[k])
+        row = view.rows[k]
         job_id = state.jobs.job_id[row]
         names = state.nodes.name
         if offset == 0:
             return Action(_SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
         if offset == spec.actions_per_slot - 1:
-            placement = state.jobs.placement[row]
-            at_risk = self._view(state).health.at_risk
-            if not placement or not at_risk[list(placement)].any():
+            if not _touches(view.health.at_risk_list, view.placements[k]):
                 return NOOP  # migration is for jobs on warned or risky nodes only
             src = self._migration_source(state, row)
             nodes = choose_nodes(state, row, int(state.jobs.workers[row]), _PACKED,
