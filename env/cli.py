@@ -23,6 +23,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "actuator"), "actuator.bench", "benchmark one actuator decision cycle"),
     (("train",), "agent.train_cmd", "train a PPO or DQN allocation policy"),
     (("evaluate",), "agent.evaluate_cmd", "compare allocation policies over workloads and seeds"),
+    (("headroom",), "agent.headroom_cmd",
+     "measure what one-step lookahead over heuristics gains, with and without the future"),
     (("forecast", "train"), "forecaster.train_cmd", "train the demand forecaster and risk model"),
     (("forecast", "evaluate"), "forecaster.evaluate_cmd", "evaluate forecasters on a series"),
     (("actuate",), "actuator.main", "run the in-cluster actuator control loop"),

@@ -20,6 +20,7 @@ Work accounting (the invariants the tests check):
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 import operator
@@ -151,6 +152,7 @@ class Simulator:
         self._seq = 0
         for row, job in enumerate(jobs):
             self._push(job.submit_s, _ARRIVAL, row, 0)
+        self._arrivals_pending = n_jobs
         self._demand_history: list[float] = []
         self.invalid_actions = 0
         self.actions_taken = 0
@@ -167,6 +169,11 @@ class Simulator:
     def jobs_in_system(self) -> int:
         """Jobs submitted and not finished (the quantity whose time integral is the total JCT)."""
         return len(self._active)
+
+    @property
+    def has_pending_arrivals(self) -> bool:
+        """True while some job of the workload (of a fork: that it knows of) is yet to arrive."""
+        return self._arrivals_pending > 0
 
     def advance(self) -> float:
         """Move the clock to the next decision point and process the events on the way.
@@ -237,6 +244,26 @@ class Simulator:
         events.append(HealthEvent(time_s + self.params.failures.repair_s, "repair", node))
         for event in events:
             self._push_health(event)
+
+    def fork(self, arrivals_known_s: float = math.inf) -> Simulator:
+        """An independent copy of this simulator at this instant, for lookahead.
+
+        The inputs that never change (cluster, workload, speed models, signals, parameters) are
+        shared; everything else, the failure process's random state included, is copied, so a
+        fork run under the same policy repeats this run exactly (common random numbers). The
+        fork knows the arrivals of the next `arrivals_known_s` seconds only (0: just the jobs
+        submitted so far, as a live controller sees them); without the rest it is done when
+        the jobs it knows of have finished (`jobs_in_system` 0, no `has_pending_arrivals`).
+        """
+        shared = (self.cluster, self.workload, self._speeds, self._signals, self.params)
+        fork = copy.deepcopy(self, {id(item): item for item in shared})
+        horizon = self.time_s + arrivals_known_s
+        if self._submit_list and horizon < self._submit_list[-1]:
+            fork._events = [event for event in fork._events
+                            if event[1] != _ARRIVAL or event[0] <= horizon]
+            heapq.heapify(fork._events)
+            fork._arrivals_pending = sum(event[1] == _ARRIVAL for event in fork._events)
+        return fork
 
     def validate(self, action: Action) -> str:
         """Why `action` cannot be carried out now ("" when it can)."""
@@ -447,6 +474,7 @@ class Simulator:
             self.accounting.advance(t)
             self.time_s = t
             if kind == _ARRIVAL:
+                self._arrivals_pending -= 1
                 self._status[a] = _QUEUED
                 self._active[a] = None
                 self._snapshot_rows = None
