@@ -19,7 +19,7 @@ import numpy as np
 
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
-from env.output import prepare_out_dir, write_atomic, write_json
+from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
 from env.workload.loader import EMBEDDED_DEFAULT
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
@@ -51,10 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="failures per GPU-day or none|default|stress (default: default)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
-    parser.add_argument("--out", type=Path, default=Path("results/evaluate"),
-                        help="output directory")
-    parser.add_argument("--force", action="store_true",
-                        help="replace results already in --out (otherwise refused)")
+    add_out_flags(parser, Path("results/evaluate"))
 
 
 @dataclass(frozen=True)

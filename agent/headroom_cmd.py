@@ -21,7 +21,7 @@ import numpy as np
 
 from agent.lookahead import parse_future
 from env.errors import UserError
-from env.output import prepare_out_dir, write_atomic, write_json
+from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
 from env.workload.loader import EMBEDDED_DEFAULT
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
@@ -46,10 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
-    parser.add_argument("--out", type=Path, default=Path("results/headroom"),
-                        help="output directory")
-    parser.add_argument("--force", action="store_true",
-                        help="replace results already in --out (otherwise refused)")
+    add_out_flags(parser, Path("results/headroom"))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ renamed, so an interrupted run leaves either the old file or the new one, never 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from env.errors import UserError
+
+
+def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
+    """The --out directory and --force flags of a command whose results go through here."""
+    parser.add_argument("--out", type=Path, default=default, help="output directory")
+    parser.add_argument("--force", action="store_true",
+                        help="replace results already in --out (otherwise refused)")
 
 
 def prepare_out_dir(out: Path, produces: list[str], force: bool) -> Path:
