@@ -2,10 +2,11 @@
 
 Runs the base heuristic alone and `agent.lookahead.LookaheadPolicy` over it and the
 alternatives, once per future (``known``: an oracle bound; ``none``: only the jobs submitted so
-far, what a live controller knows; ``1h``: the arrivals of the next hour, what a perfect
-one-hour demand forecast would give), on each workload. Writes DIR/headroom.json, DIR/headroom.md
-(average JCT per workload and the change against the base) and DIR/headroom.png. Failures are
-off, as in training: a fork would otherwise know the failure process's future in both modes.
+far, what a live controller knows; ``1h``: the jobs arriving within the next hour, a bound
+on what a one-hour demand forecast could give), on each workload. Writes DIR/headroom.json,
+DIR/headroom.md (average JCT per workload and the change against the base) and
+DIR/headroom.png. Failures are off, as in training: a fork would otherwise know the failure
+process's future in both modes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ measured), and its gain estimates what "which heuristic to follow when" is worth
 What the forks know of the future is `arrivals_known_s`: the arrivals of the next that many
 seconds. ``inf`` (future "known") is an oracle, an upper bound and not a policy a cluster could
 run; ``0`` (future "none") is all a live controller knows, the jobs already submitted; in
-between is what a perfect demand forecast over that horizon would tell. The gaps between them
-are the value of knowing the arrivals. The policy needs the simulator it runs in, so it is a
+between, the exact jobs (size and length) arriving within the horizon: more than a demand
+forecast over it could tell, so an upper bound on such a forecast's value. The gaps between
+them are the value of knowing the arrivals. The policy needs the simulator it runs in, so it is a
 measurement tool for `rlalloc headroom`, not a `Policy` the actuator could load.
 """
 
