@@ -3,7 +3,8 @@
 Runs the base heuristic alone and `agent.lookahead.LookaheadPolicy` over it and the
 alternatives, once per future (``known``: an oracle bound; ``none``: only the jobs submitted so
 far, what a live controller knows; ``1h``: the jobs arriving within the next hour, a bound
-on what a one-hour demand forecast could give), on each workload. Writes DIR/headroom.json,
+on what a one-hour demand forecast could give; ``sampled-1h``: the next hour drawn from the
+--history workloads, a policy a controller could run), on each workload. Writes DIR/headroom.json,
 DIR/headroom.md (average JCT per workload and the change against the base) and
 DIR/headroom.png. Failures are off, as in training: a fork would otherwise know the failure
 process's future in both modes.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated policies whose proposals may be taken instead")
     parser.add_argument("--futures", default="known,none",
                         help="what the forks know, comma-separated: known (every later "
-                             "arrival), none (only submitted jobs) or a horizon of arrivals "
-                             "such as 1h or 30m (default known,none)")
+                             "arrival), none (only submitted jobs), a horizon of arrivals "
+                             "such as 1h or 30m, or sampled-1h (the hour drawn from --history; "
+                             "default known,none)")
+    parser.add_argument("--history", action="append", default=[], metavar="W",
+                        help="workload (repeatable) whose arrivals a sampled future draws from, "
+                             "e.g. the training workloads; a workload never draws from itself")
+    parser.add_argument("--samples", type=int, default=5,
+                        help="futures drawn per contested decision for a sampled future; a "
+                             "deviation must win in each (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
@@ -61,12 +70,14 @@ class HeadroomRun:
     alternatives: tuple[str, ...]
     cluster: str
     seed: int
+    history: tuple[str, ...] = ()
+    samples: int = 0
 
 
 def _run_one(spec: HeadroomRun) -> dict[str, float]:
     """Worker: one run's average JCT, decisions contested and deviations, wall seconds."""
     from agent.evaluation import run_policy
-    from agent.lookahead import LookaheadPolicy
+    from agent.lookahead import HistoryArrivals, LookaheadPolicy
     from agent.registry import load_policy
     from env.failures import FailureParams
     from env.params import SimParams
@@ -75,8 +86,15 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
     sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed).simulator(params, spec.seed)
     base = load_policy(spec.base)
-    policy = base if spec.future is None else LookaheadPolicy(
-        sim, base, [load_policy(name) for name in spec.alternatives], parse_future(spec.future))
+    policy = base
+    if spec.future is not None:
+        future = parse_future(spec.future)
+        history = HistoryArrivals(
+            [build_scenario(w, spec.cluster, seed=spec.seed)
+             for w in history_for(spec.workload, spec.history)],
+            future.horizon_s, spec.samples, spec.seed) if future.sampled else None
+        policy = LookaheadPolicy(sim, base, [load_policy(name) for name in spec.alternatives],
+                                 future, history)
     started = time.perf_counter()
     result = run_policy(sim, policy.act)
     if not result.finished:
@@ -102,16 +120,28 @@ def run(args: argparse.Namespace) -> int:
     futures = [name.strip() for name in args.futures.split(",") if name.strip()]
     for future in futures or [""]:
         try:
-            parse_future(future)
+            sampled = parse_future(future).sampled
         except ValueError:
             raise UserError(f"--futures {args.futures!r}: {future or 'nothing'} is not a "
-                            "future; use known, none or a horizon such as 1h or 30m") from None
+                            "future; use known, none, a horizon such as 1h or 30m, or "
+                            "sampled-1h") from None
+        if sampled and not args.history:
+            raise UserError(f"--futures {future} draws arrivals from history; give the "
+                            "workloads to draw from with --history W (repeatable)")
+    if args.samples < 1:
+        raise UserError(f"--samples {args.samples}: draw at least 1 future per decision")
     for name in (args.base, *alternatives):
         load_policy(name)  # fails fast with the list of valid names
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    for workload in workloads:
+    for workload in (*workloads, *args.history):
         build_scenario(workload, args.cluster, seed=args.seed)  # fails fast on bad input
-    specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed)
+    if any(parse_future(f).sampled for f in futures):
+        for workload in workloads:
+            if not history_for(workload, args.history):
+                raise UserError(f"--history has no workload but {workload} itself, whose own "
+                                "future a sampled future must not draw; add another --history")
+    specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
+                         tuple(args.history), args.samples)
              for w in workloads for f in (None, *futures)]
     results: dict[HeadroomRun, dict[str, float]] = {}
     with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
@@ -125,6 +155,15 @@ def run(args: argparse.Namespace) -> int:
     _plot(report, args.out / "headroom.png")
     print(f"wrote {args.out / 'headroom.json'}, headroom.md and headroom.png")
     return 0
+
+
+def history_for(workload: str, history: Sequence[str]) -> tuple[str, ...]:
+    """The --history workloads `workload` may draw its futures from: all but itself, so that
+    the training workloads can be both measured and drawn from (leave one out)."""
+    def key(name: str) -> str:
+        path = Path(name)
+        return str(path.resolve()) if path.is_file() else name
+    return tuple(name for name in history if key(name) != key(workload))
 
 
 def summarise(results: dict[HeadroomRun, dict[str, float]], workloads: list[str],
@@ -148,7 +187,7 @@ def summarise(results: dict[HeadroomRun, dict[str, float]], workloads: list[str]
         mean[future] = {"avg_jct_s": jct, "change": jct / mean_base - 1.0}
     return {"base": args.base, "alternatives": args.alternatives.split(","),
             "cluster": args.cluster, "seed": args.seed, "futures": futures,
-            "workloads": rows, "mean": mean}
+            "history": args.history, "samples": args.samples, "workloads": rows, "mean": mean}
 
 
 def markdown(report: dict) -> str:
@@ -159,7 +198,9 @@ def markdown(report: dict) -> str:
              "the change against the base; then decisions where the proposals differed / "
              "where the lookahead did not follow the base. `known`: forks see every later "
              "arrival (an oracle bound); `none`: only jobs already submitted; a horizon "
-             "(`1h`): the arrivals within it.", "",
+             "(`1h`): the arrivals within it; `sampled-1h`: the hour's arrivals drawn from "
+             f"{len(report['history'])} history workloads, {report['samples']} draws per "
+             "decision.", "",
              "| workload | base | " + " | ".join(f"lookahead, future {f}" for f in futures)
              + " |", "|---|---|" + "---|" * len(futures)]
     for workload, row in report["workloads"].items():

@@ -15,33 +15,90 @@ seconds. ``inf`` (future "known") is an oracle, an upper bound and not a policy 
 run; ``0`` (future "none") is all a live controller knows, the jobs already submitted; in
 between, the exact jobs (size and length) arriving within the horizon: more than a demand
 forecast over it could tell, so an upper bound on such a forecast's value. The gaps between
-them are the value of knowing the arrivals. The policy needs the simulator it runs in, so it is a
-measurement tool for `rlalloc headroom`, not a `Policy` the actuator could load.
+them are the value of knowing the arrivals. A *sampled* future (``sampled-1h``) is what a live
+controller could do instead: each fork gets the jobs that arrived within the horizon at the same
+time of day in one of a few history workloads (`HistoryArrivals`), the same draws for every
+candidate, and a candidate replaces the base's proposal only if it wins in every draw. The
+policy needs the simulator it runs in, so it is a measurement tool for `rlalloc headroom`, not
+a `Policy` the actuator could load.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from agent.policy import Policy
-from env.simulator import Simulator
+from env.scenario import Scenario
+from env.simulator import JobSpeed, Simulator
 from env.state import NOOP, Action, ActionKind, ClusterState
+from env.workload.spec import JobSpec
 
 FUTURE_WORDS = {"known": math.inf, "none": 0.0}
-"""Named futures; any other is a horizon such as ``1h`` or ``30m``."""
+"""Named futures; any other is a horizon such as ``1h`` or ``30m``, or ``sampled-1h``."""
 
 
-def parse_future(text: str) -> float:
-    """Seconds of arrivals a fork knows, from ``known``, ``none`` or ``<N>h`` / ``<N>m``
-    (ValueError otherwise)."""
+@dataclass(frozen=True)
+class Future:
+    """What a fork knows of the arrivals after now: the real ones within `horizon_s`, or, when
+    `sampled`, jobs drawn from history within it (the real ones unknown)."""
+
+    horizon_s: float
+    sampled: bool = False
+
+
+def parse_future(text: str) -> Future:
+    """The `Future` named by ``known``, ``none``, ``<N>h`` / ``<N>m`` or ``sampled-<N>h`` /
+    ``sampled-<N>m`` (ValueError otherwise)."""
     if text in FUTURE_WORDS:
-        return FUTURE_WORDS[text]
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([hm])", text)
+        return Future(FUTURE_WORDS[text])
+    match = re.fullmatch(r"(sampled-)?(\d+(?:\.\d+)?)([hm])", text)
     if not match:
         raise ValueError(text)
-    return float(match[1]) * (3600.0 if match[2] == "h" else 60.0)
+    return Future(float(match[2]) * (3600.0 if match[3] == "h" else 60.0), bool(match[1]))
+
+
+Arrivals = tuple[tuple[JobSpec, ...], tuple[JobSpeed, ...]]
+"""Jobs a fork is told will arrive, with their speed models."""
+
+
+class HistoryArrivals:
+    """Sampled futures: the jobs that arrived in the next `horizon_s` at the same offset from
+    the start of past workloads of the cluster.
+
+    The Pollux workloads are 8-hour samples of one trace and share its daily shape (each of the
+    eight gets the most arrivals in hour 6, about twice its hourly mean), so the same hour of
+    another workload is a plausible next hour. Each call to `draw` picks `samples` distinct history
+    workloads at random (seeded: runs repeat).
+    """
+
+    def __init__(self, history: Sequence[Scenario], horizon_s: float, samples: int,
+                 seed: int) -> None:
+        assert history and samples > 0 and horizon_s > 0
+        self.horizon_s = horizon_s
+        self.samples = min(samples, len(history))
+        self._rng = np.random.default_rng(seed)
+        self._pool = []
+        for index, scenario in enumerate(history):
+            jobs = tuple(replace(job, job_id=f"history{index}/{job.job_id}")
+                         for job in scenario.workload.jobs)
+            self._pool.append(([job.submit_s for job in jobs], jobs, scenario.speeds))
+
+    def draw(self, now_s: float) -> list[Arrivals]:
+        """`samples` futures for the instant `now_s`: the jobs submitted in (now, now +
+        horizon] of as many history workloads."""
+        futures = []
+        for pick in self._rng.choice(len(self._pool), size=self.samples, replace=False):
+            submit, jobs, speeds = self._pool[pick]
+            lo = bisect.bisect_right(submit, now_s)
+            hi = bisect.bisect_right(submit, now_s + self.horizon_s)
+            futures.append((jobs[lo:hi], speeds[lo:hi]))
+        return futures
 
 
 def cost_to_go(sim: Simulator, policy: Policy, stop_deciding: bool = False) -> float:
@@ -69,38 +126,57 @@ def cost_to_go(sim: Simulator, policy: Policy, stop_deciding: bool = False) -> f
 class LookaheadPolicy:
     """The rollout policy over `base` and `alternatives` in the simulator `sim` it decides for
     (see the module docstring). Counts the decisions where proposals differed (`contested`)
-    and those where it did not follow `base` (`deviations`)."""
+    and those where it did not follow `base` (`deviations`). A sampled `future` needs `history`
+    to draw from."""
 
     def __init__(self, sim: Simulator, base: Policy, alternatives: Sequence[Policy],
-                 arrivals_known_s: float) -> None:
+                 future: Future, history: HistoryArrivals | None = None) -> None:
+        assert history is not None or not future.sampled, "a sampled future needs history"
         self.sim = sim
         self.base = base
         self.alternatives = tuple(alternatives)
-        self.arrivals_known_s = arrivals_known_s
+        self.future = future
+        self.history = history
         self.name = "lookahead"
         self.contested = 0
         self.deviations = 0
 
     def act(self, state: ClusterState) -> Action:
-        """The proposal whose fork ends with the least job-time; the base's on ties."""
+        """The proposal whose forks end with the least mean job-time, among those that beat the
+        base's in every future drawn (the base's when none does).
+
+        With one future that is plainly the cheapest proposal. With sampled futures, a
+        deviation must win in each of them: measured on workload-7, taking the cheapest mean of
+        2 draws deviated at 117 of 322 contested decisions and cost 1.4 % JCT (sampling noise
+        picked the deviations), where the real next hour deviated at 46.
+        """
         base_action = self.base.act(state)
         candidates = list(dict.fromkeys([base_action,
                                          *(policy.act(state) for policy in self.alternatives)]))
         if len(candidates) == 1:
             return base_action
         self.contested += 1
-        best_action, best_cost = base_action, self._cost(base_action)
+        futures: list[Arrivals] = (self.history.draw(self.sim.time_s) if self.future.sampled
+                                   else [((), ())])
+        base_costs = self._costs(base_action, futures)
+        best_action, best_cost = base_action, float(np.mean(base_costs))
         for action in candidates[1:]:
-            cost = self._cost(action)
-            if cost < best_cost - 1e-6:
-                best_action, best_cost = action, cost
+            costs = self._costs(action, futures)
+            if all(costs < base_costs - 1e-6) and float(np.mean(costs)) < best_cost:
+                best_action, best_cost = action, float(np.mean(costs))
         self.deviations += best_action != base_action
         return best_action
 
-    def _cost(self, action: Action) -> float:
-        fork = self.sim.fork(self.arrivals_known_s)
-        if action == NOOP:
-            return cost_to_go(fork, self.base, stop_deciding=True)
-        applied = fork.apply(action)
-        assert applied, (action, fork.validate(action))
-        return cost_to_go(fork, self.base)
+    def _costs(self, action: Action, futures: list[Arrivals]) -> np.ndarray:
+        """The cost-to-go of `action` in one fork per future."""
+        known_s = 0.0 if self.future.sampled else self.future.horizon_s
+        costs = np.empty(len(futures))
+        for i, (jobs, speeds) in enumerate(futures):
+            fork = self.sim.fork(known_s, jobs, speeds)
+            if action == NOOP:
+                costs[i] = cost_to_go(fork, self.base, stop_deciding=True)
+                continue
+            applied = fork.apply(action)
+            assert applied, (action, fork.validate(action))
+            costs[i] = cost_to_go(fork, self.base)
+        return costs

@@ -42,7 +42,6 @@ class RunAccounting:
     """Integrates cluster-wide quantities over time and keeps per-job milestones."""
 
     def __init__(self, sim: Simulator, params: SimParams) -> None:
-        n_jobs = len(sim.job_ids)
         self._sim = sim
         self._params = params
         total = int(sim._gpus_total.sum())
@@ -64,23 +63,26 @@ class RunAccounting:
         self.jobs_in_system_s = 0.0
         self.lost_gpu_s = 0.0
         self.lost_train_gpu_s = 0.0
-        # per job
-        self._first_start = np.full(n_jobs, np.nan)
-        self._finish = np.full(n_jobs, np.nan)
-        self._train_from = np.full(n_jobs, np.nan)
-        self._train_s = np.zeros(n_jobs)
-        self._lost_train_s = np.zeros(n_jobs)
-        self._failed_at = np.full(n_jobs, np.nan)
+        # per job (grown by `add_jobs`)
+        for name, column in _job_columns(0).items():
+            setattr(self, name, column)
         self._recoveries: list[float] = []
         self.failures = 0
         self.jobs_completed = 0
-        self.first_submit = float(sim._submit[0]) if n_jobs else 0.0
+        self.first_submit = 0.0
         # time series for plots and the demand forecaster
         self._next_sample = 0.0
         self.series: dict[str, list[float]] = {"t": [], "alloc_gpus": [], "busy_gpus": [],
                                                "queued_jobs": [], "jobs_in_system": []}
         self._demand: list[float] = []
         self._next_demand = 0.0
+
+    def add_jobs(self, n: int) -> None:
+        """Room for the milestones of `n` more jobs, the simulator's newest rows."""
+        if len(self._finish) == 0 and n:
+            self.first_submit = float(self._sim._submit[0])
+        for name, column in _job_columns(n).items():
+            setattr(self, name, np.concatenate([getattr(self, name), column]))
 
     # --- integration ---------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -208,3 +210,10 @@ class RunAccounting:
             "failures": self.failures,
             "invalid_actions": sim.invalid_actions,
         }
+
+
+def _job_columns(n: int) -> dict[str, np.ndarray]:
+    """`RunAccounting`'s per-job milestones for `n` jobs that have not started."""
+    return {"_first_start": np.full(n, np.nan), "_finish": np.full(n, np.nan),
+            "_train_from": np.full(n, np.nan), "_train_s": np.zeros(n),
+            "_lost_train_s": np.zeros(n), "_failed_at": np.full(n, np.nan)}

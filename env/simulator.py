@@ -50,7 +50,7 @@ from env.state import (
     JobStatus,
     Nodes,
 )
-from env.workload.spec import Workload
+from env.workload.spec import JobSpec, Workload
 
 ThroughputFn = Callable[[tuple[int, ...]], float]
 """Iterations per second of one job for a placement shape (GPUs per node, largest first)."""
@@ -83,7 +83,6 @@ class Simulator:
         self.params = params or SimParams()
         self.cluster = cluster
         self.workload = workload
-        self._speeds = speeds
         self._signals = signals
         self._forecast_cache: tuple[int, tuple[float, float, float]] = (-1, (0.0, 0.0, 0.0))
         rng = np.random.default_rng(seed)
@@ -111,34 +110,14 @@ class Simulator:
         self._health_pulled_until = 0.0
         self._health_events: dict[int, HealthEvent] = {}
 
-        # --- jobs (columns indexed by job number) -------------------------------------------
-        jobs = workload.jobs
-        n_jobs = len(jobs)
-        self.job_ids = tuple(j.job_id for j in jobs)
-        self._job_row = {job_id: i for i, job_id in enumerate(self.job_ids)}
-        col = np.array
-        self._submit = col([j.submit_s for j in jobs], dtype=np.float64)
-        self._submit_list = self._submit.tolist()
-        self._requested = col([j.requested_gpus for j in jobs], dtype=np.int32)
-        self._min_w = col([j.min_workers for j in jobs], dtype=np.int32)
-        self._max_w = col([j.max_workers for j in jobs], dtype=np.int32)
-        self._work = col([j.work for j in jobs], dtype=np.float64)
-        self._restore = col([j.restore_s for j in jobs], dtype=np.float32)
-        self._speed1 = col([s.speed_1gpu for s in speeds], dtype=np.float32)
-        self._alpha = col([s.scaling_alpha for s in speeds], dtype=np.float32)
-        self._beta = col([s.scaling_beta for s in speeds], dtype=np.float32)
-        self._status = np.full(n_jobs, _NOT_SUBMITTED, dtype=np.int8)
-        self._workers = np.zeros(n_jobs, dtype=np.int32)
-        self._placement: list[tuple[int, ...]] = [()] * n_jobs
-        self._rate = np.zeros(n_jobs, dtype=np.float64)  # iterations/s while training
-        self._done = np.zeros(n_jobs, dtype=np.float64)  # progress at the anchor (checkpointed)
-        self._anchor = np.zeros(n_jobs, dtype=np.float64)  # when the current allocation began
-        self._busy_from = np.zeros(n_jobs, dtype=np.float64)  # restore ends, training starts
-        self._attained = np.zeros(n_jobs, dtype=np.float64)  # GPU-s up to the anchor
-        self._run_s = np.zeros(n_jobs, dtype=np.float64)  # allocated seconds up to the anchor
-        self._restarts = np.zeros(n_jobs, dtype=np.int32)
-        self._version = np.zeros(n_jobs, dtype=np.int64)
-        self._started_once = np.zeros(n_jobs, dtype=bool)
+        # --- jobs: one row each, in numpy columns (`_job_columns`); filled by `_add_jobs` ----
+        self.job_ids: tuple[str, ...] = ()
+        self._job_row: dict[str, int] = {}
+        self._speeds: tuple[JobSpeed, ...] = ()
+        self._placement: list[tuple[int, ...]] = []  # node indices per worker, sorted
+        self._submit_list: list[float] = []  # submit times, sorted, for arrival counts
+        for name, column in _job_columns((), ()).items():
+            setattr(self, name, column)
         self._active: dict[int, None] = {}  # jobs in the system, in arrival order
         # snapshot caches, dropped when membership (None rows) or allocations change
         self._snapshot_rows: np.ndarray | None = None
@@ -150,9 +129,8 @@ class Simulator:
         self.accounting = RunAccounting(self, self.params)
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
-        for row, job in enumerate(jobs):
-            self._push(job.submit_s, _ARRIVAL, row, 0)
-        self._arrivals_pending = n_jobs
+        self._arrivals_pending = 0
+        self._add_jobs(workload.jobs, speeds)
         self._demand_history: list[float] = []
         self.invalid_actions = 0
         self.actions_taken = 0
@@ -245,7 +223,8 @@ class Simulator:
         for event in events:
             self._push_health(event)
 
-    def fork(self, arrivals_known_s: float = math.inf) -> Simulator:
+    def fork(self, arrivals_known_s: float = math.inf, extra_jobs: Sequence[JobSpec] = (),
+             extra_speeds: Sequence[JobSpeed] = ()) -> Simulator:
         """An independent copy of this simulator at this instant, for lookahead.
 
         The inputs that never change (cluster, workload, speed models, signals, parameters) are
@@ -254,6 +233,8 @@ class Simulator:
         fork knows the arrivals of the next `arrivals_known_s` seconds only (0: just the jobs
         submitted so far, as a live controller sees them); without the rest it is done when
         the jobs it knows of have finished (`jobs_in_system` 0, no `has_pending_arrivals`).
+        `extra_jobs` (with their `extra_speeds`; none submitted before now, ids new) arrive in
+        the fork as well: a sampled future in place of the unknown one.
         """
         shared = (self.cluster, self.workload, self._speeds, self._signals, self.params)
         fork = copy.deepcopy(self, {id(item): item for item in shared})
@@ -263,7 +244,29 @@ class Simulator:
                             if event[1] != _ARRIVAL or event[0] <= horizon]
             heapq.heapify(fork._events)
             fork._arrivals_pending = sum(event[1] == _ARRIVAL for event in fork._events)
+            fork._submit_list = [t for t in self._submit_list if t <= horizon]
+        if extra_jobs:
+            fork._add_jobs(extra_jobs, extra_speeds)
         return fork
+
+    def _add_jobs(self, jobs: Sequence[JobSpec], speeds: Sequence[JobSpeed]) -> None:
+        """Append `jobs` as new rows, not yet submitted, and schedule their arrivals."""
+        assert len(speeds) == len(jobs), (len(speeds), len(jobs))
+        assert all(job.submit_s >= self.time_s for job in jobs), "jobs submitted in the past"
+        first = len(self.job_ids)
+        self.job_ids = (*self.job_ids, *(job.job_id for job in jobs))
+        self._job_row.update((job_id, row) for row, job_id in enumerate(self.job_ids)
+                             if row >= first)
+        assert len(self._job_row) == len(self.job_ids), "job ids must be unique"
+        self._speeds = (*self._speeds, *speeds)
+        self._placement.extend(() for _ in jobs)
+        for name, column in _job_columns(jobs, speeds).items():
+            setattr(self, name, np.concatenate([getattr(self, name), column]))
+        self._submit_list = sorted(self._submit_list + [job.submit_s for job in jobs])
+        self.accounting.add_jobs(len(jobs))
+        for row, job in enumerate(jobs, start=first):
+            self._push(job.submit_s, _ARRIVAL, row, 0)
+        self._arrivals_pending += len(jobs)
 
     def validate(self, action: Action) -> str:
         """Why `action` cannot be carried out now ("" when it can)."""
@@ -648,6 +651,36 @@ class _NodeHealth:
     """Degrees above the utilisation-driven temperature (warning episodes only)."""
     temperature_delta_30m_c: np.ndarray
     failure_risk: np.ndarray
+
+
+def _job_columns(jobs: Sequence[JobSpec], speeds: Sequence[JobSpeed]) -> dict[str, np.ndarray]:
+    """The per-job numpy columns of `Simulator` for `jobs`, as they stand before arrival.
+
+    One definition for the constructor and for jobs added to a fork (`Simulator._add_jobs`).
+    """
+    n = len(jobs)
+    return {
+        "_submit": np.array([j.submit_s for j in jobs], dtype=np.float64),
+        "_requested": np.array([j.requested_gpus for j in jobs], dtype=np.int32),
+        "_min_w": np.array([j.min_workers for j in jobs], dtype=np.int32),
+        "_max_w": np.array([j.max_workers for j in jobs], dtype=np.int32),
+        "_work": np.array([j.work for j in jobs], dtype=np.float64),
+        "_restore": np.array([j.restore_s for j in jobs], dtype=np.float32),
+        "_speed1": np.array([s.speed_1gpu for s in speeds], dtype=np.float32),
+        "_alpha": np.array([s.scaling_alpha for s in speeds], dtype=np.float32),
+        "_beta": np.array([s.scaling_beta for s in speeds], dtype=np.float32),
+        "_status": np.full(n, _NOT_SUBMITTED, dtype=np.int8),
+        "_workers": np.zeros(n, dtype=np.int32),
+        "_rate": np.zeros(n, dtype=np.float64),  # iterations/s while training
+        "_done": np.zeros(n, dtype=np.float64),  # progress at the anchor (checkpointed)
+        "_anchor": np.zeros(n, dtype=np.float64),  # when the current allocation began
+        "_busy_from": np.zeros(n, dtype=np.float64),  # restore ends, training starts
+        "_attained": np.zeros(n, dtype=np.float64),  # GPU-s up to the anchor
+        "_run_s": np.zeros(n, dtype=np.float64),  # allocated seconds up to the anchor
+        "_restarts": np.zeros(n, dtype=np.int32),
+        "_version": np.zeros(n, dtype=np.int64),
+        "_started_once": np.zeros(n, dtype=bool),
+    }
 
 
 def _pick(items: Sequence, rows: np.ndarray) -> tuple:

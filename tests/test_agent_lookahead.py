@@ -8,12 +8,13 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from agent.evaluation import finished_jcts_s, run_policy
-from agent.lookahead import LookaheadPolicy, cost_to_go, parse_future
+from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
 from agent.registry import load_policy
 from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
@@ -23,11 +24,24 @@ from env.state import ActionKind
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the lookahead deviates from elastic-srpt-0.25 (4 times, known future)."""
+OTHER = "synthetic:40:3:3"
+"""Another workload for SMALL's cluster, to draw sampled futures from."""
 
 
 def _small_sim(failures: float = 0.0) -> Simulator:
     params = SimParams(failures=FailureParams(failures_per_gpu_day=failures))
     return build_scenario(*SMALL, seed=0).simulator(params, seed=0)
+
+
+def _lookahead_jct(future: Future, history: HistoryArrivals | None = None) -> tuple[float, int]:
+    """Average JCT and deviations of the lookahead over elastic-srpt-0.25 on SMALL."""
+    sim = _small_sim()
+    lookahead = LookaheadPolicy(sim, load_policy("elastic-srpt-0.25"),
+                                [load_policy("elastic-srpt"), load_policy("elastic")],
+                                future, history)
+    result = run_policy(sim, lookahead.act)
+    assert result.finished
+    return result.metrics["avg_jct_s"], lookahead.deviations
 
 
 def _run_decisions(sim: Simulator, policy, decisions: int) -> None:
@@ -67,12 +81,52 @@ def test_fork_knows_only_the_arrivals_within_its_horizon(known_s):
     assert fork.jobs_in_system == 0 and not fork.has_pending_arrivals
     assert len(finished_jcts_s(fork)) == known
     assert sim.has_pending_arrivals  # the original still expects the rest
+    told = [j.submit_s for j in sim.workload.jobs if j.submit_s <= sim.time_s + known_s]
+    last_hour = sum(fork.time_s - 3600.0 < t <= fork.time_s for t in told)
+    assert fork.state().demand.arrivals_1h == last_hour  # arrivals it was not told of: none
 
 
-@pytest.mark.parametrize("text, seconds", [("known", math.inf), ("none", 0.0), ("1h", 3600.0),
-                                           ("1.5h", 5400.0), ("30m", 1800.0)])
-def test_parse_future(text, seconds):
-    assert parse_future(text) == seconds
+def test_fork_told_the_real_arrivals_as_extra_jobs_repeats_the_known_future():
+    policy = load_policy("elastic-srpt-0.25")
+    scenario = build_scenario(*SMALL, seed=0)
+    sim = _small_sim()
+    _run_decisions(sim, policy, 20)
+    later = [row for row, job in enumerate(scenario.workload.jobs) if job.submit_s > sim.time_s]
+    assert later and sim.jobs_in_system
+    renamed = tuple(replace(scenario.workload.jobs[row], job_id=f"told/{row}") for row in later)
+    told = sim.fork(0.0, renamed, tuple(scenario.speeds[row] for row in later))
+    assert len(told.job_ids) == len(sim.job_ids) + len(later)
+    assert cost_to_go(told, policy) == pytest.approx(cost_to_go(sim.fork(), policy), rel=1e-12)
+    assert len(finished_jcts_s(told)) == len(scenario.workload.jobs)
+    with pytest.raises(AssertionError, match="past"):
+        sim.fork(0.0, (replace(renamed[0], submit_s=0.0),), scenario.speeds[:1])
+
+
+def test_history_draws_the_next_hours_jobs_of_distinct_workloads_repeatably():
+    history = [build_scenario("synthetic:40:2:4", "2x4", seed=seed) for seed in range(4)]
+    draws = [HistoryArrivals(history, 3600.0, samples=3, seed=7).draw(1800.0) for _ in range(2)]
+    assert draws[0] == draws[1]
+    names = set()
+    for jobs, speeds in draws[0]:
+        assert len(jobs) == len(speeds) > 0
+        assert all(1800.0 < job.submit_s <= 5400.0 for job in jobs)
+        names.add(jobs[0].job_id.split("/")[0])
+    assert len(names) == 3  # three different history workloads
+
+
+def test_sampled_future_drawn_from_the_workload_itself_is_the_known_future():
+    history = HistoryArrivals([build_scenario(*SMALL, seed=0)], 1e9, samples=3, seed=0)
+    assert history.samples == 1
+    sampled = _lookahead_jct(Future(1e9, sampled=True), history)
+    assert sampled == _lookahead_jct(Future(math.inf))
+    assert sampled[1] > 0  # it deviated, so the drawn jobs mattered
+
+
+@pytest.mark.parametrize("text, future", [
+    ("known", Future(math.inf)), ("none", Future(0.0)), ("1h", Future(3600.0)),
+    ("1.5h", Future(5400.0)), ("30m", Future(1800.0)), ("sampled-2h", Future(7200.0, True))])
+def test_parse_future(text, future):
+    assert parse_future(text) == future
 
 
 def test_cost_to_go_is_the_rest_of_the_total_jct():
@@ -94,7 +148,7 @@ def test_known_future_lookahead_deviates_and_is_never_worse_than_its_base():
     base_jct = run_policy(_small_sim(), base.act).metrics["avg_jct_s"]
     sim = _small_sim()
     lookahead = LookaheadPolicy(sim, base, [load_policy("elastic-srpt"), load_policy("elastic")],
-                                math.inf)
+                                Future(math.inf))
     result = run_policy(sim, lookahead.act)
     assert result.finished and lookahead.deviations > 0
     assert lookahead.contested >= lookahead.deviations
@@ -104,7 +158,7 @@ def test_known_future_lookahead_deviates_and_is_never_worse_than_its_base():
 def test_lookahead_without_alternatives_is_its_base():
     base = load_policy("elastic-srpt-0.25")
     sim = _small_sim()
-    lookahead = LookaheadPolicy(sim, base, [], 0.0)
+    lookahead = LookaheadPolicy(sim, base, [], Future(0.0))
     reference = _small_sim()
     run_policy(reference, base.act)
     run_policy(sim, lookahead.act)
@@ -113,6 +167,10 @@ def test_lookahead_without_alternatives_is_its_base():
 
 
 @pytest.mark.parametrize("flags, named", [(["--futures", "known,later"], "later"),
+                                          (["--futures", "sampled-1h"], "--history"),
+                                          (["--futures", "sampled-1h", "--workload", SMALL[0],
+                                            "--history", SMALL[0]], "itself"),
+                                          (["--samples", "0"], "--samples"),
                                           (["--base", "nope"], "nope"),
                                           (["--alternatives", ","], "--alternatives")])
 def test_headroom_rejects_bad_flags_in_one_line(tmp_path, flags, named):
@@ -126,15 +184,18 @@ def test_headroom_rejects_bad_flags_in_one_line(tmp_path, flags, named):
 def test_headroom_writes_its_report(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
-         SMALL[1], "--futures", "known,none,1h", "--jobs", "2", "--out", str(tmp_path)],
+         SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
+         "--history", OTHER, "--jobs", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "headroom.json").read_text())
     row = report["workloads"][SMALL[0]]
-    for future in ("known", "none", "1h"):
+    for future in ("known", "none", "1h", "sampled-1h"):
         assert row[future]["change"] == pytest.approx(
             row[future]["avg_jct_s"] / row["base_avg_jct_s"] - 1.0)
     assert row["known"]["avg_jct_s"] < row["base_avg_jct_s"]
+    assert row["sampled-1h"]["contested"] > 0
+    assert report["history"] == [SMALL[0], OTHER]
     assert (tmp_path / "headroom.png").stat().st_size > 0
     assert "lookahead, future known" in (tmp_path / "headroom.md").read_text()
     again = subprocess.run([sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0],
