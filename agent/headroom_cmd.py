@@ -7,7 +7,8 @@ on what a one-hour demand forecast could give; ``sampled-1h``: the next hour dra
 --history workloads, a policy a controller could run), on each workload. Writes DIR/headroom.json,
 DIR/headroom.md (average JCT per workload and the change against the base) and
 DIR/headroom.png. Failures are off, as in training: a fork would otherwise know the failure
-process's future in both modes.
+process's future in both modes. With --record, every lookahead run also saves its decisions and the
+advantages its forks measured (`agent.distill`), for `rlalloc train --imitate`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from env.workload.loader import EMBEDDED_DEFAULT
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
 """What `rlalloc headroom` writes into --out."""
+RECORDINGS_DIR = "recordings"
+"""Where `--record` puts the lookahead's demonstrations, inside --out."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=5,
                         help="futures drawn per contested decision for a sampled future; a "
                              "deviation must win in each (default 5)")
+    parser.add_argument("--record", action="store_true",
+                        help="also save every lookahead decision as a residual-policy "
+                             f"demonstration, {RECORDINGS_DIR}/<workload>--<future>.npz in --out "
+                             "(for `rlalloc train --residual BASE,ALTERNATIVES --imitate`)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
@@ -72,14 +79,19 @@ class HeadroomRun:
     seed: int
     history: tuple[str, ...] = ()
     samples: int = 0
+    record: Path | None = None
+    """Save the lookahead's decisions to this file (`agent.distill`)."""
 
 
 def _run_one(spec: HeadroomRun) -> dict[str, float]:
     """Worker: one run's average JCT, decisions contested and deviations, wall seconds."""
+    from agent.distill import LookaheadRecorder
     from agent.evaluation import run_policy
     from agent.lookahead import HistoryArrivals, LookaheadPolicy
     from agent.registry import load_policy
+    from agent.residual import residual_featurizer
     from env.failures import FailureParams
+    from env.featurizer import FeatureSpec
     from env.params import SimParams
     from env.scenario import build_scenario
 
@@ -95,11 +107,18 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
             future.horizon_s, spec.samples, spec.seed) if future.sampled else None
         policy = LookaheadPolicy(sim, base, [load_policy(name) for name in spec.alternatives],
                                  future, history)
+        if spec.record is not None:
+            policy = LookaheadRecorder(policy, residual_featurizer(
+                FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s),
+                (spec.base, *spec.alternatives)))
     started = time.perf_counter()
     result = run_policy(sim, policy.act)
     if not result.finished:
         raise UserError(f"{spec.workload}: the run hit the time limit with jobs unfinished; "
                         f"is --base {spec.base!r} a policy that finishes every job?")
+    if isinstance(policy, LookaheadRecorder):
+        policy.save(spec.record)
+        policy = policy.lookahead
     return {"avg_jct_s": result.metrics["avg_jct_s"],
             "contested": float(getattr(policy, "contested", 0)),
             "deviations": float(getattr(policy, "deviations", 0)),
@@ -113,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     from agent.registry import load_policy
     from env.scenario import build_scenario
 
-    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
+    prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
+                    args.force)
     alternatives = tuple(name.strip() for name in args.alternatives.split(",") if name.strip())
     if not alternatives:
         raise UserError("--alternatives is empty; give e.g. elastic-srpt,elastic")
@@ -141,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--history has no workload but {workload} itself, whose own "
                                 "future a sampled future must not draw; add another --history")
     specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
-                         tuple(args.history), args.samples)
+                         tuple(args.history), args.samples,
+                         recording_path(args.out, w, f) if args.record and f else None)
              for w in workloads for f in (None, *futures)]
     results: dict[HeadroomRun, dict[str, float]] = {}
     with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
@@ -155,6 +176,12 @@ def run(args: argparse.Namespace) -> int:
     _plot(report, args.out / "headroom.png")
     print(f"wrote {args.out / 'headroom.json'}, headroom.md and headroom.png")
     return 0
+
+
+def recording_path(out: Path, workload: str, future: str) -> Path:
+    """Where `--record` saves the lookahead's decisions on `workload` with `future`."""
+    label = _label(workload).replace("/", "-").removesuffix(".csv").replace(":", "_")
+    return out / RECORDINGS_DIR / f"{label}--{future}.npz"
 
 
 def history_for(workload: str, history: Sequence[str]) -> tuple[str, ...]:

@@ -141,7 +141,7 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
             if is_actor_critic:
                 features = policy.extract_features(obs[batch], policy.pi_features_extractor)
                 latent_pi, latent_vf = policy.mlp_extractor(features)
-                scores = policy.action_net(latent_pi)
+                scores = policy.action_net(latent_pi)  # = actor_logits, sharing the features
                 masked = scores.masked_fill(~masks[batch], -1e8)
                 loss = nn.functional.cross_entropy(masked, actions[batch]) if actor else 0.0
                 if value:
@@ -157,6 +157,12 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
             total_loss += loss.item() * len(batch)
         stats = {"accuracy": correct / len(actions), "loss": total_loss / len(actions)}
     return stats
+
+
+def actor_logits(policy: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    """An SB3 actor-critic policy's action logits for a batch of observations (unmasked)."""
+    features = policy.extract_features(obs, policy.pi_features_extractor)
+    return policy.action_net(policy.mlp_extractor.forward_actor(features))
 
 
 def concatenate(parts: list[Demonstrations]) -> Demonstrations:

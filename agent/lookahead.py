@@ -140,6 +140,9 @@ class LookaheadPolicy:
         self.name = "lookahead"
         self.contested = 0
         self.deviations = 0
+        self.last_costs: dict[Action, np.ndarray] = {}
+        """Each candidate's cost-to-go per future drawn, at the last contested decision
+        (what `agent.distill` turns into advantages)."""
 
     def act(self, state: ClusterState) -> Action:
         """The proposal whose forks end with the least mean job-time, among those that beat the
@@ -158,10 +161,11 @@ class LookaheadPolicy:
         self.contested += 1
         futures: list[Arrivals] = (self.history.draw(self.sim.time_s) if self.future.sampled
                                    else [((), ())])
-        base_costs = self._costs(base_action, futures)
+        self.last_costs = {action: self._costs(action, futures) for action in candidates}
+        base_costs = self.last_costs[base_action]
         best_action, best_cost = base_action, float(np.mean(base_costs))
         for action in candidates[1:]:
-            costs = self._costs(action, futures)
+            costs = self.last_costs[action]
             if all(costs < base_costs - 1e-6) and float(np.mean(costs)) < best_cost:
                 best_action, best_cost = action, float(np.mean(costs))
         self.deviations += best_action != base_action

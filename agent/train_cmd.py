@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--residual", default="", metavar="H1[,H2...]",
                         help="add a 'follow H' action per heuristic and start as H1 (ppo only;"
                              " replaces --warm-start; see agent.residual)")
+    parser.add_argument("--imitate", action="append", default=[], metavar="NPZ",
+                        help="residual: fit the actor to these lookahead recordings first "
+                             "(`rlalloc headroom --record`; repeatable; recorded with --base "
+                             "and --alternatives equal to --residual's H1 and H2...)")
+    parser.add_argument("--imitate-margin", type=float, default=_DEFAULTS.imitate_margin,
+                        help="with --imitate: job-hours a deviation from H1 must be predicted "
+                             "to save")
     parser.add_argument("--residual-veto-p", type=float, default=_DEFAULTS.residual_veto_p,
                         help="residual start: chance of sampling a veto of a proposal")
     parser.add_argument("--residual-raw-p", type=float, default=_DEFAULTS.residual_raw_p,
@@ -81,8 +88,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         gae_lambda=args.gae_lambda, learning_rate=learning_rate, warm_start=args.warm_start,
         dagger_rounds=args.dagger_rounds,
         residual=tuple(name for name in args.residual.split(",") if name),
-        residual_veto_p=args.residual_veto_p, residual_raw_p=args.residual_raw_p,
-        residual_switch_p=args.residual_switch_p,
+        imitate=tuple(args.imitate), imitate_margin=args.imitate_margin,
+        residual_veto_p=args.residual_veto_p,
+        residual_raw_p=args.residual_raw_p, residual_switch_p=args.residual_switch_p,
         action_cost=args.action_cost, gamma=args.gamma, time_discount_s=args.time_discount_s,
         eval_every=args.eval_every,
         eval_workloads=tuple(args.eval_workloads or ()),

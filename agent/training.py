@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from agent.deployed import load_deployed
+from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
@@ -85,6 +86,11 @@ class TrainConfig:
     residual: tuple[str, ...] = ()
     """Heuristics behind extra "follow its proposal" actions (`agent.residual`; PPO only);
     none for the raw action space. Replaces the warm start by `_residual_start`."""
+    imitate: tuple[str, ...] = ()
+    """Lookahead recordings (`rlalloc headroom --record`) the residual actor is fitted to
+    before RL (`agent.distill`); none: the actor starts as the first heuristic."""
+    imitate_margin: float = 0.5
+    """After `imitate`: job-hours a deviation must be predicted to save (`prefer_base`)."""
     residual_veto_p: float = 0.1
     """Residual start: probability that the sampling policy vetoes the first heuristic."""
     residual_raw_p: float = 0.02
@@ -226,6 +232,12 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     if config.residual and config.algo != "ppo":
         raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
                         "follow action is masked when the heuristic proposes nothing)")
+    if config.imitate and not config.residual:
+        raise UserError("--imitate fits a residual policy; give --residual with the "
+                        "recording's base and alternatives, e.g. "
+                        "elastic-srpt-0.25,elastic-srpt,elastic")
+    recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
+                  if config.imitate and not resume else None)
     out = Path(out)
     checkpoint = out / CHECKPOINT_DIR / LAST_CHECKPOINT
     if resume:
@@ -246,6 +258,10 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         for _ in range(config.n_envs)]))
     vec_env.seed(config.seed)
     spec = vec_env.envs[0].unwrapped.featurizer.spec
+    if recordings is not None and recordings.obs.shape[1] != vec_env.observation_space.shape[0]:
+        raise UserError(f"--imitate: the recordings' observations have {recordings.obs.shape[1]}"
+                        f" features, this policy's {vec_env.observation_space.shape[0]}; record "
+                        "them again with this rlalloc and these --residual heuristics")
     summary: dict = {"config": asdict(config), "evaluations": []}
     if resume:
         model = _load_model(config, checkpoint, vec_env)
@@ -260,7 +276,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     else:
         model = _build_model(config, vec_env, out / "tb")
         if config.residual:
-            summary["warm_start"] = _residual_start(config, model, log)
+            summary["warm_start"] = _residual_start(config, model, log, recordings)
         elif config.warm_start:
             summary["warm_start"] = _warm_start(config, model, log)
         best = float("inf")
@@ -342,6 +358,13 @@ def latest_checkpoint(out: Path) -> Path | None:
 def _describe_warm_start(info: dict | None) -> str:
     if not info:
         return "none"
+    if "residual" in info and "imitation" in info:
+        fitted = info["imitation"]
+        return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}: actor fitted "
+                f"to the lookahead's advantages at {fitted['contested']:,} contested of "
+                f"{fitted['samples']:,} recorded steps (squared error "
+                f"{fitted['advantage_mse']:.3f}), margin {fitted['margin']} job-hours; critic "
+                f"fitted to the first's returns on {info['samples']:,} steps")
     if "residual" in info:
         return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}: actor "
                 f"initialised to follow the first (sampled veto {info['veto_p']}, raw action "
@@ -415,11 +438,14 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) 
             "rounds": history}
 
 
-def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None]) -> dict:
+def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None],
+                    recordings: Recording | None = None) -> dict:
     """Start a residual policy as its first heuristic: fit the critic to the returns of
     rollouts that always follow it, then set the action head so that its argmax is that
     heuristic, exactly, and its samples deviate with small probabilities (cloning by
-    cross-entropy would make it near-deterministic, leaving RL nothing to explore)."""
+    cross-entropy would make it near-deterministic, leaving RL nothing to explore).
+    With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
+    the advantages its forks measured instead (`agent.distill`)."""
     teacher = load_policy(config.residual[0])  # labels only: the driver follows it
     envs = [make_env(config, (workload,)) for workload in config.workloads]
     demos = concatenate([
@@ -429,10 +455,23 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
         for i, env in enumerate(envs)])
     stats = fit_policy(model.policy, demos, config.bc_epochs, 256, config.bc_learning_rate,
                        config.seed, value=True, actor=False)
-    init_follow_head(model.policy.action_net, len(config.residual), config.residual_veto_p,
-                     config.residual_raw_p, config.residual_switch_p)
     log(f"residual start: critic fitted on {len(demos.actions)} steps (loss {stats['loss']:.4f})")
-    return {"residual": list(config.residual), "veto_p": config.residual_veto_p,
-            "raw_p": config.residual_raw_p, "switch_p": config.residual_switch_p,
-            "samples": len(demos.actions),
+    info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
+    if recordings is None:
+        init_follow_head(model.policy.action_net, len(config.residual), config.residual_veto_p,
+                         config.residual_raw_p, config.residual_switch_p)
+        info.update(veto_p=config.residual_veto_p, raw_p=config.residual_raw_p,
+                    switch_p=config.residual_switch_p)
+    else:
+        fitted = fit_advantages(model.policy, recordings, config.bc_epochs, 256,
+                                config.bc_learning_rate, config.seed)
+        prefer_base(model.policy.action_net, len(config.residual), config.imitate_margin)
+        info["imitation"] = {"recordings": list(config.imitate),
+                             "samples": len(recordings.actions),
+                             "contested": int(recordings.contested.sum()),
+                             "margin": config.imitate_margin, **fitted}
+        log(f"imitation: actor fitted to the advantages of {info['imitation']['contested']} "
+            f"contested of {len(recordings.actions)} lookahead steps (squared error "
+            f"{fitted['advantage_mse']:.3f})")
+    return info

@@ -13,7 +13,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from agent.distill import load_recordings
 from agent.evaluation import finished_jcts_s, run_policy
+from agent.headroom_cmd import recording_path
 from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
 from agent.registry import load_policy
 from env.failures import FAILURE_PRESETS, FailureParams
@@ -185,7 +187,7 @@ def test_headroom_writes_its_report(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
          SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
-         "--history", OTHER, "--jobs", "2", "--out", str(tmp_path)],
+         "--history", OTHER, "--jobs", "2", "--record", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "headroom.json").read_text())
@@ -198,7 +200,12 @@ def test_headroom_writes_its_report(tmp_path):
     assert report["history"] == [SMALL[0], OTHER]
     assert (tmp_path / "headroom.png").stat().st_size > 0
     assert "lookahead, future known" in (tmp_path / "headroom.md").read_text()
+    for future in ("known", "none", "1h", "sampled-1h"):
+        recording = load_recordings([recording_path(tmp_path, SMALL[0], future)],
+                                    ("elastic-srpt-0.25", "elastic-srpt", "elastic"))
+        assert recording.deviations().sum() == row[future]["deviations"]
     again = subprocess.run([sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0],
-                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                            "--record", "--out", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--force" in again.stderr
     assert json.loads((tmp_path / "headroom.json").read_text()) == report

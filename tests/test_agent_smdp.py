@@ -64,18 +64,22 @@ def test_train_flags_reach_the_config_and_survive_json():
     add_arguments(parser)
     args = parser.parse_args(["--out", "x", "--n-steps", "8192", "--batch-size", "512",
                               "--gae-lambda", "0.85", "--time-discount-s", "3600",
-                              "--gamma", "1", "--residual", "elastic-srpt,elastic"])
+                              "--gamma", "1", "--residual", "elastic-srpt,elastic",
+                              "--imitate", "a.npz", "--imitate", "b.npz",
+                              "--imitate-margin", "0.25"])
     config = config_from_args(args)
     assert (config.n_steps, config.batch_size, config.gae_lambda) == (8192, 512, 0.85)
     assert (config.time_discount_s, config.gamma) == (3600.0, 1.0)
     assert config.residual == ("elastic-srpt", "elastic")
+    assert (config.imitate, config.imitate_margin) == (("a.npz", "b.npz"), 0.25)
     saved = json.loads(json.dumps(asdict(config)))
     restored = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
                               for k, v in saved.items()})
     assert restored == config
 
 
-@pytest.mark.parametrize("flag", ["--n-steps", "--gae-lambda", "--time-discount-s"])
+@pytest.mark.parametrize("flag", ["--n-steps", "--gae-lambda", "--time-discount-s",
+                                  "--imitate-margin"])
 def test_train_flag_defaults_are_the_configs(flag):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
