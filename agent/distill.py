@@ -15,7 +15,7 @@ Pollux workloads (docs/agent.md), the fitted policy stays within noise of its ba
 
 from __future__ import annotations
 
-import os
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from agent.imitation import actor_logits
 from agent.lookahead import LookaheadPolicy
 from agent.residual import ResidualFeaturizer
 from env.errors import UserError
+from env.output import write_atomic
 from env.state import Action, ActionKind, ClusterState
 
 ADVANTAGE_SCALE_S = 3600.0
@@ -80,32 +81,33 @@ class LookaheadRecorder:
         return action
 
     def _advantages(self, state: ClusterState, chosen: int) -> np.ndarray:
-        """The `advantages` row of the step just decided (see there)."""
-        follow = self.featurizer.follow_index
+        """The `advantages` row of the step just decided (see there): column 0 for no-op,
+        column k + 1 for following heuristic k."""
+        def column(index: int) -> int:
+            return 0 if index == 0 else index - self.featurizer.follow_index + 1
+
         row = np.full(1 + len(self.featurizer.teachers), np.nan, dtype=np.float32)
         if not self.contested[-1]:
-            row[0 if chosen == 0 else chosen - follow + 1] = 0.0
+            row[column(chosen)] = 0.0
             return row
         costs = self.lookahead.last_costs
-        base = costs[self.lookahead.base.act(state)]
+        base = costs[self.featurizer.proposals(state)[0]]  # the base's proposal, cached
         for candidate, candidate_costs in costs.items():
-            index = residual_index(self.featurizer, state, candidate)
-            row[0 if index == 0 else index - follow + 1] = float(np.mean(base - candidate_costs))
+            row[column(residual_index(self.featurizer, state, candidate))] = float(
+                np.mean(base - candidate_costs))
         return row
 
     def save(self, path: Path) -> None:
         """Write the recording as a compressed ``.npz`` (with the heuristics' names), through
-        a temporary file and a rename (an interrupted save leaves no half file)."""
+        `write_atomic` (an interrupted save leaves no half file)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        heuristics = [t.name for t in self.featurizer.teachers]
-        partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "wb") as handle:
-            np.savez_compressed(handle, obs=np.asarray(self.obs, dtype=np.float32),
-                                masks=np.asarray(self.masks), actions=np.asarray(self.actions),
-                                contested=np.asarray(self.contested),
-                                advantages=np.asarray(self.advantages),
-                                heuristics=np.asarray(heuristics))
-        os.replace(partial, path)
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, obs=np.asarray(self.obs, dtype=np.float32),
+                            masks=np.asarray(self.masks), actions=np.asarray(self.actions),
+                            contested=np.asarray(self.contested),
+                            advantages=np.asarray(self.advantages),
+                            heuristics=np.asarray([t.name for t in self.featurizer.teachers]))
+        write_atomic(path, buffer.getvalue())
 
 
 @dataclass
@@ -118,11 +120,16 @@ class Recording:
     contested: np.ndarray
     advantages: np.ndarray
 
+    @property
+    def follow_first(self) -> int:
+        """The index of "follow the base heuristic" (the advantages have a column for no-op
+        and one per heuristic, whose follow actions end the action space)."""
+        return self.masks.shape[1] - (self.advantages.shape[1] - 1)
+
     def base_actions(self) -> np.ndarray:
         """Per step, the residual action that does what the base heuristic does: follow it
         where it proposes something, else no-op."""
-        follow_first = self.masks.shape[1] - (self.advantages.shape[1] - 1)
-        return np.where(self.masks[:, follow_first], follow_first, 0)
+        return np.where(self.masks[:, self.follow_first], self.follow_first, 0)
 
     def deviations(self) -> np.ndarray:
         """Per step, whether the lookahead did something else than the base."""
@@ -170,8 +177,7 @@ def fit_advantages(policy: nn.Module, recording: Recording, epochs: int, batch_s
     generator = torch.Generator().manual_seed(seed)
     obs = torch.as_tensor(recording.obs)
     base = torch.as_tensor(recording.base_actions())
-    follow_first = recording.masks.shape[1] - (recording.advantages.shape[1] - 1)
-    candidates = torch.as_tensor([0, *range(follow_first, recording.masks.shape[1])])
+    candidates = torch.as_tensor([0, *range(recording.follow_first, recording.masks.shape[1])])
     scored = torch.as_tensor(np.isfinite(recording.advantages) & recording.contested[:, None])
     scored &= candidates[None, :] != base[:, None]  # the base's own advantage is 0 by definition
     target = torch.as_tensor(np.nan_to_num(recording.advantages) / ADVANTAGE_SCALE_S)

@@ -98,17 +98,17 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
     sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed).simulator(params, spec.seed)
     base = load_policy(spec.base)
-    policy = base
+    policy, lookahead, recorder = base, None, None
     if spec.future is not None:
         future = parse_future(spec.future)
         history = HistoryArrivals(
             [build_scenario(w, spec.cluster, seed=spec.seed)
              for w in history_for(spec.workload, spec.history)],
             future.horizon_s, spec.samples, spec.seed) if future.sampled else None
-        policy = LookaheadPolicy(sim, base, [load_policy(name) for name in spec.alternatives],
-                                 future, history)
+        policy = lookahead = LookaheadPolicy(
+            sim, base, [load_policy(name) for name in spec.alternatives], future, history)
         if spec.record is not None:
-            policy = LookaheadRecorder(policy, residual_featurizer(
+            policy = recorder = LookaheadRecorder(lookahead, residual_featurizer(
                 FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s),
                 (spec.base, *spec.alternatives)))
     started = time.perf_counter()
@@ -116,12 +116,11 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     if not result.finished:
         raise UserError(f"{spec.workload}: the run hit the time limit with jobs unfinished; "
                         f"is --base {spec.base!r} a policy that finishes every job?")
-    if isinstance(policy, LookaheadRecorder):
-        policy.save(spec.record)
-        policy = policy.lookahead
+    if recorder is not None:
+        recorder.save(spec.record)
     return {"avg_jct_s": result.metrics["avg_jct_s"],
-            "contested": float(getattr(policy, "contested", 0)),
-            "deviations": float(getattr(policy, "deviations", 0)),
+            "contested": float(lookahead.contested if lookahead else 0),
+            "deviations": float(lookahead.deviations if lookahead else 0),
             "wall_s": time.perf_counter() - started}
 
 

@@ -255,8 +255,7 @@ class Simulator:
         assert all(job.submit_s >= self.time_s for job in jobs), "jobs submitted in the past"
         first = len(self.job_ids)
         self.job_ids = (*self.job_ids, *(job.job_id for job in jobs))
-        self._job_row.update((job_id, row) for row, job_id in enumerate(self.job_ids)
-                             if row >= first)
+        self._job_row.update((job.job_id, row) for row, job in enumerate(jobs, start=first))
         assert len(self._job_row) == len(self.job_ids), "job ids must be unique"
         self._speeds = (*self._speeds, *speeds)
         self._placement.extend(() for _ in jobs)
