@@ -16,6 +16,8 @@ from env.errors import UserError
 # (words of the subcommand, module implementing it, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("simulate",), "env.simulate_cmd", "replay a workload through the simulator under one policy"),
+    (("workload", "sample"), "env.workload.sample_cmd",
+     "draw new Pollux-style workloads from the Philly trace"),
     (("bench", "sim"), "env.bench_sim", "benchmark trace replay and environment step speed"),
     (("bench", "recovery"), "trainer_jobs.bench_recovery",
      "benchmark recovery time and checkpoint stalls of the training jobs"),

@@ -1,0 +1,130 @@
+"""New Pollux-style workloads sampled from the Philly trace the way the Pollux authors sampled
+``workload-1..8``, so a policy can train on many more than the six published training workloads.
+
+The method is the Pollux artifact's (petuum/adaptdl, ``simulator/workload.py``, Apache-2.0),
+re-implemented over our profiles:
+
+* Jobs are drawn from ``philly.csv`` rows that ran at least a minute and used under 1,000
+  GPU-hours, submitted within ``hours`` hours of ``start_hour`` on any day; a job's submit offset
+  is its time of day minus ``start_hour`` (the published workloads: hours 2-10, 160 jobs; the 1.5x
+  set draws 240).
+* A job's model follows its Philly GPU-time: under 1 h cifar10 or ncf, under 10 h deepspeech2 or
+  bert (half each), under 100 h yolov3, else imagenet.
+* Its GPUs and batch size are one of the model's *configurations*: for each worker count packed
+  onto 4-GPU nodes, the validated batch size with the shortest run, kept where that run is under
+  12 h and the scaling efficiency against one GPU lies between 0.5 and 0.8 (users ask for what
+  still scales reasonably). A model with none runs on one GPU at its best batch size.
+
+Draws are not the artifact's random stream: seed S here does not reproduce ``workload-S``; it
+gives a different workload from the same distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from env.errors import UserError
+from env.profiles import AppProfile, packed_shape
+from env.workload.philly import PHILLY_COLUMNS
+from env.workload.pollux import POLLUX_COLUMNS
+from env.workload.table import read_table
+
+WORKER_COUNTS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
+"""Worker counts a configuration may ask for (the artifact's list)."""
+GPUS_PER_NODE = 4
+"""Configurations are priced on the Pollux cluster's 4-GPU nodes."""
+MAX_RUN_S = 12 * 3600.0
+"""A configuration whose run at its best batch size exceeds this is not offered."""
+SCALING_EFFICIENCY = (0.5, 0.8)
+"""Open interval of speed-up per worker against one GPU a configuration must lie in."""
+GPU_HOUR_TIERS = ((1.0, ("cifar10", "ncf")), (10.0, ("deepspeech2", "bert")),
+                  (100.0, ("yolov3",)), (float("inf"), ("imagenet",)))
+"""(upper bound of a Philly job's GPU-hours, models it may become), in increasing order."""
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """What one sampled workload looks like."""
+
+    num_jobs: int = 160
+    start_hour: int = 2
+    hours: int = 8
+    seed: int = 0
+
+
+def configurations(profile: AppProfile) -> list[tuple[int, int]]:
+    """(workers, global batch size) pairs a user of this model would submit (module docstring)."""
+    sizes = profile.validated_batch_sizes
+    offered: list[tuple[int, int]] = []
+    base_run_s = base_batch = None
+    for workers in WORKER_COUNTS:
+        if workers * profile.min_local_bsz > sizes[-1]:
+            break
+        shape = packed_shape(workers, GPUS_PER_NODE)
+        runs = {b: profile.work_iterations(b) / profile.throughput(b).iterations_per_s(shape)
+                for b in sizes if -(-b // workers) >= profile.min_local_bsz}
+        best_batch = min(runs, key=runs.__getitem__)
+        if workers == 1:
+            base_run_s, base_batch = runs[best_batch], best_batch
+            continue
+        efficiency = base_run_s / runs[best_batch] / workers
+        low, high = SCALING_EFFICIENCY
+        if runs[best_batch] < MAX_RUN_S and low < efficiency < high:
+            offered.append((workers, best_batch))
+    return offered or [(1, base_batch)]
+
+
+def read_philly_pool(path: Path) -> pd.DataFrame:
+    """The Philly rows a workload may draw from: ``time_of_day_s`` and ``gpu_hours`` per job."""
+    df = read_table(Path(path), (*PHILLY_COLUMNS, "gpu_time"), "Philly")
+    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
+    numbers = df[["duration", "gpu_time"]].apply(pd.to_numeric, errors="coerce")
+    bad = stamps.isna() | numbers.isna().any(axis=1)
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0]) + 1
+        raise UserError(f"{path}: row {row} (line {row + 1}) has a timestamp, duration or "
+                        f"gpu_time that is not a value (and {int(bad.sum()) - 1} more rows); "
+                        "fix or re-export the trace")
+    keep = (numbers["duration"] >= 60) & (numbers["gpu_time"] < 1000 * 3600)
+    stamps = stamps[keep]
+    seconds = stamps.dt.hour * 3600 + stamps.dt.minute * 60 + stamps.dt.second
+    return pd.DataFrame({"time_of_day_s": seconds.to_numpy(dtype=np.int64),
+                         "gpu_hours": numbers["gpu_time"][keep].to_numpy() / 3600.0})
+
+
+def sample_workload(
+    pool: pd.DataFrame, profiles: Mapping[str, AppProfile], config: SampleConfig
+) -> pd.DataFrame:
+    """One Pollux-format workload (columns `POLLUX_COLUMNS`) drawn from `pool`."""
+    missing = sorted({m for _, models in GPU_HOUR_TIERS for m in models} - set(profiles))
+    if missing:
+        raise UserError(f"the profiles lack {', '.join(missing)}; point --profiles at the full "
+                        "Pollux app_profiles folder")
+    offset = (pool["time_of_day_s"].to_numpy() - config.start_hour * 3600) % 86400
+    in_window = np.flatnonzero(offset < config.hours * 3600)
+    if len(in_window) < config.num_jobs:
+        raise UserError(f"only {len(in_window)} Philly jobs fall in the {config.hours} h window; "
+                        "ask for fewer jobs or a longer window")
+    rng = np.random.default_rng(config.seed)
+    rows = rng.choice(in_window, size=config.num_jobs, replace=False)
+    options_of = {model: configurations(profiles[model])
+                  for _, models in GPU_HOUR_TIERS for model in models}
+    records = []
+    gpu_hours = pool["gpu_hours"].to_numpy()[rows]
+    for time_s, hours in zip(offset[rows].tolist(), gpu_hours.tolist(), strict=True):
+        models = next(m for bound, m in GPU_HOUR_TIERS if hours < bound)
+        model = models[int(rng.integers(len(models)))]
+        options = options_of[model]
+        workers, batch = options[int(rng.integers(len(options)))]
+        records.append((int(time_s), model, workers, batch))
+    records.sort(key=lambda r: r[0])
+    return pd.DataFrame(
+        [(f"{model}-{i}", t, model, w, b) for i, (t, model, w, b) in enumerate(records)],
+        columns=list(POLLUX_COLUMNS),
+    )
+

@@ -1,0 +1,70 @@
+"""`rlalloc workload sample`: write new Pollux-style workloads drawn from the Philly trace
+(`env.workload.pollux_sampler`), e.g. to train a policy on more than the six published ones."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from env.errors import UserError
+from env.output import add_out_flags, prepare_out_dir, write_atomic
+from env.profiles import PROFILES_ENV_VAR, default_profiles_root, load_profiles
+from env.workload.pollux_sampler import SampleConfig, read_philly_pool, sample_workload
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc workload sample`."""
+    parser.add_argument("--philly", type=Path, required=True,
+                        help="the Pollux artifact's philly.csv (timestamp,duration,num_gpus,"
+                             "gpu_time,...)")
+    parser.add_argument("--profiles", type=Path, default=None,
+                        help=f"Pollux app_profiles folder (default: ${PROFILES_ENV_VAR} or the "
+                             "shared data beside the checkout)")
+    parser.add_argument("--seeds", default="0",
+                        help="seeds to draw, one workload each: S, S1,S2,... or FIRST-LAST "
+                             "(default: %(default)s)")
+    parser.add_argument("--num-jobs", type=int, default=SampleConfig.num_jobs,
+                        help="jobs per workload: 160 as Pollux's workloads/, 240 as its "
+                             "workloads-1.5/ (default: %(default)s)")
+    parser.add_argument("--start-hour", type=int, default=SampleConfig.start_hour,
+                        help="hour of day the submission window opens (default: %(default)s)")
+    parser.add_argument("--hours", type=int, default=SampleConfig.hours,
+                        help="length of the submission window in hours (default: %(default)s)")
+    add_out_flags(parser, Path("runs/workloads"))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds` value: ``S``, ``S1,S2,...`` or ``FIRST-LAST`` (inclusive)."""
+    try:
+        if "-" in text.strip("-"):
+            first, last = (int(part) for part in text.split("-", 1))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise UserError(f"--seeds {text!r}: give S, S1,S2,... or FIRST-LAST with seeds >= 0 "
+                        "and FIRST <= LAST")
+    return seeds
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
+    seeds = parse_seeds(args.seeds)
+    if args.num_jobs < 1 or not 1 <= args.hours <= 24 or not 0 <= args.start_hour < 24:
+        raise UserError("--num-jobs must be >= 1, --hours 1..24 and --start-hour 0..23")
+    root = args.profiles or default_profiles_root()
+    if root is None:
+        raise UserError(f"no application profiles found; pass --profiles or set "
+                        f"{PROFILES_ENV_VAR} to shared/data/traces/pollux/app_profiles")
+    profiles = load_profiles(root)
+    pool = read_philly_pool(args.philly)
+    names = [f"sampled-{seed}.csv" for seed in seeds]
+    out = prepare_out_dir(args.out, names, args.force)
+    for seed, name in zip(seeds, names, strict=True):
+        config = SampleConfig(num_jobs=args.num_jobs, start_hour=args.start_hour,
+                              hours=args.hours, seed=seed)
+        write_atomic(out / name, sample_workload(pool, profiles, config).to_csv(index=False))
+    print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/sampled-*.csv")
+    return 0
