@@ -3,6 +3,12 @@
 Writes DIR/results.json (mean and 95% confidence half-width of every metric per policy, over
 seeds x workloads, t-distribution), DIR/results.md (a table with each policy's change against
 `static`) and plots: JCT CDF per policy, GPU utilisation and queue length over time.
+
+Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
+change against the reference's run on the same workload and seed. Workloads differ far more
+from each other than close policies do, so the unpaired CIs of two good policies overlap even
+where one is better on every run; the paired CI and the count of runs won answer "is A better
+than B here" directly.
 Runs go to parallel worker processes (one per core by default): one run is seconds of pure
 Python, far more than the cost of a process.
 """
@@ -28,6 +34,9 @@ REPORT_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_ut
                   "lost_gpu_hours", "restarts_per_job", "progress_preserved", "ettr",
                   "energy_kwh")
 """Columns of results.md (results.json has every metric of `METRIC_KEYS`)."""
+PAIRED_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_util",
+                  "restarts_per_job")
+"""Metrics of the paired comparison against --reference."""
 LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
                    "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
                    "energy_kwh", "failures", "invalid_actions"}
@@ -49,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds per workload (failure process; synthetic draws too)")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day or none|default|stress (default: default)")
+    parser.add_argument("--reference", default=None, metavar="POLICY",
+                        help="policy of --policies every other is compared with run by run "
+                             "(default: static if listed, else the first)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
     add_out_flags(parser, Path("results/evaluate"))
@@ -116,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         names[policy] = load_policy(policy).name  # fails fast with the list of valid names
     if len(set(names.values())) < len(names):
         names = {p: p for p in policies}
+    reference = args.reference or ("static" if "static" in policies else policies[0])
+    if reference not in policies:
+        raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
+                        "name one of them")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
     for workload in workloads:
         build_scenario(workload, args.cluster, seed=0)  # fails fast on a bad workload/cluster
@@ -135,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 results[spec] = _run_one(spec)
                 bar.update()
     report = summarise(results, names, workloads, seeds, args.cluster, args.failures)
+    report["paired"] = paired_changes(results, names, reference)
     write_report(report, results, names, args.out)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")
     return 0
@@ -152,6 +169,44 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
         unfinished[name] = sum(not r["finished"] for r in runs)
     return {"policies": policies, "workloads": workloads, "seeds": seeds, "cluster": cluster,
             "failures": failures, "runs_unfinished": unfinished}
+
+
+def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
+                   metrics: tuple[str, ...] = PAIRED_METRICS) -> dict:
+    """Every other policy's per-run % change against `reference` on the same workload and
+    seed: mean ± 95% CI of the changes, and on how many runs it was better (results.json's
+    ``paired``)."""
+    base = {(spec.workload, spec.seed): r["metrics"] for spec, r in results.items()
+            if spec.policy == reference}
+    paired: dict[str, dict] = {}
+    for policy, name in names.items():
+        if policy == reference:
+            continue
+        runs = [(r["metrics"], base[spec.workload, spec.seed]) for spec, r in results.items()
+                if spec.policy == policy]
+        paired[name] = {}
+        for key in metrics:
+            changes = [100.0 * (m[key] - b[key]) / abs(b[key]) if b[key] else 0.0
+                       for m, b in runs]
+            sign = -1.0 if key in LOWER_IS_BETTER else 1.0
+            paired[name][key] = {**confidence(changes), "unit": "%",
+                                 "better_runs": sum(sign * c > 0 for c in changes),
+                                 "runs": len(changes)}
+    return {"reference": names[reference], "policies": paired}
+
+
+def paired_table(paired: dict) -> str:
+    """results.md's paired table: mean % change ± 95% CI and runs better, per metric."""
+    policies = paired["policies"]
+    if not policies:
+        return ""
+    metrics = list(next(iter(policies.values())))
+    lines = ["| policy | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for name, values in policies.items():
+        cells = [f"{v['mean']:+.1f}% ± {v['ci95']:.1f} ({v['better_runs']}/{v['runs']} better)"
+                 for v in values.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _change(value: float, base: float, key: str) -> str:
@@ -196,6 +251,13 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
           "",
           markdown_table(report),
           ""]
+    paired = report.get("paired")
+    if paired and paired["policies"]:
+        md += [f"Paired against `{paired['reference']}`: each run's change against its run on "
+               "the same workload and seed, mean ± 95% CI, and on how many runs it was better.",
+               "",
+               paired_table(paired),
+               ""]
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")

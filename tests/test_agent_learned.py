@@ -133,9 +133,43 @@ def test_evaluate_writes_results_with_cis(tmp_path):
     report = json.loads((tmp_path / "results.json").read_text())
     assert set(report["policies"]) == {"static", "elastic"}
     assert {"mean", "ci95"} <= set(report["policies"]["elastic"]["avg_jct_s"])
+    paired = report["paired"]
+    assert paired["reference"] == "static" and set(paired["policies"]) == {"elastic"}
+    assert paired["policies"]["elastic"]["avg_jct_s"]["runs"] == 2
     for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png"):
         assert (tmp_path / png).stat().st_size > 0
-    assert "static" in (tmp_path / "results.md").read_text()
+    assert "Paired against `static`" in (tmp_path / "results.md").read_text()
+
+
+def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
+    from agent.evaluate_cmd import RunSpec, confidence, paired_changes
+
+    base_jct = {("w1", 0): 1_000.0, ("w2", 0): 5_000.0, ("w3", 0): 20_000.0}
+    results = {}
+    for (workload, seed), jct in base_jct.items():
+        for policy, factor in (("a", 1.0), ("b", 0.9)):
+            metrics = {"avg_jct_s": jct * factor, "gpu_util": 0.5 * factor}
+            results[RunSpec(policy, workload, seed, "2x4", 0.0)] = {"metrics": metrics}
+    paired = paired_changes(results, {"a": "a", "b": "b"}, "a",
+                            metrics=("avg_jct_s", "gpu_util"))
+    assert paired["reference"] == "a" and list(paired["policies"]) == ["b"]
+    jct = paired["policies"]["b"]["avg_jct_s"]
+    assert jct["mean"] == pytest.approx(-10.0) and jct["ci95"] == pytest.approx(0.0, abs=1e-9)
+    assert jct["better_runs"] == 3 == jct["runs"]
+    assert paired["policies"]["b"]["gpu_util"]["better_runs"] == 0  # higher is better there
+    unpaired = confidence([r["metrics"]["avg_jct_s"] for s, r in results.items()
+                           if s.policy == "b"])
+    assert unpaired["ci95"] > 0.1 * unpaired["mean"]
+
+
+def test_evaluate_rejects_a_reference_not_evaluated(tmp_path, capsys):
+    from env.cli import main
+
+    assert main(["evaluate", "--policies", "static,elastic", "--reference", "tiresias",
+                 "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "--reference tiresias" in error and error.count("\n") == 1
+    assert not (tmp_path / "results.json").exists()
 
 
 @pytest.mark.expensive
