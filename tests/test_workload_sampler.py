@@ -106,4 +106,6 @@ def test_malformed_trace_names_the_row(tmp_path, capsys):
     bad.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
                    "2017-10-03 02:00:00,100,1,100,a\n2017-10-03 02:01:00,abc,1,100,a\n")
     assert main(["workload", "sample", "--philly", str(bad), "--out", str(tmp_path / "o")]) == 2
-    assert "row 2 (line 3)" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "row 2 (line 3): duration must be a number of seconds" in error
+    assert error.count("\n") == 1

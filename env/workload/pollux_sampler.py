@@ -32,7 +32,7 @@ from env.errors import UserError
 from env.profiles import AppProfile, packed_shape
 from env.workload.philly import PHILLY_COLUMNS
 from env.workload.pollux import POLLUX_COLUMNS
-from env.workload.table import read_table
+from env.workload.table import read_table, reject_rows, seconds
 
 WORKER_COUNTS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """Worker counts a configuration may ask for (the artifact's list)."""
@@ -81,19 +81,17 @@ def configurations(profile: AppProfile) -> list[tuple[int, int]]:
 
 def read_philly_pool(path: Path) -> pd.DataFrame:
     """The Philly rows a workload may draw from: ``time_of_day_s`` and ``gpu_hours`` per job."""
-    df = read_table(Path(path), (*PHILLY_COLUMNS, "gpu_time"), "Philly")
+    path = Path(path)
+    df = read_table(path, (*PHILLY_COLUMNS, "gpu_time"), "Philly")
     stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
-    numbers = df[["duration", "gpu_time"]].apply(pd.to_numeric, errors="coerce")
-    bad = stamps.isna() | numbers.isna().any(axis=1)
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0]) + 1
-        raise UserError(f"{path}: row {row} (line {row + 1}) has a timestamp, duration or "
-                        f"gpu_time that is not a value (and {int(bad.sum()) - 1} more rows); "
-                        "fix or re-export the trace")
+    reject_rows(path, stamps.isna().to_numpy(), "timestamp is not a date-time",
+                "write it as YYYY-MM-DD HH:MM:SS")
+    numbers = pd.DataFrame({"duration": seconds(path, df, "duration"),
+                            "gpu_time": seconds(path, df, "gpu_time")})
     keep = (numbers["duration"] >= 60) & (numbers["gpu_time"] < 1000 * 3600)
     stamps = stamps[keep]
-    seconds = stamps.dt.hour * 3600 + stamps.dt.minute * 60 + stamps.dt.second
-    return pd.DataFrame({"time_of_day_s": seconds.to_numpy(dtype=np.int64),
+    time_of_day_s = stamps.dt.hour * 3600 + stamps.dt.minute * 60 + stamps.dt.second
+    return pd.DataFrame({"time_of_day_s": time_of_day_s.to_numpy(dtype=np.int64),
                          "gpu_hours": numbers["gpu_time"][keep].to_numpy() / 3600.0})
 
 
