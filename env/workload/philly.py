@@ -33,17 +33,19 @@ PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
 """Columns the loader needs (the file also has ``gpu_time`` and ``cluster``)."""
 
 
+def submit_timestamps(path: Path, df: pd.DataFrame) -> pd.Series:
+    """The ``timestamp`` column as date-times (one-line `UserError` naming a bad row)."""
+    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
+    reject_rows(path, stamps.isna().to_numpy(), "timestamp is not a date-time",
+                "write it as YYYY-MM-DD HH:MM:SS")
+    return stamps
+
+
 def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
     """Load a Philly CSV; submit times are seconds after the earliest submission."""
     path = Path(path)
     df = read_table(path, PHILLY_COLUMNS, "Philly")
-    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
-    reject_rows(
-        path,
-        stamps.isna().to_numpy(),
-        "timestamp is not a date-time",
-        "write it as YYYY-MM-DD HH:MM:SS",
-    )
+    stamps = submit_timestamps(path, df)
     duration_s = seconds(path, df, "duration")
     gpus = whole_numbers(path, df, "num_gpus", 1)
     reject_beyond_cluster(path, gpus, "num_gpus", cluster.total_gpus)

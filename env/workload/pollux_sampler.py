@@ -30,9 +30,9 @@ import pandas as pd
 
 from env.errors import UserError
 from env.profiles import AppProfile, packed_shape
-from env.workload.philly import PHILLY_COLUMNS
+from env.workload.philly import PHILLY_COLUMNS, submit_timestamps
 from env.workload.pollux import POLLUX_COLUMNS
-from env.workload.table import read_table, reject_rows, seconds
+from env.workload.table import read_table, seconds
 
 WORKER_COUNTS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """Worker counts a configuration may ask for (the artifact's list)."""
@@ -83,9 +83,7 @@ def read_philly_pool(path: Path) -> pd.DataFrame:
     """The Philly rows a workload may draw from: ``time_of_day_s`` and ``gpu_hours`` per job."""
     path = Path(path)
     df = read_table(path, (*PHILLY_COLUMNS, "gpu_time"), "Philly")
-    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
-    reject_rows(path, stamps.isna().to_numpy(), "timestamp is not a date-time",
-                "write it as YYYY-MM-DD HH:MM:SS")
+    stamps = submit_timestamps(path, df)
     numbers = pd.DataFrame({"duration": seconds(path, df, "duration"),
                             "gpu_time": seconds(path, df, "gpu_time")})
     keep = (numbers["duration"] >= 60) & (numbers["gpu_time"] < 1000 * 3600)
