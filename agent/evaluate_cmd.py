@@ -9,6 +9,7 @@ change against the reference's run on the same workload and seed. Workloads diff
 from each other than close policies do, so the unpaired CIs of two good policies overlap even
 where one is better on every run; the paired CI and the count of runs won answer "is A better
 than B here" directly.
+
 Runs go to parallel worker processes (one per core by default): one run is seconds of pure
 Python, far more than the cost of a process.
 """
@@ -186,12 +187,15 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
                 if spec.policy == policy]
         paired[name] = {}
         for key in metrics:
-            changes = [100.0 * (m[key] - b[key]) / abs(b[key]) if b[key] else 0.0
-                       for m, b in runs]
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
-            paired[name][key] = {**confidence(changes), "unit": "%",
-                                 "better_runs": sum(sign * c > 0 for c in changes),
-                                 "runs": len(changes)}
+            # A % change is undefined where the reference is 0 (e.g. no queueing at all):
+            # such runs count towards better/worse but not towards the mean change.
+            changes = [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if b[key]]
+            paired[name][key] = {**(confidence(changes) if changes else {"mean": None,
+                                                                          "ci95": None}),
+                                 "unit": "%", "runs_with_change": len(changes),
+                                 "better_runs": sum(sign * (m[key] - b[key]) > 0 for m, b in runs),
+                                 "runs": len(runs)}
     return {"reference": names[reference], "policies": paired}
 
 
@@ -203,8 +207,8 @@ def paired_table(paired: dict) -> str:
     metrics = list(next(iter(policies.values())))
     lines = ["| policy | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
-        cells = [f"{v['mean']:+.1f}% ± {v['ci95']:.1f} ({v['better_runs']}/{v['runs']} better)"
-                 for v in values.values()]
+        cells = [("n/a" if v["mean"] is None else f"{v['mean']:+.1f}% ± {v['ci95']:.1f}")
+                 + f" ({v['better_runs']}/{v['runs']} better)" for v in values.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

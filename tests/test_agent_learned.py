@@ -142,21 +142,28 @@ def test_evaluate_writes_results_with_cis(tmp_path):
 
 
 def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
-    from agent.evaluate_cmd import RunSpec, confidence, paired_changes
+    from agent.evaluate_cmd import RunSpec, confidence, paired_changes, paired_table
 
     base_jct = {("w1", 0): 1_000.0, ("w2", 0): 5_000.0, ("w3", 0): 20_000.0}
     results = {}
     for (workload, seed), jct in base_jct.items():
         for policy, factor in (("a", 1.0), ("b", 0.9)):
-            metrics = {"avg_jct_s": jct * factor, "gpu_util": 0.5 * factor}
+            queue = 0.0 if workload == "w1" or policy == "a" else 60.0
+            metrics = {"avg_jct_s": jct * factor, "gpu_util": 0.5 * factor,
+                       "avg_queue_s": queue}
             results[RunSpec(policy, workload, seed, "2x4", 0.0)] = {"metrics": metrics}
     paired = paired_changes(results, {"a": "a", "b": "b"}, "a",
-                            metrics=("avg_jct_s", "gpu_util"))
+                            metrics=("avg_jct_s", "gpu_util", "avg_queue_s"))
     assert paired["reference"] == "a" and list(paired["policies"]) == ["b"]
     jct = paired["policies"]["b"]["avg_jct_s"]
     assert jct["mean"] == pytest.approx(-10.0) and jct["ci95"] == pytest.approx(0.0, abs=1e-9)
     assert jct["better_runs"] == 3 == jct["runs"]
     assert paired["policies"]["b"]["gpu_util"]["better_runs"] == 0  # higher is better there
+    # The reference never queued: no % change exists, but b queued more on 2 of 3 runs.
+    queue = paired["policies"]["b"]["avg_queue_s"]
+    assert queue["mean"] is None and queue["runs_with_change"] == 0
+    assert queue["better_runs"] == 0 and queue["runs"] == 3
+    assert "n/a (0/3 better)" in paired_table(paired)
     unpaired = confidence([r["metrics"]["avg_jct_s"] for s, r in results.items()
                            if s.policy == "b"])
     assert unpaired["ci95"] > 0.1 * unpaired["mean"]
