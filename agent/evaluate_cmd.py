@@ -8,7 +8,7 @@ Both also hold a *paired* comparison against a reference policy (``--reference``
 change against the reference's run on the same workload and seed. Workloads differ far more
 from each other than close policies do, so the unpaired CIs of two good policies overlap even
 where one is better on every run; the paired CI and the count of runs won answer "is A better
-than B here" directly.
+than B here" directly (plot: paired_avg_jct.png).
 
 Runs go to parallel worker processes (one per core by default): one run is seconds of pure
 Python, far more than the cost of a process.
@@ -42,7 +42,8 @@ LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queu
                    "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
                    "energy_kwh", "failures", "invalid_actions"}
 _SERIES_POINTS = 400
-OUTPUT_FILES = ("results.json", "results.md", "jct_cdf.png", "gpu_util.png", "queue_length.png")
+OUTPUT_FILES = ("results.json", "results.md", "jct_cdf.png", "gpu_util.png", "queue_length.png",
+                "paired_avg_jct.png")
 """What `rlalloc evaluate` writes into --out."""
 
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.update()
     report = summarise(results, names, workloads, seeds, args.cluster, args.failures)
     report["paired"] = paired_changes(results, names, reference)
-    write_report(report, results, names, args.out)
+    write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")
     return 0
 
@@ -172,25 +173,36 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
             "failures": failures, "runs_unfinished": unfinished}
 
 
+def paired_runs(results: dict[RunSpec, dict], policy: str,
+                reference: str) -> list[tuple[dict, dict]]:
+    """(metrics of `policy`, metrics of `reference`) for each workload and seed both ran."""
+    base = {(spec.workload, spec.seed): r["metrics"] for spec, r in results.items()
+            if spec.policy == reference}
+    return [(r["metrics"], base[spec.workload, spec.seed]) for spec, r in results.items()
+            if spec.policy == policy and (spec.workload, spec.seed) in base]
+
+
+def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
+    """Per run, the % change of `key` against the reference. Undefined where the reference's
+    value is 0 (e.g. no queueing at all): such runs are left out here and count only towards
+    better/worse in `paired_changes`."""
+    return [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if b[key]]
+
+
 def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
                    metrics: tuple[str, ...] = PAIRED_METRICS) -> dict:
     """Every other policy's per-run % change against `reference` on the same workload and
     seed: mean ± 95% CI of the changes, and on how many runs it was better (results.json's
     ``paired``)."""
-    base = {(spec.workload, spec.seed): r["metrics"] for spec, r in results.items()
-            if spec.policy == reference}
     paired: dict[str, dict] = {}
     for policy, name in names.items():
         if policy == reference:
             continue
-        runs = [(r["metrics"], base[spec.workload, spec.seed]) for spec, r in results.items()
-                if spec.policy == policy]
+        runs = paired_runs(results, policy, reference)
         paired[name] = {}
         for key in metrics:
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
-            # A % change is undefined where the reference is 0 (e.g. no queueing at all):
-            # such runs count towards better/worse but not towards the mean change.
-            changes = [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if b[key]]
+            changes = percent_changes(runs, key)
             paired[name][key] = {**(confidence(changes) if changes else {"mean": None,
                                                                           "ci95": None}),
                                  "unit": "%", "runs_with_change": len(changes),
@@ -249,8 +261,9 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
 
 
 def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, str],
-                 out: Path) -> None:
-    """results.json, results.md and the PNG plots into `out`."""
+                 out: Path, reference: str | None = None) -> None:
+    """results.json, results.md and the PNG plots into `out` (with `reference`, the policy of
+    the paired comparison, also paired_avg_jct.png)."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", report)
     n_runs = len(report["workloads"]) * len(report["seeds"])
@@ -273,16 +286,44 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
-    md.append("Plots: jct_cdf.png, gpu_util.png, queue_length.png.")
+    paired_png = ", paired_avg_jct.png" if reference is not None and len(names) > 1 else ""
+    md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     write_atomic(out / "results.md", "\n".join(md) + "\n")
-    _plots(results, names, out)
+    _plots(results, names, out, reference)
 
 
-def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path) -> None:
+def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
+                 out: Path) -> None:
+    """paired_avg_jct.png: every run's avg-JCT change against `reference`, per policy, with
+    the mean: the spread the paired CI summarises, and which workloads drive it."""
+    import matplotlib.pyplot as plt
+
+    others = [p for p in names if p != reference]
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(others) + 1.8))
+    for row, policy in enumerate(others):
+        changes = percent_changes(paired_runs(results, policy, reference), "avg_jct_s")
+        ax.scatter(changes, np.full(len(changes), row), s=18, alpha=0.6)
+        if changes:
+            ax.plot([np.mean(changes)] * 2, [row - 0.3, row + 0.3], color="black", lw=2)
+    ax.axvline(0.0, color="grey", lw=1)
+    ax.set_yticks(range(len(others)), [names[p] for p in others])
+    ax.set_xlabel(f"avg JCT change per run against {names[reference]} (%, lower is better)")
+    ax.set_title("Paired comparison (dots: runs, bar: mean)")
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(out / "paired_avg_jct.png", dpi=120)
+    plt.close(fig)
+
+
+def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
+           reference: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if reference is not None and len(names) > 1:
+        _paired_plot(results, names, reference, out)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy, name in names.items():

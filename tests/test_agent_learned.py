@@ -136,7 +136,7 @@ def test_evaluate_writes_results_with_cis(tmp_path):
     paired = report["paired"]
     assert paired["reference"] == "static" and set(paired["policies"]) == {"elastic"}
     assert paired["policies"]["elastic"]["avg_jct_s"]["runs"] == 2
-    for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png"):
+    for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png", "paired_avg_jct.png"):
         assert (tmp_path / png).stat().st_size > 0
     assert "Paired against `static`" in (tmp_path / "results.md").read_text()
 
