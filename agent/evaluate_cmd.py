@@ -214,8 +214,6 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
 def paired_table(paired: dict) -> str:
     """results.md's paired table: mean % change ± 95% CI and runs better, per metric."""
     policies = paired["policies"]
-    if not policies:
-        return ""
     metrics = list(next(iter(policies.values())))
     lines = ["| policy | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
@@ -277,7 +275,9 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
           markdown_table(report),
           ""]
     paired = report.get("paired")
-    if paired and paired["policies"]:
+    if not (paired and paired["policies"]):
+        reference = None  # one policy alone: nothing to pair
+    if reference is not None:
         md += [f"Paired against `{paired['reference']}`: each run's change against its run on "
                "the same workload and seed, mean ± 95% CI, and on how many runs it was better.",
                "",
@@ -286,7 +286,7 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
-    paired_png = ", paired_avg_jct.png" if reference is not None and len(names) > 1 else ""
+    paired_png = ", paired_avg_jct.png" if reference is not None else ""
     md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     write_atomic(out / "results.md", "\n".join(md) + "\n")
     _plots(results, names, out, reference)
@@ -322,7 +322,7 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if reference is not None and len(names) > 1:
+    if reference is not None:
         _paired_plot(results, names, reference, out)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))

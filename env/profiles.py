@@ -281,6 +281,18 @@ def default_profiles_root() -> Path | None:
     return DEFAULT_PROFILES_ROOT if DEFAULT_PROFILES_ROOT.is_dir() else None
 
 
+def require_profiles(root: Path | None, needed_by: str) -> dict[str, AppProfile]:
+    """The profiles under `root`, else `default_profiles_root()`; a one-line `UserError` naming
+    `needed_by` (what needs them) and where to point when neither is there."""
+    root = root if root is not None else default_profiles_root()
+    if root is None:
+        raise UserError(
+            f"{needed_by} needs the application profiles; set {PROFILES_ENV_VAR} "
+            "to the app_profiles folder (shared/data/traces/pollux/app_profiles)"
+        )
+    return load_profiles(root)
+
+
 def load_profiles(root: Path) -> dict[str, AppProfile]:
     """Every application folder under `root` (a Pollux ``app_profiles`` directory), by name."""
     root = Path(root)
@@ -417,5 +429,6 @@ __all__ = [
     "fit_generic_scaling",
     "load_profiles",
     "packed_shape",
+    "require_profiles",
     "restore_s",
 ]

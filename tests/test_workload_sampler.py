@@ -16,6 +16,7 @@ from env.workload.pollux_sampler import (
     GPU_HOUR_TIERS,
     SampleConfig,
     configurations,
+    model_configurations,
     read_philly_pool,
     sample_workload,
 )
@@ -30,6 +31,11 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def profiles():
     return load_profiles(DEFAULT_PROFILES_ROOT)
+
+
+@pytest.fixture(scope="module")
+def options(profiles):
+    return model_configurations(profiles)
 
 
 def hand_pool(times_s, gpu_hours):
@@ -47,30 +53,30 @@ def test_configurations_are_exactly_those_of_the_published_workloads(profiles):
         assert set(configurations(profiles[model])) == seen, model
 
 
-def test_model_follows_gpu_time_and_submit_offsets_follow_the_window(profiles):
+def test_model_follows_gpu_time_and_submit_offsets_follow_the_window(profiles, options):
     hours = [0.5, 5.0, 50.0, 500.0] * 10
     # Submitted at 03:00 (in a window opening at 02:00) or at 20:00 (outside it).
     times = [3 * 3600] * 40 + [20 * 3600] * 40
     pool = hand_pool(times, hours + hours)
-    frame = sample_workload(pool, profiles, SampleConfig(num_jobs=40, start_hour=2, hours=8))
+    frame = sample_workload(pool, options, SampleConfig(num_jobs=40, start_hour=2, hours=8))
     assert (frame["time"] == 3600).all()
     tier_of = {m: i for i, (_, models) in enumerate(GPU_HOUR_TIERS) for m in models}
     assert sorted(frame["application"].map(tier_of).tolist()) == sorted([0, 1, 2, 3] * 10)
     for row in frame.itertuples():
         assert (row.num_replicas, row.batch_size) in configurations(profiles[row.application])
     with pytest.raises(UserError, match="only 40 Philly jobs fall in the 8 h window"):
-        sample_workload(pool, profiles, SampleConfig(num_jobs=41))
+        sample_workload(pool, options, SampleConfig(num_jobs=41))
 
 
-def test_samples_are_deterministic_by_seed_and_load(profiles):
+def test_samples_are_deterministic_by_seed_and_load(options):
     pool = read_philly_pool(PHILLY_CSV)
-    first = sample_workload(pool, profiles, SampleConfig(seed=7))
-    assert first.equals(sample_workload(pool, profiles, SampleConfig(seed=7)))
-    assert not first.equals(sample_workload(pool, profiles, SampleConfig(seed=8)))
+    first = sample_workload(pool, options, SampleConfig(seed=7))
+    assert first.equals(sample_workload(pool, options, SampleConfig(seed=7)))
+    assert not first.equals(sample_workload(pool, options, SampleConfig(seed=8)))
     assert len(first) == 160 and first["time"].is_monotonic_increasing
     assert first["time"].between(0, 8 * 3600 - 1).all()
     # The mix of the published workloads (about 78 % cifar10/ncf) within sampling noise.
-    short = sum(sample_workload(pool, profiles, SampleConfig(seed=s))["application"]
+    short = sum(sample_workload(pool, options, SampleConfig(seed=s))["application"]
                 .isin(["cifar10", "ncf"]).mean() for s in range(5)) / 5
     published = pd.concat(pd.read_csv(p) for p in (POLLUX_DATA / "workloads").glob("*.csv"))
     assert abs(short - published["application"].isin(["cifar10", "ncf"]).mean()) < 0.05

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from env.cluster import ClusterSpec
 from env.errors import UserError
-from env.profiles import PROFILES_ENV_VAR, AppProfile, default_profiles_root, load_profiles
+from env.profiles import AppProfile, default_profiles_root, require_profiles
 from env.workload.canonical import CANONICAL_COLUMNS, load_canonical
 from env.workload.philly import PHILLY_COLUMNS, load_philly
 from env.workload.pollux import POLLUX_COLUMNS, load_pollux
@@ -89,12 +89,6 @@ def _header(path: Path) -> set[str]:
 def _profiles(
     root: Path | None, path: Path, required: bool
 ) -> dict[str, AppProfile] | None:
-    root = root if root is not None else default_profiles_root()
-    if root is None:
-        if not required:
-            return None
-        raise UserError(
-            f"{path}: a Pollux workload needs the application profiles; set {PROFILES_ENV_VAR} "
-            "to the app_profiles folder (shared/data/traces/pollux/app_profiles)"
-        )
-    return load_profiles(root)
+    if not required and root is None and default_profiles_root() is None:
+        return None
+    return require_profiles(root, f"{path}: a Pollux workload")

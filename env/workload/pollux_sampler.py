@@ -93,14 +93,22 @@ def read_philly_pool(path: Path) -> pd.DataFrame:
                          "gpu_hours": numbers["gpu_time"][keep].to_numpy() / 3600.0})
 
 
-def sample_workload(
-    pool: pd.DataFrame, profiles: Mapping[str, AppProfile], config: SampleConfig
-) -> pd.DataFrame:
-    """One Pollux-format workload (columns `POLLUX_COLUMNS`) drawn from `pool`."""
-    missing = sorted({m for _, models in GPU_HOUR_TIERS for m in models} - set(profiles))
+def model_configurations(profiles: Mapping[str, AppProfile]) -> dict[str, list[tuple[int, int]]]:
+    """`configurations` of every model a workload may hold: computed once, drawn from by every
+    `sample_workload`. UserError if the profiles lack one of the models."""
+    models = [model for _, tier in GPU_HOUR_TIERS for model in tier]
+    missing = sorted(set(models) - set(profiles))
     if missing:
         raise UserError(f"the profiles lack {', '.join(missing)}; point --profiles at the full "
                         "Pollux app_profiles folder")
+    return {model: configurations(profiles[model]) for model in models}
+
+
+def sample_workload(
+    pool: pd.DataFrame, options_of: Mapping[str, list[tuple[int, int]]], config: SampleConfig
+) -> pd.DataFrame:
+    """One Pollux-format workload (columns `POLLUX_COLUMNS`) drawn from `pool`, each job's GPUs
+    and batch size from its model's `options_of` (`model_configurations`)."""
     offset = (pool["time_of_day_s"].to_numpy() - config.start_hour * 3600) % 86400
     in_window = np.flatnonzero(offset < config.hours * 3600)
     if len(in_window) < config.num_jobs:
@@ -108,15 +116,12 @@ def sample_workload(
                         "ask for fewer jobs or a longer window")
     rng = np.random.default_rng(config.seed)
     rows = rng.choice(in_window, size=config.num_jobs, replace=False)
-    options_of = {model: configurations(profiles[model])
-                  for _, models in GPU_HOUR_TIERS for model in models}
     records = []
     gpu_hours = pool["gpu_hours"].to_numpy()[rows]
     for time_s, hours in zip(offset[rows].tolist(), gpu_hours.tolist(), strict=True):
         models = next(m for bound, m in GPU_HOUR_TIERS if hours < bound)
         model = models[int(rng.integers(len(models)))]
-        options = options_of[model]
-        workers, batch = options[int(rng.integers(len(options)))]
+        workers, batch = options_of[model][int(rng.integers(len(options_of[model])))]
         records.append((int(time_s), model, workers, batch))
     records.sort(key=lambda r: r[0])
     return pd.DataFrame(

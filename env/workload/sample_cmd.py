@@ -8,8 +8,13 @@ from pathlib import Path
 
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir, write_atomic
-from env.profiles import PROFILES_ENV_VAR, default_profiles_root, load_profiles
-from env.workload.pollux_sampler import SampleConfig, read_philly_pool, sample_workload
+from env.profiles import PROFILES_ENV_VAR, require_profiles
+from env.workload.pollux_sampler import (
+    SampleConfig,
+    model_configurations,
+    read_philly_pool,
+    sample_workload,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,17 +59,14 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     if args.num_jobs < 1 or not 1 <= args.hours <= 24 or not 0 <= args.start_hour < 24:
         raise UserError("--num-jobs must be >= 1, --hours 1..24 and --start-hour 0..23")
-    root = args.profiles or default_profiles_root()
-    if root is None:
-        raise UserError(f"no application profiles found; pass --profiles or set "
-                        f"{PROFILES_ENV_VAR} to shared/data/traces/pollux/app_profiles")
-    profiles = load_profiles(root)
+    options_of = model_configurations(
+        require_profiles(args.profiles, "`workload sample` without --profiles"))
     pool = read_philly_pool(args.philly)
     names = [f"sampled-{seed}.csv" for seed in seeds]
     out = prepare_out_dir(args.out, names, args.force)
     for seed, name in zip(seeds, names, strict=True):
         config = SampleConfig(num_jobs=args.num_jobs, start_hour=args.start_hour,
                               hours=args.hours, seed=seed)
-        write_atomic(out / name, sample_workload(pool, profiles, config).to_csv(index=False))
+        write_atomic(out / name, sample_workload(pool, options_of, config).to_csv(index=False))
     print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/sampled-*.csv")
     return 0
