@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
 from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds per workload (failure process; synthetic draws too)")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day or none|default|stress (default: default)")
+    add_efficiency_flag(parser)
     parser.add_argument("--reference", default=None, metavar="POLICY",
                         help="policy of --policies every other is compared with run by run "
                              "(default: static if listed, else the first)")
@@ -77,6 +79,7 @@ class RunSpec:
     seed: int
     cluster: str
     failures_per_gpu_day: float
+    efficiency: str = "none"
 
 
 def _run_one(spec: RunSpec) -> dict:
@@ -91,7 +94,8 @@ def _run_one(spec: RunSpec) -> dict:
 
     torch.set_num_threads(1)
     params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
-    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed)
+    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed,
+                              efficiency=spec.efficiency)
     result = run_policy(scenario.simulator(params, seed=spec.seed), load_policy(spec.policy).act)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
@@ -139,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
         build_scenario(workload, args.cluster, seed=0)  # fails fast on a bad workload/cluster
     rate = failure_rate(args.failures)
     seeds = list(range(args.seeds))
-    specs = [RunSpec(p, w, s, args.cluster, rate) for p in policies for w in workloads
-             for s in seeds]
+    specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies
+             for w in workloads for s in seeds]
     results: dict[RunSpec, dict] = {}
     with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
         if args.jobs > 1:
@@ -153,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 results[spec] = _run_one(spec)
                 bar.update()
     report = summarise(results, names, workloads, seeds, args.cluster, args.failures)
+    report["efficiency"] = args.efficiency
     report["paired"] = paired_changes(results, names, reference)
     write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")

@@ -29,6 +29,7 @@ four GPUs on one node and two on another. Node identity and order do not change 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -78,6 +79,10 @@ finishes at the end of its shortest validation trace (Pollux's default)."""
 MAX_LOCAL_BSZ: dict[str, int] = {"yolov3": 8}
 """Largest per-GPU batch without gradient accumulation where it is smaller than the largest
 measured one (Pollux caps yolov3 at 8 for GPU memory); others use the largest measured."""
+
+VALIDATION_COLUMNS = ["progress", "iteration", "grad_sqr", "grad_var"]
+"""Columns read from ``validation-<batch>.csv``: iterations give work at a fixed batch size,
+progress and gradient statistics give the statistical efficiency (`env.efficiency`)."""
 
 PROFILES_ENV_VAR = "RLALLOC_PROFILES"
 """Environment variable naming a Pollux ``app_profiles`` folder."""
@@ -176,8 +181,9 @@ class AppProfile:
     """Measured ``placement,local_bsz,step_time,sync_time`` plus ``num_nodes,num_replicas``."""
     scalability: pd.DataFrame
     """Measured ``num_nodes,num_replicas,local_bsz,step_time,sync_time`` on larger clusters."""
-    validation_iterations: dict[int, np.ndarray]
-    """Validated batch size -> iterations completed after each epoch."""
+    validation: dict[int, pd.DataFrame]
+    """Validated batch size -> one row per epoch: ``progress`` (Pollux's statistical progress
+    at the epoch's end), ``iteration`` (iterations completed), ``grad_sqr``, ``grad_var``."""
     max_epochs: int
     min_local_bsz: int
     max_local_bsz: int
@@ -186,7 +192,7 @@ class AppProfile:
     @property
     def validated_batch_sizes(self) -> list[int]:
         """Batch sizes with a validation trace, ascending; work is defined between the ends."""
-        return sorted(self.validation_iterations)
+        return sorted(self.validation)
 
     def throughput(self, batch_size: int) -> ProfiledThroughput:
         """The (shared, memoised) speed model of this application at global `batch_size`."""
@@ -205,7 +211,7 @@ class AppProfile:
                 f"{sizes[0]}..{sizes[-1]}"
             )
         epoch = self.max_epochs - 1
-        iterations = [float(self.validation_iterations[b][epoch]) for b in sizes]
+        iterations = [float(self.validation[b]["iteration"].iloc[epoch]) for b in sizes]
         return float(np.interp(batch_size, sizes, iterations))
 
     def max_workers(self, batch_size: int) -> int:
@@ -215,8 +221,7 @@ class AppProfile:
     def scaling_fit(self, batch_size: int) -> GenericScaling:
         """This application's speed-up at `batch_size` summarised as a `GenericScaling` curve
         (speed relative to one GPU), for policies that reason with an approximate model."""
-        alpha, beta = _least_squares_fit(_speedup_samples(self, batch_size))
-        return GenericScaling(alpha, beta)
+        return fit_speedup_curve(_throughput_speedups(self, batch_size))
 
     def step_time(self, shape: Shape, local_bsz: int) -> tuple[float, float]:
         """(step, sync) seconds of one iteration of `local_bsz` samples per GPU on `shape`."""
@@ -338,7 +343,7 @@ def _load_app(app_dir: Path) -> AppProfile:
         ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"],
     )
     validation = {
-        int(path.stem.split("-")[-1]): _read_csv(path, ["iteration"])["iteration"].to_numpy()
+        int(path.stem.split("-")[-1]): _read_csv(path, VALIDATION_COLUMNS)
         for path in app_dir.glob("validation-*.csv")
     }
     if not validation:
@@ -350,7 +355,7 @@ def _load_app(app_dir: Path) -> AppProfile:
         name=name,
         placements=placements,
         scalability=scalability,
-        validation_iterations=validation,
+        validation=validation,
         max_epochs=max_epochs,
         min_local_bsz=int(placements["local_bsz"].min()),
         max_local_bsz=MAX_LOCAL_BSZ.get(name, int(placements["local_bsz"].max())),
@@ -364,27 +369,34 @@ def fit_batch_size(profile: AppProfile) -> int:
     return sizes[(len(sizes) - 1) // 2]
 
 
-def _speedup_samples(profile: AppProfile, batch_size: int) -> list[tuple[int, int, float]]:
-    """(n, k, speed-up over one GPU) for each measured placement usable at `batch_size`."""
-    model = profile.throughput(batch_size)
-    single = model.iterations_per_s((1,))
-    limit = profile.max_workers(batch_size)
+def speedup_samples(profile: AppProfile, speedup: Callable[[Shape], float],
+                    limit: int) -> list[tuple[int, int, float]]:
+    """(n, k, `speedup`(shape)) for each measured placement of `profile` of 2..`limit` GPUs."""
     return [
-        (sum(shape), len(shape), model.iterations_per_s(shape) / single)
+        (sum(shape), len(shape), speedup(shape))
         for shape in profile._measured_by_shape
         if 1 < sum(shape) <= limit
     ]
 
 
-def _least_squares_fit(samples: list[tuple[int, int, float]]) -> tuple[float, float]:
-    """alpha, beta >= 0 minimising the squared error of log speed-up over `samples`.
+def _throughput_speedups(profile: AppProfile, batch_size: int) -> list[tuple[int, int, float]]:
+    """`speedup_samples` of the iteration rate at `batch_size` over one GPU."""
+    model = profile.throughput(batch_size)
+    single = model.iterations_per_s((1,))
+    return speedup_samples(profile, lambda shape: model.iterations_per_s(shape) / single,
+                           profile.max_workers(batch_size))
+
+
+def fit_speedup_curve(samples: list[tuple[int, int, float]]) -> GenericScaling:
+    """The `GenericScaling` curve (alpha, beta >= 0) minimising the squared error of log
+    speed-up over `samples` of (GPUs, nodes, speed-up).
 
     In log space every measured placement weighs the same relative error; the linearised fit
     (``n / speedup - 1`` as the target) lets the worst-scaling application (ncf, whose
     speed-up stays below 1) dominate and returns a negative node cost (docs/workloads.md).
     """
     if not samples:
-        return 0.0, 0.0
+        return GenericScaling(0.0, 0.0)
     arr = np.asarray(samples, dtype=float)
     n, k, speedup = arr[:, 0], arr[:, 1], arr[:, 2]
     design = np.column_stack([n - 1, n * (k > 1)])
@@ -393,14 +405,14 @@ def _least_squares_fit(samples: list[tuple[int, int, float]]) -> tuple[float, fl
         x0=[0.1, 0.1],
         bounds=([0.0, 0.0], [np.inf, np.inf]),
     )
-    return float(result.x[0]), float(result.x[1])
+    return GenericScaling(float(result.x[0]), float(result.x[1]))
 
 
 def fit_generic_scaling(profiles: dict[str, AppProfile]) -> GenericScaling:
     """Fit the generic model to all applications' measured placements, each at its
     `fit_batch_size`: the source of `GENERIC_ALPHA` and `GENERIC_BETA`."""
-    samples = [s for p in profiles.values() for s in _speedup_samples(p, fit_batch_size(p))]
-    return GenericScaling(*_least_squares_fit(samples))
+    samples = [s for p in profiles.values() for s in _throughput_speedups(p, fit_batch_size(p))]
+    return fit_speedup_curve(samples)
 
 
 def restore_s(application: str | None) -> float:
@@ -427,8 +439,10 @@ __all__ = [
     "default_profiles_root",
     "fit_batch_size",
     "fit_generic_scaling",
+    "fit_speedup_curve",
     "load_profiles",
     "packed_shape",
     "require_profiles",
     "restore_s",
+    "speedup_samples",
 ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from env.cluster import ClusterSpec, parse_cluster
+from env.efficiency import goodput_speeds
 from env.params import SimParams
 from env.profiles import GENERIC_SCALING, AppProfile, default_profiles_root, load_profiles
 from env.signals import NO_SIGNALS, Signals, load_signals
@@ -63,16 +64,20 @@ def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tu
 
 def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
                    profiles_root: Path | None = None,
-                   signals: str | Signals = DEFAULT_SIGNALS) -> Scenario:
+                   signals: str | Signals = DEFAULT_SIGNALS, efficiency: str = "none") -> Scenario:
     """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`,
-    with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones)."""
+    with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones) and
+    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`)."""
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
     root = profiles_root or default_profiles_root()
     profiles = load_profiles(root) if needs_profiles and root else None
     loaded = _signals(signals) if isinstance(signals, str) else signals
-    return Scenario(spec, jobs, job_speeds(jobs, profiles), loaded)
+    speeds = job_speeds(jobs, profiles)
+    if profiles:
+        jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus)
+    return Scenario(spec, jobs, speeds, loaded)
 
 
 @functools.cache

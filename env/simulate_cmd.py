@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS
 from env.metrics import METRIC_KEYS
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of workload and failures")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day, or none|default|stress (default: %(default)s)")
+    add_efficiency_flag(parser)
     parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",
                         help="periodic checkpoint interval of every job (default: 1800)")
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"),
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(args.out, ["metrics.json"], args.force)
     params = sim_params(args.failures, args.checkpoint_interval)
     policy = load_policy(args.policy)
-    scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
+    scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
+                              efficiency=args.efficiency)
     sim = scenario.simulator(params, seed=args.seed)
     with progress_bar() as progress:
         task = progress.add_task(f"replay ({policy.name})", total=len(scenario.workload.jobs))
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "workload": args.workload,
         "cluster": scenario.cluster.describe(),
         "seed": args.seed,
+        "efficiency": args.efficiency,
         "params": dataclasses.asdict(params),
     })
     table = Table(title=f"{args.workload} on {scenario.cluster.describe()} - {policy.name}")

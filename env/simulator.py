@@ -26,6 +26,7 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from env.workload.spec import JobSpec, Workload
 ThroughputFn = Callable[[tuple[int, ...]], float]
 """Iterations per second of one job for a placement shape (GPUs per node, largest first)."""
 
-_ARRIVAL, _RESTORED, _COMPLETE, _HEALTH = 0, 1, 2, 3
+_ARRIVAL, _RESTORED, _COMPLETE, _HEALTH, _EPOCH_END = 0, 1, 2, 3, 4
 _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _NOOP, _SCALE = ActionKind.NOOP, ActionKind.SCALE
@@ -63,14 +64,34 @@ _NOT_SUBMITTED, _FINISHED = -1, 3  # job status codes beyond JobStatus
 _LINGER_S = 3600.0  # an ended warning episode stays visible in windowed counts for an hour
 
 
+class EpochRates(Protocol):
+    """A job whose training rate also changes with its epoch (`env.efficiency`)."""
+
+    @property
+    def epoch_ends(self) -> np.ndarray:
+        """Progress at the end of each epoch, ascending; the last is the job's work."""
+        ...
+
+    def epoch_at(self, progress: float) -> int:
+        """The epoch a job at `progress` is in."""
+        ...
+
+    def progress_per_s(self, shape: tuple[int, ...], epoch: int) -> float:
+        """Progress per second on `shape` during `epoch`."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpeed:
     """How fast one job runs: the exact model the simulator uses, and the curve policies see."""
 
     iterations_per_s: ThroughputFn
+    """Progress per second by placement; with `epochs`, the middle epoch's (not simulated)."""
     speed_1gpu: float
     scaling_alpha: float
     scaling_beta: float
+    epochs: EpochRates | None = None
+    """When set, the simulator takes the rate from here, changing it at every epoch end."""
 
 
 class Simulator:
@@ -128,6 +149,9 @@ class Simulator:
 
         self.accounting = RunAccounting(self, self.params)
         self._events: list[tuple[float, int, int, int, int]] = []
+        # Epoch ends change a job's rate but are not decision points: kept apart from `_events`
+        # so that `advance` never stops at one.
+        self._epoch_ends: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._arrivals_pending = 0
         self._add_jobs(workload.jobs, speeds)
@@ -383,9 +407,7 @@ class Simulator:
 
     def _allocate(self, row: int, nodes: tuple[int, ...], t: float, restore: float) -> None:
         shape = placement_shape(nodes)
-        stall = self.params.checkpoint_stall_s
-        interval = self.params.checkpoint_interval_s
-        rate = self._speeds[row].iterations_per_s(shape) * interval / (interval + stall)
+        rate = self._training_rate(row, shape)
         assert rate > 0, (self.job_ids[row], shape, rate)
         for node in nodes:
             self._gpus_free[node] -= 1
@@ -430,6 +452,17 @@ class Simulator:
         self._status[row] = _QUEUED
         self._allocation_changed()
 
+    def _training_rate(self, row: int, shape: tuple[int, ...]) -> float:
+        """Progress per second on `shape` from the job's current progress on, checkpoint
+        stalls included."""
+        speed = self._speeds[row]
+        if speed.epochs is None:
+            rate = speed.iterations_per_s(shape)
+        else:
+            rate = speed.epochs.progress_per_s(shape, speed.epochs.epoch_at(self._done[row]))
+        interval = self.params.checkpoint_interval_s
+        return rate * interval / (interval + self.params.checkpoint_stall_s)
+
     def _progress(self, row: int, t: float) -> float:
         if self._status[row] != _RUNNING:
             return float(self._done[row])
@@ -469,8 +502,18 @@ class Simulator:
         self._health_events[self._seq] = event
 
     def _process_until(self, target: float) -> None:
-        events = self._events
-        while events and events[0][0] <= target:
+        events, epoch_ends = self._events, self._epoch_ends
+        while True:
+            # An epoch end may schedule a completion before the next event: look again each time.
+            while epoch_ends and epoch_ends[0][0] <= min(target, events[0][0] if events
+                                                         else math.inf):
+                t, _, _, a, b = heapq.heappop(epoch_ends)
+                if b == self._version[a]:
+                    self.accounting.advance(t)
+                    self.time_s = t
+                    self._on_epoch_end(a, t)
+            if not events or events[0][0] > target:
+                break
             t, kind, _, a, b = heapq.heappop(events)
             self.events_processed += 1
             self.accounting.advance(t)
@@ -497,8 +540,33 @@ class Simulator:
         self._allocation_changed()
         self.accounting.change(busy=int(self._workers[row]))
         self.accounting.training_started(row, t)
-        remaining = self._work[row] - self._done[row]
-        self._push(t + remaining / self._rate[row], _COMPLETE, row, int(self._version[row]))
+        self._schedule_run_end(row, t)
+
+    def _schedule_run_end(self, row: int, t: float) -> None:
+        """Push the end of the job's constant-rate stretch from `t`: its completion, or its
+        current epoch's end when the rate changes there."""
+        work, done = self._work[row], self._done[row]
+        epochs = self._speeds[row].epochs
+        end = work if epochs is None else min(work, epochs.epoch_ends[epochs.epoch_at(done)])
+        at = t + (end - done) / self._rate[row]
+        if end < work:
+            self._seq += 1
+            heapq.heappush(self._epoch_ends, (at, _EPOCH_END, self._seq, row,
+                                              int(self._version[row])))
+        else:
+            self._push(at, _COMPLETE, row, int(self._version[row]))
+
+    def _on_epoch_end(self, row: int, t: float) -> None:
+        """The job's rate changes with its new epoch. Trainers checkpoint at an epoch's end, so
+        the periodic checkpoint clock restarts there, as after a restore."""
+        epochs = self._speeds[row].epochs
+        end = epochs.epoch_ends[epochs.epoch_at(self._done[row])]
+        assert abs(self._progress(row, t) - end) <= 1e-6 * max(1.0, end)
+        self._done[row] = end
+        self._busy_from[row] = t
+        self._rate[row] = self._training_rate(row, placement_shape(self._placement[row]))
+        self._allocation_changed()
+        self._schedule_run_end(row, t)
 
     def _on_complete(self, row: int, t: float) -> None:
         assert abs(self._progress(row, t) - self._work[row]) <= 1e-6 * max(1.0, self._work[row])

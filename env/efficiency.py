@@ -1,0 +1,250 @@
+"""Statistical efficiency: what one training step buys, by batch size and training epoch.
+
+This is Pollux's goodput model (OSDI'21), as its simulator applies it to the profiled
+applications (petuum/adaptdl OSDI'21 artifact, ``simulator/simulator.py`` ``Job.step`` and
+``simulator/applications.py``), re-implemented over our profiles:
+
+* **Progress** is counted in iterations at the application's smallest validated batch size
+  ``B0``. One iteration at global batch ``B`` during epoch ``e`` adds
+  ``gain = (var + sqr) / (var / s + sqr)`` with ``s = B / B0``, where ``sqr`` and ``var`` are
+  the gradient's squared norm and variance measured in that epoch (the validation traces'
+  ``grad_sqr``, ``grad_var``, linear in ``B`` between validated sizes). The gain lies between 1
+  (a noise-free gradient: a larger batch buys nothing) and ``s`` (pure noise: it buys all of it).
+  Early in training ``sqr`` dominates, late ``var`` does: large batches become efficient late.
+* **Epochs** end at fixed progress: epoch ``e`` ends at the least progress any validated batch
+  size had at its end. A job is done at the end of its completion epoch (`MAX_EPOCHS`), so its
+  work no longer depends on its batch size; only how fast it gets there does.
+* **Goodput** (progress per second) on a placement = gain x iterations per second at ``B``.
+
+Two kinds of job use it (`EFFICIENCY_MODES`): ``fixed`` keeps the workload's batch size, as
+Pollux's Tiresias and Optimus baselines do; ``adaptive`` re-picks the batch size with the best
+goodput at every re-allocation and epoch end, as Pollux's co-adaptive jobs (AdaptDL) do. Here
+the job knows its true goodput (Pollux fits it online from what it has run), so ``adaptive`` is
+the best case of batch-size adaptation. ``none`` is the simulator's plain model: work is the
+iterations of the job's validation trace at its own batch size (`AppProfile.work_iterations`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from env.profiles import AppProfile, Shape, canonical_shape, fit_speedup_curve, speedup_samples
+from env.simulator import JobSpeed
+from env.workload.spec import Workload
+
+EFFICIENCY_MODES = ("none", "fixed", "adaptive")
+"""How a profiled job's progress is modelled (module docstring); ``none`` is the default."""
+BATCH_CANDIDATES_PER_DOUBLING = 4
+"""An adaptive job picks among batch sizes spaced 2^(1/4) apart (plus the validated ones)
+between the smallest and the largest validated size: finer choices change goodput by < 1%."""
+
+
+@dataclass(frozen=True)
+class GradientNoise:
+    """One application's gradient statistics by (validated batch size, epoch) and epoch ends."""
+
+    name: str
+    batch_sizes: np.ndarray
+    """Validated global batch sizes, ascending."""
+    grad_sqr: np.ndarray
+    """Squared gradient norm, one row per validated batch size, one column per epoch."""
+    grad_var: np.ndarray
+    """Gradient variance, same layout."""
+    epoch_ends: np.ndarray
+    """Progress at the end of epoch 1, 2, ..., the completion epoch: ascending; the last is the
+    job's work."""
+
+    @classmethod
+    def from_profile(cls, profile: AppProfile) -> GradientNoise:
+        """Read from `profile`'s validation traces, up to its completion epoch."""
+        sizes = profile.validated_batch_sizes
+        epochs = profile.max_epochs
+        traces = [profile.validation[b].iloc[:epochs] for b in sizes]
+        progress = np.array([t["progress"].to_numpy(float) for t in traces])
+        ends = progress.min(axis=0)
+        if np.any(np.diff(ends) <= 0) or ends[0] <= 0:
+            raise ValueError(f"{profile.name}: validation progress must increase every epoch")
+        return cls(
+            name=profile.name,
+            batch_sizes=np.array(sizes, dtype=float),
+            grad_sqr=np.array([t["grad_sqr"].to_numpy(float) for t in traces]),
+            grad_var=np.array([t["grad_var"].to_numpy(float) for t in traces]),
+            epoch_ends=ends,
+        )
+
+    @property
+    def work(self) -> float:
+        """Progress at completion, whatever the batch size."""
+        return float(self.epoch_ends[-1])
+
+    def epoch_at(self, progress: float) -> int:
+        """The epoch (0-based) a job at `progress` is in; the last one once it reaches the end."""
+        return min(int(np.searchsorted(self.epoch_ends, progress, side="right")),
+                   len(self.epoch_ends) - 1)
+
+    def gain(self, batch_size: float, epoch: int) -> float:
+        """Progress per iteration at `batch_size` during `epoch` (1 at the smallest size)."""
+        sizes = self.batch_sizes
+        sqr = float(np.interp(batch_size, sizes, self.grad_sqr[:, epoch]))
+        var = float(np.interp(batch_size, sizes, self.grad_var[:, epoch]))
+        scale = batch_size / sizes[0]
+        return (var + sqr) / (var / scale + sqr)
+
+
+@dataclass
+class FixedBatchGoodput:
+    """Goodput of a job that keeps its global batch size (the `EpochRates` the simulator uses)."""
+
+    noise: GradientNoise
+    profile: AppProfile
+    batch_size: int
+    _memo: dict[tuple[Shape, int], float] = field(default_factory=dict, repr=False)
+
+    @property
+    def epoch_ends(self) -> np.ndarray:
+        """Progress at each epoch's end (`GradientNoise.epoch_ends`)."""
+        return self.noise.epoch_ends
+
+    def epoch_at(self, progress: float) -> int:
+        """See `GradientNoise.epoch_at`."""
+        return self.noise.epoch_at(progress)
+
+    def progress_per_s(self, shape: Shape, epoch: int) -> float:
+        """Progress per second on `shape` during `epoch`; memoised."""
+        key = (shape, epoch)
+        rate = self._memo.get(key)
+        if rate is None:
+            speed = self.profile.throughput(self.batch_size).iterations_per_s(shape)
+            rate = self._memo[key] = speed * self.noise.gain(self.batch_size, epoch)
+        return rate
+
+
+@dataclass
+class AdaptiveBatchGoodput:
+    """Goodput of a job that picks the best batch size for each placement and epoch."""
+
+    noise: GradientNoise
+    profile: AppProfile
+    candidates: tuple[int, ...]
+    """Global batch sizes it may run at, ascending (`batch_candidates`)."""
+    _memo: dict[tuple[Shape, int], tuple[float, int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def epoch_ends(self) -> np.ndarray:
+        """Progress at each epoch's end (`GradientNoise.epoch_ends`)."""
+        return self.noise.epoch_ends
+
+    def epoch_at(self, progress: float) -> int:
+        """See `GradientNoise.epoch_at`."""
+        return self.noise.epoch_at(progress)
+
+    def progress_per_s(self, shape: Shape, epoch: int) -> float:
+        """Progress per second on `shape` during `epoch` at the best batch size; memoised."""
+        return self.best(shape, epoch)[0]
+
+    def best(self, shape: Shape, epoch: int) -> tuple[float, int]:
+        """(goodput, batch size) of the best batch size on `shape` during `epoch`.
+
+        A batch size qualifies when every worker still gets the smallest measured local batch
+        (the same bound as a fixed job's `AppProfile.max_workers`); on more workers than the
+        largest size allows, the largest size runs with what it can use.
+        """
+        key = (canonical_shape(shape), epoch)
+        found = self._memo.get(key)
+        if found is None:
+            workers = sum(key[0])
+            usable = [b for b in self.candidates if b >= workers * self.profile.min_local_bsz]
+            found = max(
+                (self.profile.throughput(b).iterations_per_s(key[0]) * self.noise.gain(b, epoch), b)
+                for b in usable or self.candidates[-1:]
+            )
+            self._memo[key] = found
+        return found
+
+
+def add_efficiency_flag(parser: argparse.ArgumentParser) -> None:
+    """``--efficiency``, shared by the commands that replay workloads."""
+    parser.add_argument("--efficiency", choices=EFFICIENCY_MODES, default="none",
+                        help="profiled jobs' progress: none (iterations at the job's batch "
+                             "size), fixed or adaptive batch size under Pollux's statistical "
+                             "efficiency model (docs/simulator.md; default: %(default)s)")
+
+
+def batch_candidates(sizes: list[int]) -> tuple[int, ...]:
+    """Validated sizes plus a geometric grid between the smallest and the largest of them."""
+    low, high = sizes[0], sizes[-1]
+    steps = int(round(np.log2(high / low) * BATCH_CANDIDATES_PER_DOUBLING))
+    grid = np.rint(low * np.exp2(np.arange(steps + 1) / BATCH_CANDIDATES_PER_DOUBLING))
+    return tuple(sorted({*sizes, *(int(b) for b in grid if low <= b <= high)}))
+
+
+def goodput_speeds(workload: Workload, profiles: dict[str, AppProfile], mode: str,
+                   speeds: tuple[JobSpeed, ...], total_gpus: int,
+                   ) -> tuple[Workload, tuple[JobSpeed, ...]]:
+    """`workload` and `speeds` with every profiled job's progress modelled by `mode`.
+
+    Work becomes the completion epoch's progress. The curve policies see (speed on one GPU,
+    scaling constants) is the goodput's, in the middle epoch of training: for an adaptive job
+    its speed-up includes the larger batches more GPUs allow, and its elastic upper bound grows
+    to what its largest batch size can use. Jobs without a profile keep `speeds`' model.
+    """
+    if mode not in EFFICIENCY_MODES:
+        raise ValueError(f"efficiency mode {mode!r}; choose one of {', '.join(EFFICIENCY_MODES)}")
+    if mode == "none":
+        return workload, speeds
+    noise = {name: GradientNoise.from_profile(p) for name, p in profiles.items()}
+    cache: dict[tuple[str, int], tuple[JobSpeed, int]] = {}
+    jobs, new_speeds = [], []
+    for job, speed in zip(workload.jobs, speeds, strict=True):
+        if job.application is None or job.batch_size is None:
+            jobs.append(job)
+            new_speeds.append(speed)
+            continue
+        key = (job.application, job.batch_size if mode == "fixed" else 0)
+        if key not in cache:
+            cache[key] = _goodput_speed(profiles[job.application], noise[job.application],
+                                        mode, job.batch_size)
+        goodput, limit = cache[key]
+        upper = max(job.max_workers, min(limit, total_gpus)) if mode == "adaptive" \
+            else job.max_workers
+        jobs.append(dataclasses.replace(job, work=noise[job.application].work,
+                                        max_workers=upper))
+        new_speeds.append(goodput)
+    return dataclasses.replace(workload, jobs=tuple(jobs)), tuple(new_speeds)
+
+
+def _goodput_speed(profile: AppProfile, noise: GradientNoise, mode: str,
+                   batch_size: int) -> tuple[JobSpeed, int]:
+    """The job's `JobSpeed` and the most workers its batch sizes can use."""
+    if mode == "fixed":
+        rates: FixedBatchGoodput | AdaptiveBatchGoodput = FixedBatchGoodput(
+            noise, profile, batch_size)
+        limit = profile.max_workers(batch_size)
+    else:
+        sizes = profile.validated_batch_sizes
+        rates = AdaptiveBatchGoodput(noise, profile, batch_candidates(sizes))
+        limit = profile.max_workers(sizes[-1])
+    middle = len(noise.epoch_ends) // 2
+    single = rates.progress_per_s((1,), middle)
+    curve = fit_speedup_curve(speedup_samples(
+        profile, lambda shape: rates.progress_per_s(shape, middle) / single, limit))
+    return JobSpeed(
+        lambda shape: rates.progress_per_s(shape, middle), single, curve.alpha, curve.beta,
+        epochs=rates,
+    ), limit
+
+
+__all__ = [
+    "BATCH_CANDIDATES_PER_DOUBLING",
+    "EFFICIENCY_MODES",
+    "AdaptiveBatchGoodput",
+    "FixedBatchGoodput",
+    "GradientNoise",
+    "add_efficiency_flag",
+    "batch_candidates",
+    "goodput_speeds",
+]

@@ -1,0 +1,182 @@
+"""Pollux's statistical-efficiency model: gains read from the traces, rates that change at epoch
+ends without becoming decision points, work conserved across epochs and failures, adaptive
+batch sizes never slower than fixed ones, and the `--efficiency` flag end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from env.cli import main
+from env.cluster import uniform_cluster
+from env.efficiency import (
+    AdaptiveBatchGoodput,
+    FixedBatchGoodput,
+    GradientNoise,
+    batch_candidates,
+    goodput_speeds,
+)
+from env.failures import FailureParams
+from env.params import SimParams
+from env.profiles import DEFAULT_PROFILES_ROOT, load_profiles, packed_shape
+from env.scenario import build_scenario, job_speeds
+from env.simulator import Simulator
+from env.workload.spec import JobSpec, Workload
+from tests.sim_helpers import check_invariants, fifo
+
+POLLUX_DATA = DEFAULT_PROFILES_ROOT.parent
+WORKLOAD_7 = POLLUX_DATA / "workloads" / "workload-7.csv"
+pytestmark = pytest.mark.skipif(not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared data absent")
+NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return load_profiles(DEFAULT_PROFILES_ROOT)
+
+
+def _one_job(profiles, application: str, batch: int, gpus: int, mode: str,
+             params: SimParams = NO_FAILURES) -> Simulator:
+    """A simulator with one `application` job of `gpus` GPUs at `batch` under `mode`."""
+    profile = profiles[application]
+    spec = JobSpec(f"{application}-0", 0.0, gpus, profile.work_iterations(batch), 1,
+                   profile.max_workers(batch), 50.0, application, batch)
+    workload = Workload("one", (spec,))
+    workload, speeds = goodput_speeds(workload, profiles, mode, job_speeds(workload, profiles),
+                                      total_gpus=8)
+    return Simulator(uniform_cluster(2, 4), workload, speeds, params, seed=0)
+
+
+def test_gain_is_one_at_the_smallest_batch_and_read_from_the_trace(profiles):
+    noise = GradientNoise.from_profile(profiles["cifar10"])
+    sizes = noise.batch_sizes
+    trace = profiles["cifar10"].validation[2048]
+    sqr, var = trace["grad_sqr"].iloc[5], trace["grad_var"].iloc[5]
+    scale = 2048 / sizes[0]
+    assert noise.gain(sizes[0], 5) == pytest.approx(1.0)
+    assert noise.gain(2048, 5) == pytest.approx((var + sqr) / (var / scale + sqr))
+    for epoch in (0, 50, 99):
+        gains = [noise.gain(b, epoch) for b in sizes]
+        assert all(1.0 <= g <= b / sizes[0] for g, b in zip(gains, sizes, strict=True))
+    # late in training the gradient is mostly noise: a large batch buys more per step
+    assert noise.gain(4096, 99) > 2 * noise.gain(4096, 0)
+
+
+def test_fixed_batch_progress_agrees_with_the_validation_iterations(profiles):
+    """The model's time to finish at a validated batch size on one GPU is the trace's own
+    iteration count at that size's speed within 7%, never more than 3% fast (Pollux's epoch
+    ends are the least progress any batch size had, so the model runs slow where sizes
+    disagree). yolov3 at large batches is the exception: up to 58% slow at 512 (docs)."""
+    for name, profile in profiles.items():
+        noise = GradientNoise.from_profile(profile)
+        spans = np.diff(np.concatenate([[0.0], noise.epoch_ends]))
+        for batch in profile.validated_batch_sizes:
+            speed = profile.throughput(batch).iterations_per_s((1,))
+            model_s = sum(span / (noise.gain(batch, e) * speed) for e, span in enumerate(spans))
+            trace_s = profile.work_iterations(batch) / speed
+            high = 1.6 if name == "yolov3" else 1.07
+            assert 0.97 < model_s / trace_s < high, (name, batch, model_s / trace_s)
+
+
+def test_adaptive_batch_is_never_slower_than_any_fixed_one(profiles):
+    for name, profile in profiles.items():
+        noise = GradientNoise.from_profile(profile)
+        candidates = batch_candidates(profile.validated_batch_sizes)
+        adaptive = AdaptiveBatchGoodput(noise, profile, candidates)
+        for gpus in (1, 4, 8):
+            shape = packed_shape(gpus, 4)
+            for epoch in (0, len(noise.epoch_ends) - 1):
+                best, batch = adaptive.best(shape, epoch)
+                assert batch in adaptive.candidates
+                for fixed_batch in profile.validated_batch_sizes:
+                    if fixed_batch < gpus * profile.min_local_bsz:
+                        continue  # a fixed job may not run that wide
+                    fixed = FixedBatchGoodput(noise, profile, fixed_batch)
+                    assert best >= fixed.progress_per_s(shape, epoch) * (1 - 1e-12), (name, gpus)
+
+
+def test_a_job_finishes_at_the_sum_of_its_epochs_and_epochs_are_not_decisions(profiles):
+    sim = _one_job(profiles, "cifar10", 512, 4, "fixed")
+    rates = sim._speeds[0].epochs
+    spans = np.diff(np.concatenate([[0.0], rates.epoch_ends]))
+    expected = sum(span / rates.progress_per_s((4,), e) for e, span in enumerate(spans))
+    decisions = 0
+    while not sim.done:
+        decisions += 1
+        action = fifo(sim.state())
+        if action.kind != 0:
+            assert sim.apply(action)
+        check_invariants(sim.state())
+        sim.advance()
+    jct = sim.accounting.summary()["avg_jct_s"]
+    assert jct == pytest.approx(expected, rel=1e-9)
+    # 100 epochs, yet only the arrival, the periodic ticks and the completion stop the clock
+    assert decisions <= jct / sim.params.decision_interval_s + 3
+    assert sim.state().jobs.count == 0
+
+
+def test_failure_rolls_back_to_the_last_epoch_end(profiles):
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0),
+                       checkpoint_interval_s=1e9)  # only epoch ends checkpoint
+    sim = _one_job(profiles, "cifar10", 512, 4, "fixed", params)
+    rates = sim._speeds[0].epochs
+    sim.schedule_failure(sim.node_names[0], 1000.0)
+    while sim.accounting.summary()["lost_gpu_hours"] == 0:
+        sim.apply(fifo(sim.state()))
+        sim.advance()
+    assert sim.time_s == 1000.0
+    epoch = rates.epoch_at(sim._done[0])
+    assert epoch > 0 and sim._done[0] == pytest.approx(rates.epoch_ends[epoch - 1])
+    # what was lost is the time since that epoch end, at most one epoch's worth on 4 GPUs
+    lost_s = sim.accounting.summary()["lost_gpu_hours"] * 3600 / 4
+    assert lost_s <= (rates.epoch_ends[epoch] - rates.epoch_ends[epoch - 1]) / \
+        rates.progress_per_s((4,), epoch) + 1e-6
+    while not sim.done:
+        sim.apply(fifo(sim.state()))
+        sim.advance()
+    assert sim.accounting.jobs_completed == 1
+
+
+def test_scenarios_by_mode_keep_jobs_and_change_only_what_they_should(profiles):
+    plain = build_scenario(str(WORKLOAD_7), "16x4")
+    fixed = build_scenario(str(WORKLOAD_7), "16x4", efficiency="fixed")
+    adaptive = build_scenario(str(WORKLOAD_7), "16x4", efficiency="adaptive")
+    assert [j.job_id for j in fixed.workload.jobs] == [j.job_id for j in plain.workload.jobs]
+    for p, f, a in zip(plain.workload.jobs, fixed.workload.jobs, adaptive.workload.jobs,
+                       strict=True):
+        assert f.work == a.work == GradientNoise.from_profile(profiles[p.application]).work
+        assert f.max_workers == p.max_workers <= a.max_workers <= 64
+        assert (f.submit_s, f.requested_gpus) == (p.submit_s, p.requested_gpus)
+    assert plain.speeds[0].epochs is None and fixed.speeds[0].epochs is not None
+    with pytest.raises(ValueError, match="efficiency mode"):
+        goodput_speeds(plain.workload, profiles, "sometimes", plain.speeds, 64)
+
+
+def test_adaptive_runs_are_deterministic_and_beat_fixed_under_the_same_policy():
+    from agent.evaluation import run_policy
+    from agent.registry import load_policy
+
+    policy = load_policy("elastic").act
+    scores = {}
+    for mode in ("fixed", "adaptive", "adaptive"):
+        scenario = build_scenario(str(WORKLOAD_7), "16x4", efficiency=mode)
+        result = run_policy(scenario.simulator(NO_FAILURES, seed=0), policy)
+        assert result.finished
+        scores.setdefault(mode, []).append(result.metrics["avg_jct_s"])
+    assert scores["adaptive"][0] == scores["adaptive"][1]
+    assert scores["adaptive"][0] < 0.9 * scores["fixed"][0]
+
+
+def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["simulate", "--workload", str(WORKLOAD_7), "--policy", "elastic",
+                 "--efficiency", "adaptive", "--failures", "none", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["efficiency"] == "adaptive" and metrics["jobs_completed"] == 160
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", "--efficiency", "sometimes", "--out", str(tmp_path / "ev")])
+    assert exc.value.code == 2
+    assert "--efficiency: invalid choice: 'sometimes'" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()
