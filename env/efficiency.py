@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -95,14 +95,17 @@ class GradientNoise:
         return (var + sqr) / (var / scale + sqr)
 
 
-@dataclass
-class FixedBatchGoodput:
-    """Goodput of a job that keeps its global batch size (the `EpochRates` the simulator uses)."""
+class GoodputRates:
+    """A job's progress per second by placement and epoch (the simulator's `EpochRates`) and,
+    per epoch, the speed-up curve policies see: the simulator refreshes it at every epoch end,
+    as Pollux's scheduler re-fits its jobs' goodput while they train."""
 
-    noise: GradientNoise
-    profile: AppProfile
-    batch_size: int
-    _memo: dict[tuple[Shape, int], float] = field(default_factory=dict, repr=False)
+    def __init__(self, noise: GradientNoise, profile: AppProfile, max_workers: int) -> None:
+        self.noise = noise
+        self.profile = profile
+        self.max_workers = max_workers
+        """The most workers the job's batch sizes can use."""
+        self._curves: dict[int, tuple[float, float, float]] = {}
 
     @property
     def epoch_ends(self) -> np.ndarray:
@@ -114,6 +117,32 @@ class FixedBatchGoodput:
         return self.noise.epoch_at(progress)
 
     def progress_per_s(self, shape: Shape, epoch: int) -> float:
+        """Progress per second on `shape` during `epoch`."""
+        raise NotImplementedError
+
+    def curve(self, epoch: int) -> tuple[float, float, float]:
+        """(goodput on one GPU, alpha, beta) during `epoch`: the same curve family, fitted the
+        same way, as the iteration-rate curves of `env.profiles`, so policies read both alike;
+        memoised."""
+        found = self._curves.get(epoch)
+        if found is None:
+            single = self.progress_per_s((1,), epoch)
+            fit = fit_speedup_curve(speedup_samples(
+                self.profile, lambda shape: self.progress_per_s(shape, epoch) / single,
+                self.max_workers))
+            found = self._curves[epoch] = (single, fit.alpha, fit.beta)
+        return found
+
+
+class FixedBatchGoodput(GoodputRates):
+    """Goodput of a job that keeps its global batch size."""
+
+    def __init__(self, noise: GradientNoise, profile: AppProfile, batch_size: int) -> None:
+        super().__init__(noise, profile, profile.max_workers(batch_size))
+        self.batch_size = batch_size
+        self._memo: dict[tuple[Shape, int], float] = {}
+
+    def progress_per_s(self, shape: Shape, epoch: int) -> float:
         """Progress per second on `shape` during `epoch`; memoised."""
         key = (shape, epoch)
         rate = self._memo.get(key)
@@ -123,24 +152,15 @@ class FixedBatchGoodput:
         return rate
 
 
-@dataclass
-class AdaptiveBatchGoodput:
+class AdaptiveBatchGoodput(GoodputRates):
     """Goodput of a job that picks the best batch size for each placement and epoch."""
 
-    noise: GradientNoise
-    profile: AppProfile
-    candidates: tuple[int, ...]
-    """Global batch sizes it may run at, ascending (`batch_candidates`)."""
-    _memo: dict[tuple[Shape, int], tuple[float, int]] = field(default_factory=dict, repr=False)
-
-    @property
-    def epoch_ends(self) -> np.ndarray:
-        """Progress at each epoch's end (`GradientNoise.epoch_ends`)."""
-        return self.noise.epoch_ends
-
-    def epoch_at(self, progress: float) -> int:
-        """See `GradientNoise.epoch_at`."""
-        return self.noise.epoch_at(progress)
+    def __init__(self, noise: GradientNoise, profile: AppProfile,
+                 candidates: tuple[int, ...]) -> None:
+        super().__init__(noise, profile, profile.max_workers(candidates[-1]))
+        self.candidates = candidates
+        """Global batch sizes it may run at, ascending (`batch_candidates`)."""
+        self._memo: dict[tuple[Shape, int], tuple[float, int]] = {}
 
     def progress_per_s(self, shape: Shape, epoch: int) -> float:
         """Progress per second on `shape` during `epoch` at the best batch size; memoised."""
@@ -187,55 +207,46 @@ def goodput_speeds(workload: Workload, profiles: dict[str, AppProfile], mode: st
                    ) -> tuple[Workload, tuple[JobSpeed, ...]]:
     """`workload` and `speeds` with every profiled job's progress modelled by `mode`.
 
-    Work becomes the completion epoch's progress. The curve policies see (speed on one GPU,
-    scaling constants) is the goodput's, in the middle epoch of training: for an adaptive job
-    its speed-up includes the larger batches more GPUs allow, and its elastic upper bound grows
-    to what its largest batch size can use. Jobs without a profile keep `speeds`' model.
+    Work becomes the completion epoch's progress. The curve policies see starts as the first
+    epoch's goodput (`GoodputRates.curve`): for an adaptive job its speed-up includes the
+    larger batches more GPUs allow, and its elastic upper bound grows to what its largest batch
+    size can use. Jobs without a profile keep `speeds`' model. The rate models are memoised on
+    each profile, so a process that builds many scenarios fits each curve once.
     """
     if mode not in EFFICIENCY_MODES:
         raise ValueError(f"efficiency mode {mode!r}; choose one of {', '.join(EFFICIENCY_MODES)}")
     if mode == "none":
         return workload, speeds
-    noise = {name: GradientNoise.from_profile(p) for name, p in profiles.items()}
-    cache: dict[tuple[str, int], tuple[JobSpeed, int]] = {}
     jobs, new_speeds = [], []
     for job, speed in zip(workload.jobs, speeds, strict=True):
         if job.application is None or job.batch_size is None:
             jobs.append(job)
             new_speeds.append(speed)
             continue
-        key = (job.application, job.batch_size if mode == "fixed" else 0)
-        if key not in cache:
-            cache[key] = _goodput_speed(profiles[job.application], noise[job.application],
-                                        mode, job.batch_size)
-        goodput, limit = cache[key]
-        upper = max(job.max_workers, min(limit, total_gpus)) if mode == "adaptive" \
-            else job.max_workers
-        jobs.append(dataclasses.replace(job, work=noise[job.application].work,
-                                        max_workers=upper))
-        new_speeds.append(goodput)
+        rates = _goodput_rates(profiles[job.application], mode, job.batch_size)
+        upper = max(job.max_workers, min(rates.max_workers, total_gpus)) \
+            if mode == "adaptive" else job.max_workers
+        jobs.append(dataclasses.replace(job, work=rates.noise.work, max_workers=upper))
+        single, alpha, beta = rates.curve(0)
+        new_speeds.append(JobSpeed(lambda shape, r=rates: r.progress_per_s(shape, 0), single,
+                                   alpha, beta, epochs=rates))
     return dataclasses.replace(workload, jobs=tuple(jobs)), tuple(new_speeds)
 
 
-def _goodput_speed(profile: AppProfile, noise: GradientNoise, mode: str,
-                   batch_size: int) -> tuple[JobSpeed, int]:
-    """The job's `JobSpeed` and the most workers its batch sizes can use."""
-    if mode == "fixed":
-        rates: FixedBatchGoodput | AdaptiveBatchGoodput = FixedBatchGoodput(
-            noise, profile, batch_size)
-        limit = profile.max_workers(batch_size)
-    else:
-        sizes = profile.validated_batch_sizes
-        rates = AdaptiveBatchGoodput(noise, profile, batch_candidates(sizes))
-        limit = profile.max_workers(sizes[-1])
-    middle = len(noise.epoch_ends) // 2
-    single = rates.progress_per_s((1,), middle)
-    curve = fit_speedup_curve(speedup_samples(
-        profile, lambda shape: rates.progress_per_s(shape, middle) / single, limit))
-    return JobSpeed(
-        lambda shape: rates.progress_per_s(shape, middle), single, curve.alpha, curve.beta,
-        epochs=rates,
-    ), limit
+def _goodput_rates(profile: AppProfile, mode: str, batch_size: int) -> GoodputRates:
+    """The job's (shared, memoised) rate model: one per application and mode, and per batch
+    size for fixed jobs."""
+    key = ("goodput", mode, batch_size if mode == "fixed" else None)
+    rates = profile.derived.get(key)
+    if rates is None:
+        noise = profile.derived.get("gradient_noise")
+        if noise is None:
+            noise = profile.derived["gradient_noise"] = GradientNoise.from_profile(profile)
+        rates = profile.derived[key] = (
+            FixedBatchGoodput(noise, profile, batch_size) if mode == "fixed"
+            else AdaptiveBatchGoodput(noise, profile, batch_candidates(
+                profile.validated_batch_sizes)))
+    return rates
 
 
 __all__ = [
@@ -243,6 +254,7 @@ __all__ = [
     "EFFICIENCY_MODES",
     "AdaptiveBatchGoodput",
     "FixedBatchGoodput",
+    "GoodputRates",
     "GradientNoise",
     "add_efficiency_flag",
     "batch_candidates",

@@ -188,6 +188,9 @@ class AppProfile:
     min_local_bsz: int
     max_local_bsz: int
     _throughputs: dict[int, ProfiledThroughput] = field(default_factory=dict, repr=False)
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
+    """Models other modules derive from this profile (`env.efficiency`), memoised here so
+    that a process re-using the profile builds each once."""
 
     @property
     def validated_batch_sizes(self) -> list[int]:

@@ -80,18 +80,23 @@ class EpochRates(Protocol):
         """Progress per second on `shape` during `epoch`."""
         ...
 
+    def curve(self, epoch: int) -> tuple[float, float, float]:
+        """What policies see during `epoch`: (speed on one GPU, scaling alpha, beta)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpeed:
     """How fast one job runs: the exact model the simulator uses, and the curve policies see."""
 
     iterations_per_s: ThroughputFn
-    """Progress per second by placement; with `epochs`, the middle epoch's (not simulated)."""
+    """Progress per second by placement; with `epochs`, the first epoch's (not simulated)."""
     speed_1gpu: float
     scaling_alpha: float
     scaling_beta: float
     epochs: EpochRates | None = None
-    """When set, the simulator takes the rate from here, changing it at every epoch end."""
+    """When set, the simulator takes the rate from here, and the curve policies see, changing
+    both at every epoch end."""
 
 
 class Simulator:
@@ -565,6 +570,8 @@ class Simulator:
         self._done[row] = end
         self._busy_from[row] = t
         self._rate[row] = self._training_rate(row, placement_shape(self._placement[row]))
+        self._speed1[row], self._alpha[row], self._beta[row] = epochs.curve(epochs.epoch_at(end))
+        self._snapshot_rows = None  # the curve columns changed
         self._allocation_changed()
         self._schedule_run_end(row, t)
 

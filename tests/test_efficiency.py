@@ -98,23 +98,32 @@ def test_adaptive_batch_is_never_slower_than_any_fixed_one(profiles):
 
 
 def test_a_job_finishes_at_the_sum_of_its_epochs_and_epochs_are_not_decisions(profiles):
+    """Work is conserved across 100 rate changes; each epoch end refreshes what policies see
+    without stopping the clock."""
     sim = _one_job(profiles, "cifar10", 512, 4, "fixed")
     rates = sim._speeds[0].epochs
     spans = np.diff(np.concatenate([[0.0], rates.epoch_ends]))
     expected = sum(span / rates.progress_per_s((4,), e) for e, span in enumerate(spans))
-    decisions = 0
+    decisions, seen = 0, set()
     while not sim.done:
         decisions += 1
         action = fifo(sim.state())
         if action.kind != 0:
             assert sim.apply(action)
-        check_invariants(sim.state())
+        state = sim.state()
+        check_invariants(state)
+        if state.jobs.count:  # policies see the current epoch's goodput curve
+            single, alpha, _ = rates.curve(rates.epoch_at(sim._done[0]))
+            assert state.jobs.speed_1gpu[0] == pytest.approx(single, rel=1e-6)
+            assert state.jobs.scaling_alpha[0] == pytest.approx(alpha, rel=1e-6, abs=1e-9)
+            seen.add(float(state.jobs.speed_1gpu[0]))
         sim.advance()
     jct = sim.accounting.summary()["avg_jct_s"]
     assert jct == pytest.approx(expected, rel=1e-9)
     # 100 epochs, yet only the arrival, the periodic ticks and the completion stop the clock
     assert decisions <= jct / sim.params.decision_interval_s + 3
     assert sim.state().jobs.count == 0
+    assert len(seen) >= 3  # the curve changed between decisions as training went on
 
 
 def test_failure_rolls_back_to_the_last_epoch_end(profiles):
