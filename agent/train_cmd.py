@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.training import TrainConfig
+from env.efficiency import add_efficiency_flag
 
 _DEFAULTS = TrainConfig()
 
@@ -24,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timesteps", type=int, default=_DEFAULTS.timesteps,
                         help="RL environment steps after the warm start")
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    add_efficiency_flag(parser)
     parser.add_argument("--failures", default=_DEFAULTS.failures,
                         help="failures per GPU-day or none|default|stress")
     parser.add_argument("--n-envs", type=int, default=_DEFAULTS.n_envs,
@@ -84,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return replace(
         _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
         cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
+        efficiency=args.efficiency,
         n_envs=args.n_envs, n_steps=args.n_steps, batch_size=args.batch_size,
         gae_lambda=args.gae_lambda, learning_rate=learning_rate, warm_start=args.warm_start,
         dagger_rounds=args.dagger_rounds,

@@ -55,6 +55,8 @@ class TrainConfig:
     seed: int = 0
     failures: str = "none"
     """Failure rate during training: a preset name or failures per GPU-day."""
+    efficiency: str = "none"
+    """Profiled jobs' progress model in training and its evaluations (`--efficiency`)."""
     n_envs: int = 2
     """Environments stepped in lock-step in one process (DummyVecEnv: a step costs ~0.2 ms,
     less than a sub-process round trip)."""
@@ -167,7 +169,8 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> C
     config says so."""
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
                           params=config.sim_params(),
-                          reward=RewardWeights(time_discount_s=config.time_discount_s))
+                          reward=RewardWeights(time_discount_s=config.time_discount_s),
+                          efficiency=config.efficiency)
     return make_residual(env, config.residual) if config.residual else env
 
 
@@ -178,7 +181,8 @@ def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ..
     params = config.sim_params()
     jcts = []
     for workload in workloads:
-        sim = build_scenario(workload, config.cluster, seed=seed).simulator(params, seed=seed)
+        sim = build_scenario(workload, config.cluster, seed=seed,
+                             efficiency=config.efficiency).simulator(params, seed=seed)
         result = run_policy(sim, policy)
         jcts.append(result.metrics["avg_jct_s"] if result.finished else float("inf"))
     return float(np.mean(jcts))
@@ -385,7 +389,8 @@ def card_markdown(summary: dict) -> str:
         "",
         f"- command: `{config['extra'].get('command', '(API call)')}`",
         f"- workloads: {', '.join(Path(w).name for w in config['workloads'])}",
-        f"- cluster: {config['cluster']}; failures: {config['failures']}; seed {config['seed']}",
+        f"- cluster: {config['cluster']}; failures: {config['failures']}; "
+        f"efficiency: {config.get('efficiency', 'none')}; seed {config['seed']}",
         f"- RL timesteps: {summary['timesteps']:,}; wall time {summary['wall_s']:.0f} s "
         f"(2-core machine, 1 torch thread)",
         f"- warm start: {_describe_warm_start(summary.get('warm_start'))}",

@@ -61,8 +61,10 @@ class ClusterAllocEnv(gym.Env):
     def __init__(self, workloads: Sequence[str | Scenario] = (EMBEDDED_DEFAULT,),
                  cluster: str = "16x4", params: SimParams | None = None,
                  features: FeatureSpec | None = None, reward: RewardWeights | None = None,
-                 max_episode_steps: int = 50_000) -> None:
+                 max_episode_steps: int = 50_000, efficiency: str = "none") -> None:
         self.params = params or SimParams()
+        self.efficiency = efficiency
+        """Profiled jobs' progress model (`env.efficiency.EFFICIENCY_MODES`)."""
         self.featurizer = Featurizer(features or FeatureSpec(
             checkpoint_interval_s=self.params.checkpoint_interval_s))
         self.reward_weights = reward or RewardWeights()
@@ -133,7 +135,8 @@ class ClusterAllocEnv(gym.Env):
         if key not in self._scenarios:
             if len(self._scenarios) > 64:
                 self._scenarios.clear()
-            self._scenarios[key] = build_scenario(source, self._cluster, seed=key[1])
+            self._scenarios[key] = build_scenario(source, self._cluster, seed=key[1],
+                                                  efficiency=self.efficiency)
         return self._scenarios[key]
 
     def _refresh(self) -> None:

@@ -13,6 +13,9 @@ replaying the 82k-job Philly trace take seconds.
 Work accounting (the invariants the tests check):
 - a job's progress grows at exactly its throughput model's rate for its placement, from the end
   of its restore until its next change; it completes when progress reaches its work;
+- with a statistical-efficiency model (`JobSpeed.epochs`, `env.efficiency`) the rate also
+  changes at each epoch end: a silent event (its own heap, never a decision point) that
+  re-bases the job's progress and refreshes the curve policies see;
 - a failure rolls progress back to the last periodic checkpoint (lost = work since then);
 - a resize, move or suspension checkpoints first and loses nothing, but pays the restore time.
 """

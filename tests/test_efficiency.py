@@ -189,3 +189,23 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
     assert exc.value.code == 2
     assert "--efficiency: invalid choice: 'sometimes'" in capsys.readouterr().err
     assert not (tmp_path / "ev").exists()
+
+
+def test_training_environment_and_config_carry_the_mode():
+    from agent.train_cmd import config_from_args
+    from agent.training import make_env
+    from env.cli import build_parser
+
+    argv = ["train", "--workload", str(WORKLOAD_7), "--efficiency", "adaptive", "--out", "x"]
+    args = build_parser(argv).parse_args(argv)
+    config = config_from_args(args)
+    assert config.efficiency == "adaptive"
+    env = make_env(config)
+    env.reset(seed=0)
+    assert all(speed.epochs is not None for speed in env.sim._speeds)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        mask = env.action_masks()
+        _, _, terminated, _, _ = env.step(int(rng.choice(np.flatnonzero(mask))))
+        check_invariants(env.sim.state())
+        assert not terminated
