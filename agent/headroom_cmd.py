@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.lookahead import parse_future
+from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
 from env.workload.loader import EMBEDDED_DEFAULT
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also save every lookahead decision as a residual-policy "
                              f"demonstration, {RECORDINGS_DIR}/<workload>--<future>.npz in --out "
                              "(for `rlalloc train --residual BASE,ALTERNATIVES --imitate`)")
+    add_efficiency_flag(parser)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
@@ -81,6 +83,7 @@ class HeadroomRun:
     samples: int = 0
     record: Path | None = None
     """Save the lookahead's decisions to this file (`agent.distill`)."""
+    efficiency: str = "none"
 
 
 def _run_one(spec: HeadroomRun) -> dict[str, float]:
@@ -96,13 +99,14 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     from env.scenario import build_scenario
 
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
-    sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed).simulator(params, spec.seed)
+    sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed,
+                         efficiency=spec.efficiency).simulator(params, spec.seed)
     base = load_policy(spec.base)
     policy, lookahead, recorder = base, None, None
     if spec.future is not None:
         future = parse_future(spec.future)
         history = HistoryArrivals(
-            [build_scenario(w, spec.cluster, seed=spec.seed)
+            [build_scenario(w, spec.cluster, seed=spec.seed, efficiency=spec.efficiency)
              for w in history_for(spec.workload, spec.history)],
             future.horizon_s, spec.samples, spec.seed) if future.sampled else None
         policy = lookahead = LookaheadPolicy(
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
                                 "future a sampled future must not draw; add another --history")
     specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
                          tuple(args.history), args.samples,
-                         recording_path(args.out, w, f) if args.record and f else None)
+                         recording_path(args.out, w, f) if args.record and f else None,
+                         args.efficiency)
              for w in workloads for f in (None, *futures)]
     results: dict[HeadroomRun, dict[str, float]] = {}
     with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
@@ -212,7 +217,8 @@ def summarise(results: dict[HeadroomRun, dict[str, float]], workloads: list[str]
         jct = float(np.mean([row[future]["avg_jct_s"] for row in rows.values()]))
         mean[future] = {"avg_jct_s": jct, "change": jct / mean_base - 1.0}
     return {"base": args.base, "alternatives": args.alternatives.split(","),
-            "cluster": args.cluster, "seed": args.seed, "futures": futures,
+            "cluster": args.cluster, "seed": args.seed, "efficiency": args.efficiency,
+            "futures": futures,
             "history": args.history, "samples": args.samples, "workloads": rows, "mean": mean}
 
 
