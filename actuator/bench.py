@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from actuator.main import load_policy
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
 from env.failures import NODE_FEATURE_NAMES
+from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.signals import load_signals
 from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
@@ -36,17 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="elastic", help="policy name (agent.registry)")
     parser.add_argument("--repeats", type=int, default=5, help="cycles timed (median reported)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic cluster")
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_bench_out_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Time the cycle and print (and optionally save) the figures."""
+    prepare_out_file(args.out, args.force)
     result = measure(load_policy(args.policy), args.nodes, args.jobs, args.repeats, args.seed)
     result["policy"] = args.policy
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if args.out:
-        args.out.write_text(text + "\n")
+        write_json(args.out, result)
     return 0
 
 

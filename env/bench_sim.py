@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from env.errors import UserError
-from env.output import write_json
+from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.progress import progress_bar
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ppo-steps", type=int, default=8192,
                         help="MaskablePPO steps whose time inside the environment is measured "
                              "(0: skip; default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    add_bench_out_flags(parser)
 
 
 def bench_replay(trace: Path, cluster: str, policy_name: str) -> dict[str, float]:
@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--env-steps must be at least 1")
     if args.ppo_steps < 0:
         raise UserError("--ppo-steps must be at least 0 (0 skips the PPO measurement)")
+    prepare_out_file(args.out, args.force)
     # env steps first: a training process holds only the environment, not the replay's
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)

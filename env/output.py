@@ -40,6 +40,30 @@ def prepare_out_dir(out: Path, produces: list[str], force: bool) -> Path:
     return out
 
 
+def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
+    """--out FILE.json and --force of the `rlalloc bench` commands."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the figures as JSON to this file")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out file (otherwise refused)")
+
+
+def prepare_out_file(out: Path | None, force: bool) -> None:
+    """Before minutes of measuring, make sure the figures can be kept: create the file's
+    directory, refuse to replace an existing file without `force`."""
+    if out is None:
+        return
+    if out.exists() and not force:
+        raise UserError(f"--out {out}: already exists; pass --force to replace it or choose "
+                        "another file")
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; name a .json file")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create {out.parent} ({err.strerror})") from err
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Write `text` (or bytes) to `path` through a temporary file in the same directory and a
     rename."""

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from env.errors import UserError
+from env.output import add_bench_out_flags, prepare_out_file, write_json
 from forecaster.artifacts import read_card
 from forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.series import load_demand_series
@@ -32,7 +33,7 @@ LATENCY_CALLS = 300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench forecast`."""
-    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    add_bench_out_flags(parser)
     parser.add_argument("--series", nargs="+", type=Path, default=None,
                         help="training series (default: those in the shipped model's card)")
     parser.add_argument("--epochs", type=int, default=None,
@@ -42,16 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure and print; write JSON when asked."""
+    prepare_out_file(args.out, args.force)
     torch.set_num_threads(TORCH_THREADS)
     result: dict[str, object] = {"torch_threads": TORCH_THREADS}
     if not args.skip_training:
         result["training"] = _training_time(args)
     result["latency_ms"] = _latencies()
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_json(args.out, result)
     return 0
 
 

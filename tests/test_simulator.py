@@ -205,10 +205,13 @@ def test_bench_sim_writes_every_figure(tmp_path):
     trace = DEFAULT_PROFILES_ROOT.parent / "workloads" / "workload-1.csv"
     if not trace.is_file():
         pytest.skip("shared Pollux workloads absent")
-    out = tmp_path / "sim.json"
-    assert main(["bench", "sim", "--trace", str(trace), "--cluster", "16x4", "--env-steps", "300",
-                 "--ppo-steps", "64", "--out", str(out)]) == 0
+    out = tmp_path / "new-dir" / "sim.json"  # a missing directory is created
+    argv = ["bench", "sim", "--trace", str(trace), "--cluster", "16x4", "--env-steps", "300",
+            "--ppo-steps", "64", "--out", str(out)]
+    assert main(argv) == 0
     figures = json.loads(out.read_text())
+    # earlier figures are kept unless --force, and the refusal comes before the measuring
+    assert main(argv) == 2 and json.loads(out.read_text()) == figures
     for key in ("philly_replay_s", "events_per_s", "env_steps_per_s", "peak_rss_mb"):
         assert figures[key] > 0, key
     assert figures["events"] >= 2 * figures["jobs"] == 320

@@ -34,6 +34,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from env.errors import UserError
+from env.output import add_bench_out_flags, prepare_out_file, write_json
 from trainer_jobs.config import TrainConfig
 from trainer_jobs.launch import Event, start_torchrun, wait_for_event, worker_pids
 from trainer_jobs.model import ModelConfig, TransformerLM, count_parameters
@@ -44,8 +45,7 @@ _TIMEOUT_S = 300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench recovery`."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write the results as JSON here (default: print them)")
+    add_bench_out_flags(parser)
     parser.add_argument("--workers", type=int, default=2,
                         help="torchrun workers in the recovery phase (one of them is killed)")
     parser.add_argument("--kill-at-step", type=int, default=60,
@@ -66,11 +66,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.checkpoints < 2:
         raise UserError(f"--checkpoints {args.checkpoints}: must be at least 2 (the first "
                         "is reported apart)")
-    if args.out is not None:
-        parent = args.out.resolve().parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise UserError(f"--out {args.out}: directory {parent} does not exist or is not "
-                            "writable")
+    prepare_out_file(args.out, args.force)
 
 
 def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress) -> list[Event]:
@@ -202,10 +198,9 @@ def run(args: argparse.Namespace) -> int:
         "platform": platform.platform(),
         "work_dir": str(work_dir),
     }
-    text = json.dumps(report, indent=2)
     if args.out is None:
-        print(text)
+        print(json.dumps(report, indent=2))
     else:
-        args.out.write_text(text + "\n")
+        write_json(args.out, report)
         print(f"wrote {args.out}")
     return 0
