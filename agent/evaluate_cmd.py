@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
             for spec in specs:
                 results[spec] = _run_one(spec)
                 bar.update()
-    report = summarise(results, names, workloads, seeds, args.cluster, args.failures)
-    report["efficiency"] = args.efficiency
+    report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
+                       args.efficiency)
     report["paired"] = paired_changes(results, names, reference)
     write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: list[str],
-              seeds: list[int], cluster: str, failures: str) -> dict:
+              seeds: list[int], cluster: str, failures: str, efficiency: str = "none") -> dict:
     """The results.json document."""
     policies: dict[str, dict] = {}
     unfinished: dict[str, int] = {}
@@ -175,7 +175,7 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
                           for key in METRIC_KEYS}
         unfinished[name] = sum(not r["finished"] for r in runs)
     return {"policies": policies, "workloads": workloads, "seeds": seeds, "cluster": cluster,
-            "failures": failures, "runs_unfinished": unfinished}
+            "failures": failures, "efficiency": efficiency, "runs_unfinished": unfinished}
 
 
 def paired_runs(results: dict[RunSpec, dict], policy: str,
@@ -274,8 +274,9 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     md = [f"# Policy comparison on {report['cluster']}",
           "",
           f"Workloads: {', '.join(report['workloads'])}; seeds {report['seeds']}; failures "
-          f"`{report['failures']}`. Each cell: mean ± 95% CI (t-distribution over {n_runs} "
-          f"runs = seeds × workloads); in brackets the change against `static` (✓ = better).",
+          f"`{report['failures']}`; efficiency `{report['efficiency']}`. Each cell: mean ± 95% "
+          f"CI (t-distribution over {n_runs} runs = seeds × workloads); in brackets the change "
+          "against `static` (✓ = better).",
           "",
           markdown_table(report),
           ""]

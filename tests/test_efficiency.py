@@ -184,6 +184,13 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
                  "--efficiency", "adaptive", "--failures", "none", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["efficiency"] == "adaptive" and metrics["jobs_completed"] == 160
+    evaluated = tmp_path / "evaluated"
+    assert main(["evaluate", "--workload", str(WORKLOAD_7), "--policies", "tiresias,elastic",
+                 "--seeds", "1", "--failures", "none", "--efficiency", "fixed", "--jobs", "1",
+                 "--out", str(evaluated)]) == 0
+    report = json.loads((evaluated / "results.json").read_text())
+    assert report["efficiency"] == "fixed"
+    assert "efficiency `fixed`" in (evaluated / "results.md").read_text()
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", "--efficiency", "sometimes", "--out", str(tmp_path / "ev")])
     assert exc.value.code == 2
