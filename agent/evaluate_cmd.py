@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from env.efficiency import add_efficiency_flag
+from env.efficiency import EFFICIENCY_MODES, add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
 from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help="comma-separated built-in names or saved-model directories "
-                             f"(default {DEFAULT_POLICIES})")
+                             f"(default {DEFAULT_POLICIES}); NAME@MODE runs one under another "
+                             "--efficiency, e.g. tiresias@fixed,elastic@adaptive as Pollux "
+                             "compared them")
     parser.add_argument("--seeds", type=int, default=3,
                         help="seeds per workload (failure process; synthetic draws too)")
     parser.add_argument("--failures", default="default",
@@ -94,13 +96,25 @@ def _run_one(spec: RunSpec) -> dict:
 
     torch.set_num_threads(1)
     params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
-    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed,
-                              efficiency=spec.efficiency)
-    result = run_policy(scenario.simulator(params, seed=spec.seed), load_policy(spec.policy).act)
+    policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
+    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=efficiency)
+    result = run_policy(scenario.simulator(params, seed=spec.seed), load_policy(policy).act)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
             "series": series}
+
+
+def policy_and_mode(entry: str, default: str) -> tuple[str, str]:
+    """A --policies entry as (policy, efficiency mode): ``NAME@MODE``, or `default` for a plain
+    name (or a saved-model path, which may itself contain an ``@``)."""
+    name, at, mode = entry.rpartition("@")
+    if not at or Path(entry).exists():
+        return entry, default
+    if mode not in EFFICIENCY_MODES:
+        raise UserError(f"--policies {entry}: {mode!r} is not an efficiency mode; write "
+                        f"NAME@{'|'.join(EFFICIENCY_MODES)}")
+    return name, mode
 
 
 def confidence(values: list[float]) -> dict[str, float]:
@@ -130,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: need at least 1")
     names = {}
-    for policy in policies:
-        names[policy] = load_policy(policy).name  # fails fast with the list of valid names
+    for entry in policies:
+        policy, _ = policy_and_mode(entry, args.efficiency)
+        # fails fast with the list of valid names
+        names[entry] = load_policy(policy).name + entry[len(policy):]
     if len(set(names.values())) < len(names):
         names = {p: p for p in policies}
     reference = args.reference or ("static" if "static" in policies else policies[0])
@@ -274,7 +290,8 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     md = [f"# Policy comparison on {report['cluster']}",
           "",
           f"Workloads: {', '.join(report['workloads'])}; seeds {report['seeds']}; failures "
-          f"`{report['failures']}`; efficiency `{report['efficiency']}`. Each cell: mean ± 95% "
+          f"`{report['failures']}`; efficiency `{report['efficiency']}` (a policy named "
+          "NAME@MODE runs under MODE). Each cell: mean ± 95% "
           f"CI (t-distribution over {n_runs} runs = seeds × workloads); in brackets the change "
           "against `static` (✓ = better).",
           "",

@@ -185,12 +185,19 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["efficiency"] == "adaptive" and metrics["jobs_completed"] == 160
     evaluated = tmp_path / "evaluated"
-    assert main(["evaluate", "--workload", str(WORKLOAD_7), "--policies", "tiresias,elastic",
-                 "--seeds", "1", "--failures", "none", "--efficiency", "fixed", "--jobs", "1",
+    assert main(["evaluate", "--workload", str(WORKLOAD_7), "--policies",
+                 "tiresias,elastic@adaptive", "--reference", "tiresias", "--seeds", "1",
+                 "--failures", "none", "--efficiency", "fixed", "--jobs", "1",
                  "--out", str(evaluated)]) == 0
     report = json.loads((evaluated / "results.json").read_text())
     assert report["efficiency"] == "fixed"
+    assert set(report["policies"]) == {"tiresias", "elastic@adaptive"}
+    # Pollux's comparison in one table: Tiresias at the jobs' batch sizes, elastic adaptive
+    assert report["paired"]["policies"]["elastic@adaptive"]["avg_jct_s"]["mean"] < -30
     assert "efficiency `fixed`" in (evaluated / "results.md").read_text()
+    assert main(["evaluate", "--policies", "static,elastic@sometimes",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "'sometimes' is not an efficiency mode" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", "--efficiency", "sometimes", "--out", str(tmp_path / "ev")])
     assert exc.value.code == 2
