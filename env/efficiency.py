@@ -31,7 +31,9 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
+from env.errors import UserError
 from env.profiles import AppProfile, Shape, canonical_shape, fit_speedup_curve, speedup_samples
 from env.simulator import JobSpeed
 from env.workload.spec import Workload
@@ -40,14 +42,14 @@ EFFICIENCY_MODES = ("none", "fixed", "adaptive")
 """How a profiled job's progress is modelled (module docstring); ``none`` is the default."""
 BATCH_CANDIDATES_PER_DOUBLING = 4
 """An adaptive job picks among batch sizes spaced 2^(1/4) apart (plus the validated ones)
-between the smallest and the largest validated size: finer choices change goodput by < 1%."""
+between the smallest and the largest validated size. A 4x finer grid raises the best goodput
+by at most 3 % (yolov3; under 2 % for the other applications, on 1-32 GPUs)."""
 
 
 @dataclass(frozen=True)
 class GradientNoise:
     """One application's gradient statistics by (validated batch size, epoch) and epoch ends."""
 
-    name: str
     batch_sizes: np.ndarray
     """Validated global batch sizes, ascending."""
     grad_sqr: np.ndarray
@@ -60,20 +62,27 @@ class GradientNoise:
 
     @classmethod
     def from_profile(cls, profile: AppProfile) -> GradientNoise:
-        """Read from `profile`'s validation traces, up to its completion epoch."""
+        """Read from `profile`'s validation traces, up to its completion epoch; a trace whose
+        progress does not grow every epoch, or whose gradient statistics are not finite and
+        non-negative, is a `UserError` naming it."""
         sizes = profile.validated_batch_sizes
-        epochs = profile.max_epochs
-        traces = [profile.validation[b].iloc[:epochs] for b in sizes]
-        progress = np.array([t["progress"].to_numpy(float) for t in traces])
-        ends = progress.min(axis=0)
-        if np.any(np.diff(ends) <= 0) or ends[0] <= 0:
-            raise ValueError(f"{profile.name}: validation progress must increase every epoch")
+        traces = [profile.validation[b].iloc[:profile.max_epochs] for b in sizes]
+        for batch, trace in zip(sizes, traces, strict=True):
+            for name in ("progress", "grad_sqr", "grad_var"):
+                values = pd.to_numeric(trace[name], errors="coerce").to_numpy(float)
+                rising = name != "progress" or np.all(np.diff(values, prepend=0.0) > 0)
+                if not (np.all(np.isfinite(values)) and np.all(values >= 0) and rising):
+                    rule = "rising every epoch" if name == "progress" else "non-negative"
+                    raise UserError(
+                        f"{profile.name}/validation-{batch}.csv: column {name} must hold "
+                        f"finite numbers, {rule}; restore the profile folder")
+        columns = {name: np.array([t[name].to_numpy(float) for t in traces])
+                   for name in ("progress", "grad_sqr", "grad_var")}
         return cls(
-            name=profile.name,
             batch_sizes=np.array(sizes, dtype=float),
-            grad_sqr=np.array([t["grad_sqr"].to_numpy(float) for t in traces]),
-            grad_var=np.array([t["grad_var"].to_numpy(float) for t in traces]),
-            epoch_ends=ends,
+            grad_sqr=columns["grad_sqr"],
+            grad_var=columns["grad_var"],
+            epoch_ends=columns["progress"].min(axis=0),
         )
 
     @property

@@ -223,3 +223,27 @@ def test_training_environment_and_config_carry_the_mode():
         _, _, terminated, _, _ = env.step(int(rng.choice(np.flatnonzero(mask))))
         check_invariants(env.sim.state())
         assert not terminated
+
+
+@pytest.mark.parametrize("corrupt", ["nan_variance", "progress_goes_back"])
+def test_a_broken_validation_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys, corrupt):
+    import shutil
+
+    import pandas as pd
+
+    root = tmp_path / "app_profiles"
+    shutil.copytree(DEFAULT_PROFILES_ROOT, root)
+    path = root / "cifar10" / "validation-512.csv"
+    trace = pd.read_csv(path)
+    if corrupt == "nan_variance":
+        trace.loc[3, "grad_var"] = float("nan")
+    else:
+        trace.loc[5, "progress"] = trace.loc[4, "progress"] - 1.0
+    trace.to_csv(path, index=False)
+    monkeypatch.setenv("RLALLOC_PROFILES", str(root))
+    out = tmp_path / "sim"
+    assert main(["simulate", "--workload", str(WORKLOAD_7), "--policy", "elastic",
+                 "--efficiency", "fixed", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlalloc: error: cifar10/validation-512.csv: column")
+    assert "\n" not in err and not (out / "metrics.json").exists()
