@@ -143,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--policies is empty; give e.g. static,elastic,ppo")
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: need at least 1")
-    names = {}
+    names, modes = {}, set()
     for entry in policies:
-        policy, _ = policy_and_mode(entry, args.efficiency)
+        policy, mode = policy_and_mode(entry, args.efficiency)
+        modes.add(mode)
         # fails fast with the list of valid names
         names[entry] = load_policy(policy).name + entry[len(policy):]
     if len(set(names.values())) < len(names):
@@ -155,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
                         "name one of them")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    for workload in workloads:
-        build_scenario(workload, args.cluster, seed=0)  # fails fast on a bad workload/cluster
+    for workload in workloads:  # fails fast on a bad workload, cluster or profile
+        for mode in modes:
+            build_scenario(workload, args.cluster, seed=0, efficiency=mode)
     rate = failure_rate(args.failures)
     seeds = list(range(args.seeds))
     specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies

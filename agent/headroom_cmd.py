@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         load_policy(name)  # fails fast with the list of valid names
     workloads = args.workloads or [EMBEDDED_DEFAULT]
     for workload in (*workloads, *args.history):
-        build_scenario(workload, args.cluster, seed=args.seed)  # fails fast on bad input
+        build_scenario(workload, args.cluster, seed=args.seed,
+                       efficiency=args.efficiency)  # fails fast on bad input
     if any(parse_future(f).sampled for f in futures):
         for workload in workloads:
             if not history_for(workload, args.history):

@@ -28,6 +28,7 @@ four GPUs on one node and two on another. Node identity and order do not change 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -298,7 +299,19 @@ def require_profiles(root: Path | None, needed_by: str) -> dict[str, AppProfile]
             f"{needed_by} needs the application profiles; set {PROFILES_ENV_VAR} "
             "to the app_profiles folder (shared/data/traces/pollux/app_profiles)"
         )
-    return load_profiles(root)
+    return cached_profiles(Path(root))
+
+
+@functools.cache
+def _profiles_at(resolved: Path) -> dict[str, AppProfile]:
+    return load_profiles(resolved)
+
+
+def cached_profiles(root: Path) -> dict[str, AppProfile]:
+    """`load_profiles(root)`, read once per process: evaluation workers build a workload and a
+    scenario per run, and the models derived from a profile are memoised on it
+    (`AppProfile.derived`), so every later run re-uses them."""
+    return _profiles_at(Path(root).resolve())
 
 
 def load_profiles(root: Path) -> dict[str, AppProfile]:
@@ -438,6 +451,7 @@ __all__ = [
     "ProfiledThroughput",
     "Shape",
     "ThroughputModel",
+    "cached_profiles",
     "canonical_shape",
     "default_profiles_root",
     "fit_batch_size",

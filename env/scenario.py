@@ -14,7 +14,7 @@ from pathlib import Path
 from env.cluster import ClusterSpec, parse_cluster
 from env.efficiency import goodput_speeds
 from env.params import SimParams
-from env.profiles import GENERIC_SCALING, AppProfile, default_profiles_root, load_profiles
+from env.profiles import GENERIC_SCALING, AppProfile, cached_profiles, default_profiles_root
 from env.signals import NO_SIGNALS, Signals, load_signals
 from env.simulator import JobSpeed, Simulator
 from env.workload.loader import load_workload
@@ -72,19 +72,12 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
     root = profiles_root or default_profiles_root()
-    profiles = _profiles(Path(root).resolve()) if needs_profiles and root else None
+    profiles = cached_profiles(root) if needs_profiles and root else None
     loaded = _signals(signals) if isinstance(signals, str) else signals
     speeds = job_speeds(jobs, profiles)
     if profiles:
         jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus)
     return Scenario(spec, jobs, speeds, loaded)
-
-
-@functools.cache
-def _profiles(root: Path) -> dict[str, AppProfile]:
-    """Profiles are read once per process: evaluation workers build a scenario per run, and
-    the rate models derived from a profile are memoised on it (`env.efficiency`)."""
-    return load_profiles(root)
 
 
 @functools.cache

@@ -494,9 +494,11 @@ class Simulator:
         self._snapshot_nodes = None
 
     # ------------------------------------------------------------------ events
-    def _push(self, t: float, kind: int, a: int, b: int) -> None:
+    def _push(self, t: float, kind: int, a: int, b: int,
+              heap: list[tuple[float, int, int, int, int]] | None = None) -> None:
+        """Schedule an event on `heap` (default: the decision-making `_events`)."""
         self._seq += 1
-        heapq.heappush(self._events, (t, kind, self._seq, a, b))
+        heapq.heappush(self._events if heap is None else heap, (t, kind, self._seq, a, b))
 
     def _pull_health_events(self, until: float) -> None:
         if until <= self._health_pulled_until:
@@ -558,9 +560,7 @@ class Simulator:
         end = work if epochs is None else min(work, epochs.epoch_ends[epochs.epoch_at(done)])
         at = t + (end - done) / self._rate[row]
         if end < work:
-            self._seq += 1
-            heapq.heappush(self._epoch_ends, (at, _EPOCH_END, self._seq, row,
-                                              int(self._version[row])))
+            self._push(at, _EPOCH_END, row, int(self._version[row]), self._epoch_ends)
         else:
             self._push(at, _COMPLETE, row, int(self._version[row]))
 
