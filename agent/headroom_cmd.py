@@ -4,7 +4,10 @@ Runs the base heuristic alone and `agent.lookahead.LookaheadPolicy` over it and 
 alternatives, once per future (``known``: an oracle bound; ``none``: only the jobs submitted so
 far, what a live controller knows; ``1h``: the jobs arriving within the next hour, a bound
 on what a one-hour demand forecast could give; ``sampled-1h``: the next hour drawn from the
---history workloads, a policy a controller could run), on each workload. Writes DIR/headroom.json,
+--history workloads, a policy a controller could run), on each workload. With --sizes, the base
+also runs told every job's remaining work where it would otherwise extrapolate it from
+progress: ``known``, the simulator's own (a perfect size predictor), and/or ``learned``,
+predicted from the --history workloads' jobs (`agent.job_sizes`). Writes DIR/headroom.json,
 DIR/headroom.md (average JCT per workload and the change against the base) and
 DIR/headroom.png. Failures are off, as in training: a fork would otherwise know the failure
 process's future in both modes. With --record, every lookahead run also saves its decisions and the
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.heuristics import ElasticPolicy, RemainingWork
 from agent.lookahead import parse_future
 from env.efficiency import add_efficiency_flag
 from env.errors import UserError
@@ -33,6 +37,8 @@ OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
 """What `rlalloc headroom` writes into --out."""
 RECORDINGS_DIR = "recordings"
 """Where `--record` puts the lookahead's demonstrations, inside --out."""
+SIZES = ("known", "learned")
+"""--sizes: where the base's job sizes come from in its extra runs, one run each."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the forks know, comma-separated: known (every later "
                              "arrival), none (only submitted jobs), a horizon of arrivals "
                              "such as 1h or 30m, or sampled-1h (the hour drawn from --history; "
-                             "default known,none)")
+                             "default known,none; may be empty with --sizes)")
     parser.add_argument("--history", action="append", default=[], metavar="W",
                         help="workload (repeatable) whose arrivals a sampled future draws from, "
                              "e.g. the training workloads; a workload never draws from itself")
@@ -61,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also save every lookahead decision as a residual-policy "
                              f"demonstration, {RECORDINGS_DIR}/<workload>--<future>.npz in --out "
                              "(for `rlalloc train --residual BASE,ALTERNATIVES --imitate`)")
+    parser.add_argument("--sizes", default="",
+                        help="also run the base told each job's remaining work instead of "
+                             "extrapolating it from progress, comma-separated: known (the "
+                             "simulator's, a perfect size predictor), learned (the median size "
+                             "of --history jobs with the same speed curve); an elastic base "
+                             "only (default: no such run)")
     add_efficiency_flag(parser)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -84,12 +96,20 @@ class HeadroomRun:
     record: Path | None = None
     """Save the lookahead's decisions to this file (`agent.distill`)."""
     efficiency: str = "none"
+    sizes: str = ""
+    """If set, the base alone (`future` None), told job sizes this way (one of `SIZES`)."""
+
+    @property
+    def column(self) -> str | None:
+        """This run's column of the report: its future, `sizes_column`, or None for the base."""
+        return sizes_column(self.sizes) if self.sizes else self.future
 
 
 def _run_one(spec: HeadroomRun) -> dict[str, float]:
     """Worker: one run's average JCT, decisions contested and deviations, wall seconds."""
     from agent.distill import LookaheadRecorder
     from agent.evaluation import run_policy
+    from agent.job_sizes import JobSizeHistory
     from agent.lookahead import HistoryArrivals, LookaheadPolicy
     from agent.registry import load_policy
     from agent.residual import residual_featurizer
@@ -103,7 +123,15 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
                          efficiency=spec.efficiency).simulator(params, spec.seed)
     base = load_policy(spec.base)
     policy, lookahead, recorder = base, None, None
-    if spec.future is not None:
+    if spec.sizes == "known":
+        policy = told_sizes(base, lambda state, rows: sim.remaining_work_s(
+            [state.jobs.job_id[row] for row in rows.tolist()]), spec.sizes)
+    elif spec.sizes == "learned":
+        sizes = JobSizeHistory.fit([build_scenario(w, spec.cluster, seed=spec.seed,
+                                                   efficiency=spec.efficiency)
+                                    for w in history_for(spec.workload, spec.history)])
+        policy = told_sizes(base, sizes.remaining_work, spec.sizes)
+    elif spec.future is not None:
         future = parse_future(spec.future)
         history = HistoryArrivals(
             [build_scenario(w, spec.cluster, seed=spec.seed, efficiency=spec.efficiency)
@@ -141,7 +169,11 @@ def run(args: argparse.Namespace) -> int:
     if not alternatives:
         raise UserError("--alternatives is empty; give e.g. elastic-srpt,elastic")
     futures = [name.strip() for name in args.futures.split(",") if name.strip()]
-    for future in futures or [""]:
+    sizes = [name.strip() for name in args.sizes.split(",") if name.strip()]
+    if unknown := [name for name in sizes if name not in SIZES]:
+        raise UserError(f"--sizes {args.sizes!r}: {unknown[0]} is not a source of job sizes; "
+                        f"use {' or '.join(SIZES)}, comma-separated")
+    for future in futures or ([] if sizes else [""]):  # a column at least
         try:
             sampled = parse_future(future).sampled
         except ValueError:
@@ -155,32 +187,54 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples {args.samples}: draw at least 1 future per decision")
     for name in (args.base, *alternatives):
         load_policy(name)  # fails fast with the list of valid names
+    if sizes and not isinstance(load_policy(args.base), ElasticPolicy):
+        raise UserError(f"--sizes {args.sizes}: --base {args.base} does not estimate job "
+                        "sizes; use an elastic base such as elastic-srpt-0.25, or leave out "
+                        "--sizes")
+    if "learned" in sizes and not args.history:
+        raise UserError("--sizes learned predicts sizes from past jobs; give the workloads "
+                        "to learn from with --history W (repeatable)")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
     for workload in (*workloads, *args.history):
         build_scenario(workload, args.cluster, seed=args.seed,
                        efficiency=args.efficiency)  # fails fast on bad input
-    if any(parse_future(f).sampled for f in futures):
+    if "learned" in sizes or any(parse_future(f).sampled for f in futures):
         for workload in workloads:
             if not history_for(workload, args.history):
-                raise UserError(f"--history has no workload but {workload} itself, whose own "
-                                "future a sampled future must not draw; add another --history")
+                raise UserError(f"--history has no workload but {workload} itself, which is "
+                                "never learnt or drawn from when measured; add another "
+                                "--history")
     specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
                          tuple(args.history), args.samples,
                          recording_path(args.out, w, f) if args.record and f else None,
                          args.efficiency)
              for w in workloads for f in (None, *futures)]
+    specs += [HeadroomRun(w, None, args.base, alternatives, args.cluster, args.seed,
+                          tuple(args.history), efficiency=args.efficiency, sizes=source)
+              for w in workloads for source in sizes]
     results: dict[HeadroomRun, dict[str, float]] = {}
     with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
             ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
             results[spec] = result
             bar.update()
-    report = summarise(results, workloads, futures, args)
+    columns = [*futures, *map(sizes_column, sizes)]
+    report = summarise(results, workloads, columns, args)
     write_json(args.out / "headroom.json", report)
     write_atomic(args.out / "headroom.md", markdown(report))
     _plot(report, args.out / "headroom.png")
     print(f"wrote {args.out / 'headroom.json'}, headroom.md and headroom.png")
     return 0
+
+
+def sizes_column(sizes: str) -> str:
+    """The report's column for the base told job sizes by `sizes` (`SIZES`)."""
+    return f"sizes-{sizes}"
+
+
+def told_sizes(policy: ElasticPolicy, remaining_work: RemainingWork, sizes: str) -> ElasticPolicy:
+    """`policy` reading jobs' remaining work from `remaining_work` instead of estimating it."""
+    return ElasticPolicy(policy.config, f"{policy.name}, sizes {sizes}", remaining_work)
 
 
 def recording_path(out: Path, workload: str, future: str) -> Path:
@@ -199,33 +253,47 @@ def history_for(workload: str, history: Sequence[str]) -> tuple[str, ...]:
 
 
 def summarise(results: dict[HeadroomRun, dict[str, float]], workloads: list[str],
-              futures: list[str], args: argparse.Namespace) -> dict:
-    """The headroom.json document: per workload the base's average JCT and each lookahead's,
-    with its change against the base; the same averaged over workloads under "mean"."""
+              columns: list[str], args: argparse.Namespace) -> dict:
+    """The headroom.json document: per workload the base's average JCT and, per column (each
+    future's lookahead, then `sizes_column`), its own with the change against the base; the
+    same averaged over workloads under "mean"."""
     rows: dict[str, dict] = {}
     for workload in workloads:
-        by_future = {spec.future: result for spec, result in results.items()
+        by_column = {spec.column: result for spec, result in results.items()
                      if spec.workload == workload}
-        base_jct = by_future[None]["avg_jct_s"]
-        rows[workload] = {"base_avg_jct_s": base_jct, "base_wall_s": by_future[None]["wall_s"]}
-        for future in futures:
-            result = dict(by_future[future])
+        base_jct = by_column[None]["avg_jct_s"]
+        rows[workload] = {"base_avg_jct_s": base_jct, "base_wall_s": by_column[None]["wall_s"]}
+        for column in columns:
+            result = dict(by_column[column])
             result["change"] = result["avg_jct_s"] / base_jct - 1.0
-            rows[workload][future] = result
+            rows[workload][column] = result
     mean_base = float(np.mean([row["base_avg_jct_s"] for row in rows.values()]))
     mean = {"base_avg_jct_s": mean_base}
-    for future in futures:
-        jct = float(np.mean([row[future]["avg_jct_s"] for row in rows.values()]))
-        mean[future] = {"avg_jct_s": jct, "change": jct / mean_base - 1.0}
+    for column in columns:
+        jct = float(np.mean([row[column]["avg_jct_s"] for row in rows.values()]))
+        mean[column] = {"avg_jct_s": jct, "change": jct / mean_base - 1.0}
     return {"base": args.base, "alternatives": args.alternatives.split(","),
             "cluster": args.cluster, "seed": args.seed, "efficiency": args.efficiency,
-            "futures": futures,
+            "futures": [column for column in columns if not _is_sizes(column)],
+            "columns": columns,
             "history": args.history, "samples": args.samples, "workloads": rows, "mean": mean}
 
 
+def _title(column: str) -> str:
+    """A report column's heading."""
+    if _is_sizes(column):
+        return f"base, sizes {column.removeprefix('sizes-')}"
+    return f"lookahead, future {column}"
+
+
+def _is_sizes(column: str) -> bool:
+    return column in map(sizes_column, SIZES)
+
+
 def markdown(report: dict) -> str:
-    """headroom.md: one row per workload and the mean, one column per future."""
-    futures = report["futures"]
+    """headroom.md: one row per workload and the mean, one column per future (and for known
+    sizes)."""
+    columns = report["columns"]
     lines = [f"# Lookahead headroom over `{report['base']}` on {report['cluster']}", "",
              f"Alternatives: {', '.join(report['alternatives'])}. Average JCT (s); in brackets "
              "the change against the base; then decisions where the proposals differed / "
@@ -233,16 +301,20 @@ def markdown(report: dict) -> str:
              "arrival (an oracle bound); `none`: only jobs already submitted; a horizon "
              "(`1h`): the arrivals within it; `sampled-1h`: the hour's arrivals drawn from "
              f"{len(report['history'])} history workloads, {report['samples']} draws per "
-             "decision.", "",
-             "| workload | base | " + " | ".join(f"lookahead, future {f}" for f in futures)
-             + " |", "|---|---|" + "---|" * len(futures)]
+             "decision. `base, sizes known`: the base alone, told each job's remaining work "
+             "(a perfect size predictor); `base, sizes learned`: told the median size of the "
+             "history's jobs with the same speed curve.", "",
+             "| workload | base | " + " | ".join(map(_title, columns)) + " |",
+             "|---|---|" + "---|" * len(columns)]
     for workload, row in report["workloads"].items():
-        cells = [f"{row[f]['avg_jct_s']:,.0f} ({100 * row[f]['change']:+.1f}%), "
-                 f"{row[f]['contested']:.0f}/{row[f]['deviations']:.0f}" for f in futures]
+        cells = [f"{row[c]['avg_jct_s']:,.0f} ({100 * row[c]['change']:+.1f}%)"
+                 + ("" if _is_sizes(c)
+                    else f", {row[c]['contested']:.0f}/{row[c]['deviations']:.0f}")
+                 for c in columns]
         lines.append(f"| {_label(workload)} | {row['base_avg_jct_s']:,.0f} | "
                      + " | ".join(cells) + " |")
     mean = report["mean"]
-    cells = [f"{mean[f]['avg_jct_s']:,.0f} ({100 * mean[f]['change']:+.1f}%)" for f in futures]
+    cells = [f"{mean[c]['avg_jct_s']:,.0f} ({100 * mean[c]['change']:+.1f}%)" for c in columns]
     lines.append(f"| **mean** | {mean['base_avg_jct_s']:,.0f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nPlot: headroom.png.\n"
 
@@ -260,14 +332,13 @@ def _plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(report["workloads"])
-    futures = report["futures"]
+    columns = report["columns"]
     x = np.arange(len(workloads))
-    width = 0.8 / max(len(futures), 1)
+    width = 0.8 / max(len(columns), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(workloads) + 2), 4.5))
-    for i, future in enumerate(futures):
-        changes = [100 * report["workloads"][w][future]["change"] for w in workloads]
-        ax.bar(x + (i - (len(futures) - 1) / 2) * width, changes, width,
-               label=f"future {future}")
+    for i, column in enumerate(columns):
+        changes = [100 * report["workloads"][w][column]["change"] for w in workloads]
+        ax.bar(x + (i - (len(columns) - 1) / 2) * width, changes, width, label=_title(column))
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_xticks(x, [_label(w) for w in workloads], rotation=30, ha="right")
     ax.set_ylabel(f"average JCT change vs {report['base']} (%)")

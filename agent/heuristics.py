@@ -28,6 +28,7 @@ imitating a heuristic (`agent.imitation`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,12 +186,22 @@ class SizeTable:
         return self.sizes[row, : self.count[row]]
 
 
+RemainingWork = Callable[[ClusterState, np.ndarray], np.ndarray]
+"""Remaining work of the jobs at rows `rows` of a state, in seconds on one GPU; NaN where it
+is not known (the estimate from progress is used there)."""
+
+
 class ElasticPolicy:
     """Goodput-greedy elastic allocation (see module docstring)."""
 
-    def __init__(self, config: ElasticConfig | None = None, name: str = "elastic") -> None:
+    def __init__(self, config: ElasticConfig | None = None, name: str = "elastic",
+                 remaining_work: RemainingWork | None = None) -> None:
+        """`remaining_work` replaces the estimate from progress (`remaining_times`) by known
+        or predicted job sizes (`Simulator.remaining_work_s`, `agent.job_sizes`), for
+        measuring what knowing them is worth."""
         self.config = config or ElasticConfig()
         self.name = name
+        self.remaining_work = remaining_work
         self._levels = np.asarray(sorted(self.config.worker_levels), dtype=np.int64)
 
     # ----------------------------------------------------------------- sizes and targets
@@ -232,13 +243,28 @@ class ElasticPolicy:
 
     def remaining_times(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
         """Estimated remaining run time of jobs `rows` at their current speed, extrapolated
-        from progress (`default_remaining_s` for a job too new to tell)."""
+        from progress (`default_remaining_s` for a job too new to tell); with
+        `remaining_work`, the work it knows at the current speed-up instead, where it knows."""
         jobs = state.jobs
         progress = jobs.progress[rows].astype(np.float64)
         run_s = jobs.run_s[rows]
         known = (progress >= 0.01) & (run_s > 0)
-        return np.where(known, run_s * (1.0 - progress) / np.where(known, progress, 1.0),
-                        self.config.default_remaining_s)
+        estimate = np.where(known, run_s * (1.0 - progress) / np.where(known, progress, 1.0),
+                            self.config.default_remaining_s)
+        if self.remaining_work is None:
+            return estimate
+        told = self.remaining_work(state, rows) / self._current_speedups(state, rows)
+        return np.where(np.isnan(told), estimate, told)
+
+    @staticmethod
+    def _current_speedups(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+        """Speed-up over one GPU of jobs `rows` as placed now (1 for a job without GPUs)."""
+        jobs = state.jobs
+        workers = jobs.workers[rows]
+        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
+        return np.where(workers > 0, speedup(workers, -(-workers // per_node),
+                                             jobs.scaling_alpha[rows],
+                                             jobs.scaling_beta[rows]), 1.0)
 
     def _failed(self, state: ClusterState) -> np.ndarray:
         """bool per job: queued after having run (elastic never suspends: a failure did it)."""
@@ -308,13 +334,8 @@ class ElasticPolicy:
         power = self.config.remaining_power
         if power == 0.0 or not rows:
             return {}
-        jobs, index = state.jobs, np.asarray(rows)
-        workers = jobs.workers[index]
-        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
-        current = np.where(workers > 0, speedup(workers, -(-workers // per_node),
-                                                jobs.scaling_alpha[index],
-                                                jobs.scaling_beta[index]), 1.0)
-        work = self.remaining_times(state, index) * current
+        index = np.asarray(rows)
+        work = self.remaining_times(state, index) * self._current_speedups(state, index)
         return {row: max(w, 60.0) ** -power for row, w in zip(rows, work.tolist(), strict=True)}
 
     # ----------------------------------------------------------------- decisions

@@ -1,7 +1,8 @@
 """`load_policy`: any allocation policy by name or by saved-model path.
 
 Built-in names are the heuristics of `agent.heuristics` and the learned models shipped in
-``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``.
+``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``
+or by ``rlalloc sizes fit`` (a heuristic told job sizes, `agent.job_sizes`).
 The actuator, `rlalloc evaluate` and the simulator all go through here, so one string picks
 the same policy everywhere.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
+from agent.job_sizes import SIZES_FILE
 from agent.policy import Policy
 from env.errors import UserError
 
@@ -64,6 +66,10 @@ def load_policy(name_or_path: str) -> Policy:
                             f"{directory}` or pass a model directory")
         return load_deployed(directory, name=name_or_path)
     path = Path(name_or_path)
+    if (path / SIZES_FILE).is_file():
+        from agent.job_sizes import load_sized_policy
+
+        return load_sized_policy(path, name=path.name)
     if path.is_dir():
         return load_deployed(path, name=path.name)
     raise UserError(f"unknown policy {name_or_path!r}: use one of {', '.join(builtin_names())} "

@@ -25,6 +25,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "actuator"), "actuator.bench", "benchmark one actuator decision cycle"),
     (("train",), "agent.train_cmd", "train a PPO or DQN allocation policy"),
     (("evaluate",), "agent.evaluate_cmd", "compare allocation policies over workloads and seeds"),
+    (("sizes", "fit"), "agent.sizes_cmd",
+     "fit job sizes from past workloads for an elastic heuristic (a policy directory)"),
     (("headroom",), "agent.headroom_cmd",
      "measure what one-step lookahead over heuristics gains, with and without the future"),
     (("forecast", "train"), "forecaster.train_cmd", "train the demand forecaster and risk model"),

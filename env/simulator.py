@@ -299,6 +299,18 @@ class Simulator:
             self._push(job.submit_s, _ARRIVAL, row, 0)
         self._arrivals_pending += len(jobs)
 
+    def remaining_work_s(self, job_ids: Sequence[str]) -> np.ndarray:
+        """Seconds each job still needs on one GPU, at its current one-GPU speed.
+
+        The simulator knows every job's size; a live cluster does not, and policies estimate
+        it from progress. This is the oracle behind `rlalloc headroom --sizes known`: what
+        knowing job sizes would be worth.
+        """
+        rows = [self._job_row[job_id] for job_id in job_ids]
+        left = np.array([self._work[r] - self._progress(r, self.time_s) for r in rows],
+                        dtype=np.float64)
+        return np.maximum(left, 0.0) / self._speed1[rows]
+
     def validate(self, action: Action) -> str:
         """Why `action` cannot be carried out now ("" when it can)."""
         return self._validate(action) if action.kind != _NOOP else ""

@@ -1,0 +1,134 @@
+"""Job sizes from history: what a size predictor knows that a job's progress cannot tell yet.
+
+The elastic policies rank growth by remaining work, which they extrapolate from progress
+(`ElasticPolicy.remaining_times`), assuming an hour for a job that has barely run. A cluster
+has a better source: past jobs of the same kind, as history-based runtime predictors
+(3Sigma, EuroSys'18) use. `JobSizeHistory` is the simplest one: the median total work, in
+seconds on one GPU, of past jobs with the same speed curve (speed on one GPU, alpha, beta).
+The curve is what a policy sees of a job's application and batch size; in the Pollux
+workloads those fix a job's size, so the history predicts it exactly for every curve it has
+seen. `rlalloc headroom --sizes learned` measures what that is worth.
+
+`rlalloc sizes fit` saves the table with the heuristic it informs as a policy directory
+(``sizes.json`` + ``card.md``): `load_policy` runs it by path, in the simulator, `evaluate` and
+the actuator alike, since it reads nothing but the `ClusterState`. A job whose curve the
+history lacks keeps the estimate from progress.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from env.errors import UserError
+from env.state import ClusterState
+
+if TYPE_CHECKING:
+    from agent.policy import Policy
+    from env.scenario import Scenario
+
+SIZES_FILE = "sizes.json"
+"""The size table and its base heuristic, in a policy directory written by `rlalloc sizes fit`."""
+FORMAT_VERSION = 1
+
+CurveKey = tuple[float, float, float]
+"""A job's speed curve, rounded so that jobs sharing a profile share a key."""
+
+
+def _curve_key(speed_1gpu: float, alpha: float, beta: float) -> CurveKey:
+    """Rounded after the cast to float32 that `ClusterState` columns (and so policies) see."""
+    return tuple(round(float(np.float32(v)), 5) for v in (speed_1gpu, alpha, beta))
+
+
+@dataclass(frozen=True)
+class JobSizeHistory:
+    """Median total work (seconds on one GPU) of past jobs, by speed curve."""
+
+    work_s: dict[CurveKey, float]
+    jobs: dict[CurveKey, int]
+    """How many past jobs each median is over."""
+
+    @staticmethod
+    def fit(scenarios: Sequence[Scenario]) -> JobSizeHistory:
+        """The history of every job in `scenarios` (finished jobs of past workloads)."""
+        sizes: dict[CurveKey, list[float]] = defaultdict(list)
+        for scenario in scenarios:
+            for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True):
+                key = _curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
+                sizes[key].append(job.work / speed.speed_1gpu)
+        return JobSizeHistory({key: float(np.median(work)) for key, work in sizes.items()},
+                              {key: len(work) for key, work in sizes.items()})
+
+    def remaining_work(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
+        """Predicted remaining work (seconds on one GPU) of jobs `rows`: the rest of their
+        curve's median size; NaN for a curve no past job had (`agent.heuristics.RemainingWork`)."""
+        jobs = state.jobs
+        keys = zip(jobs.speed_1gpu[rows].tolist(), jobs.scaling_alpha[rows].tolist(),
+                   jobs.scaling_beta[rows].tolist(), strict=True)
+        total = np.array([self.work_s.get(_curve_key(*key), np.nan) for key in keys])
+        return (1.0 - jobs.progress[rows].astype(np.float64)) * total
+
+    def to_json(self) -> list[dict[str, float]]:
+        """One entry per curve, largest jobs first."""
+        return [{"speed_1gpu": key[0], "scaling_alpha": key[1], "scaling_beta": key[2],
+                 "work_s": work, "jobs": self.jobs[key]}
+                for key, work in sorted(self.work_s.items(), key=lambda item: -item[1])]
+
+    @staticmethod
+    def from_json(entries: list[dict[str, float]]) -> JobSizeHistory:
+        """The inverse of `to_json`."""
+        keys = [_curve_key(e["speed_1gpu"], e["scaling_alpha"], e["scaling_beta"])
+                for e in entries]
+        return JobSizeHistory({k: float(e["work_s"]) for k, e in zip(keys, entries, strict=True)},
+                              {k: int(e["jobs"]) for k, e in zip(keys, entries, strict=True)})
+
+
+def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
+                      fitted_on: Sequence[str], command: str) -> None:
+    """Write `SIZES_FILE` and a card for `base` told job sizes by `sizes`."""
+    from env.output import write_atomic, write_json
+
+    write_json(directory / SIZES_FILE, {"format_version": FORMAT_VERSION, "base": base,
+                                        "fitted_on": list(fitted_on),
+                                        "curves": sizes.to_json()})
+    rows = [f"| {e['speed_1gpu']:.4g} | {e['scaling_alpha']:.4g} | {e['scaling_beta']:.4g} | "
+            f"{e['work_s']:,.0f} | {e['jobs']} |" for e in sizes.to_json()]
+    write_atomic(directory / "card.md", "\n".join([
+        f"# `{base}`, told job sizes from history", "",
+        f"The heuristic `{base}` with each job's remaining work taken from the median size of "
+        "past jobs with the same speed curve (`agent/job_sizes.py`), where it would otherwise "
+        "extrapolate it from progress. Jobs whose curve is not below keep the estimate.", "",
+        f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}.", "",
+        f"Command: `{command}`", "",
+        "| speed on 1 GPU (it/s) | alpha | beta | median size (1-GPU s) | past jobs |",
+        "|---|---|---|---|---|", *rows, ""]))
+
+
+def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
+    """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`."""
+    from agent.heuristics import ElasticPolicy
+    from agent.registry import HEURISTICS
+
+    path = Path(directory) / SIZES_FILE
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
+                            f"rlalloc reads {FORMAT_VERSION}; fit it again with "
+                            "`rlalloc sizes fit`")
+        base = HEURISTICS[raw["base"]]()
+        sizes = JobSizeHistory.from_json(raw["curves"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: damaged size table ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0][:120]}); fit it again with "
+                        "`rlalloc sizes fit`") from err
+    if not isinstance(base, ElasticPolicy):
+        raise UserError(f"{path}: base {raw['base']!r} does not estimate job sizes; fit it "
+                        "again with an elastic --base")
+    return ElasticPolicy(base.config, name or Path(directory).name, sizes.remaining_work)

@@ -1,0 +1,57 @@
+"""`rlalloc sizes fit`: an elastic heuristic told job sizes learnt from past workloads.
+
+Fits `agent.job_sizes.JobSizeHistory` on the --workload files (the cluster's past jobs) and
+saves it with the --base heuristic as a policy directory that `rlalloc evaluate`, `simulate`
+and the actuator load by path. `rlalloc headroom --sizes known|learned` is the measurement
+behind it: what knowing each job's size is worth over estimating it from progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from env.errors import UserError
+from env.output import add_out_flags, prepare_out_dir
+
+OUTPUT_FILES = ("sizes.json", "card.md")
+"""What `rlalloc sizes fit` writes into --out."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc sizes fit`."""
+    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+                        required=True,
+                        help="past workload to learn job sizes from (repeatable): a CSV whose "
+                             "jobs name their application and batch size")
+    parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
+    parser.add_argument("--base", default="elastic-srpt-0.25",
+                        help="the elastic heuristic the sizes inform (default elastic-srpt-0.25)")
+    add_out_flags(parser, Path("runs/sizes"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit the size table, refuse a useless one, save the policy directory."""
+    from agent.heuristics import ElasticPolicy
+    from agent.job_sizes import JobSizeHistory, save_sized_policy
+    from agent.registry import load_policy
+    from env.scenario import build_scenario
+
+    if not isinstance(load_policy(args.base), ElasticPolicy):
+        raise UserError(f"--base {args.base}: does not estimate job sizes; use an elastic "
+                        "heuristic such as elastic-srpt-0.25")
+    sizes = JobSizeHistory.fit([build_scenario(w, args.cluster) for w in args.workloads])
+    if len(sizes.work_s) < 2:
+        raise UserError(f"--workload {' '.join(args.workloads)}: every job has the same speed "
+                        "curve (no application and batch size columns, or one kind of job), "
+                        "so past sizes say nothing about a job; give workloads whose jobs "
+                        "name their application")
+    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
+    command = shlex.join(["rlalloc", *sys.argv[1:]])
+    save_sized_policy(args.out, args.base, sizes, args.workloads, command)
+    print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
+          f"{sum(sizes.jobs.values())} past jobs) and card.md; run it with "
+          f"`rlalloc evaluate --policies {args.base},{args.out}`")
+    return 0
