@@ -1,19 +1,43 @@
-"""In-process checks of async checkpointing: reused staging buffers never leak into a
-checkpoint that was already written, and a save captures the state at the call, not the
-changes the training loop makes once `before_update` has returned."""
+"""In-process checks of checkpointing in a world of one: reused staging buffers never leak into
+a checkpoint that was already written, a save captures the state at the call, not the changes
+the training loop makes once `before_update` has returned, and `restore` refuses what it must
+(only quarantined checkpoints left, changed data settings) on every start, not just the first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from env.errors import UserError
 from trainer_jobs import layout
 from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from trainer_jobs.config import TrainConfig
 from trainer_jobs.data import DataPosition
+from trainer_jobs.model import ModelConfig
 from trainer_jobs.runlog import RunLog
 from trainer_jobs.staging import ReusingStager
+
+CONFIG = TrainConfig(model=ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
+                                       seq_len=8), num_samples=256)
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _checkpointer(root: Path, config: TrainConfig) -> Checkpointer:
+    return Checkpointer(root, 0, 1, dist.group.WORLD, keep_last=3, config=config.to_json_dict(),
+                        run_log=RunLog(None, 0), on_commit=lambda step, unix: None)
 
 
 def _state(seed: int) -> TrainState:
@@ -34,35 +58,63 @@ def _weights(state: TrainState) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
 
 
-def test_consecutive_async_saves_each_keep_their_own_step(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        state = _state(0)
-        checkpointer = Checkpointer(tmp_path / "ckpt", 0, 1, dist.group.WORLD, keep_last=3,
-                                    model_shape={"toy": 1}, config={}, run_log=RunLog(None, 0),
-                                    on_commit=lambda step, unix: None)
-        saved = {}
-        for _ in range(3):
-            _train_step(state)
-            saved[state.progress.step] = _weights(state)
-            checkpointer.save(state, "async", "periodic")
-            assert checkpointer.before_update() >= 0.0  # as the trainer does before its step
-            with torch.no_grad():  # the loop goes on while the write runs in the background
-                for param in state.model.parameters():
-                    param.add_(100.0)
-        checkpointer.close()
-        committed = layout.committed_dirs(tmp_path / "ckpt")
-        assert [step for step, _ in committed] == [1, 2, 3]
-        for step, path in committed:
-            layout.verify(path)
-            loaded = _state(1)
-            dcp.load({"train": loaded}, checkpoint_id=path, process_group=dist.group.WORLD)
-            assert loaded.progress.step == step
-            for name, value in _weights(loaded).items():
-                torch.testing.assert_close(value, saved[step][name], rtol=0, atol=0)
-    finally:
-        dist.destroy_process_group()
+def test_consecutive_async_saves_each_keep_their_own_step(world_of_one, tmp_path):
+    state = _state(0)
+    checkpointer = _checkpointer(tmp_path / "ckpt", CONFIG)
+    saved = {}
+    for _ in range(3):
+        _train_step(state)
+        saved[state.progress.step] = _weights(state)
+        checkpointer.save(state, "async", "periodic")
+        assert checkpointer.before_update() >= 0.0  # as the trainer does before its step
+        with torch.no_grad():  # the loop goes on while the write runs in the background
+            for param in state.model.parameters():
+                param.add_(100.0)
+    checkpointer.close()
+    committed = layout.committed_dirs(tmp_path / "ckpt")
+    assert [step for step, _ in committed] == [1, 2, 3]
+    for step, path in committed:
+        layout.verify(path)
+        loaded = _state(1)
+        dcp.load({"train": loaded}, checkpoint_id=path, process_group=dist.group.WORLD)
+        assert loaded.progress.step == step
+        for name, value in _weights(loaded).items():
+            torch.testing.assert_close(value, saved[step][name], rtol=0, atol=0)
+
+
+def _one_checkpoint(root: Path) -> None:
+    """Train one step of the toy model and commit a synchronous checkpoint of it."""
+    state = _state(0)
+    checkpointer = _checkpointer(root, CONFIG)
+    _train_step(state)
+    checkpointer.save(state, "sync", "periodic")
+    checkpointer.close()
+
+
+def test_only_quarantined_checkpoints_refuse_every_restart(world_of_one, tmp_path):
+    root = tmp_path / "ckpt"
+    _one_checkpoint(root)
+    for shard in root.glob("step-*/*.distcp"):
+        shard.write_bytes(b"garbage")
+    errors = []
+    for _ in range(2):  # the first start quarantines it; a restart finds only the .corrupt
+        with pytest.raises(UserError, match="no valid checkpoint") as refused:
+            _checkpointer(root, CONFIG).restore(_state(1))
+        errors.append(str(refused.value))
+    assert errors[0] == errors[1] and "*.corrupt" in errors[0] and "\n" not in errors[0]
+    assert [p.name for p in root.iterdir()] == ["step-000000001.corrupt"]  # nothing written
+
+
+def test_restore_refuses_changed_data_settings_but_not_elastic_ones(world_of_one, tmp_path):
+    root = tmp_path / "ckpt"
+    _one_checkpoint(root)
+    with pytest.raises(UserError, match=r"--seed 0 \(flags: 7\)"):
+        _checkpointer(root, replace(CONFIG, seed=7)).restore(_state(1))
+    elastic = replace(CONFIG, max_steps=5, parallelism="fsdp", checkpoint_every_steps=1,
+                      metrics_port=9400, log_jsonl=tmp_path / "other.jsonl")
+    resumed = _state(1)
+    info = _checkpointer(root, elastic).restore(resumed)
+    assert info.step == resumed.progress.step == 1
 
 
 def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():

@@ -136,10 +136,22 @@ def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
     assert timeline[60]["loss"] < timeline[21]["loss"]
 
 
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The single `trainer: error` line of a refused start (exit code 2, no traceback)."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("trainer: error")]
+    assert len(error_lines) == 1
+    return error_lines[0]
+
+
 def test_corrupt_checkpoint_falls_back_and_all_corrupt_is_one_line_error(tmp_path):
     log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
     args = [*TINY, "--checkpoint-every-steps", "10", "--checkpoint-dir", str(ckpt)]
     assert _run_single([*args, "--max-steps", "20"], log).returncode == 0
+    # another data order would make the saved position meaningless: refused, nothing touched
+    refusal = _one_error_line(_run_single([*args, "--num-samples", "2048", "--max-steps", "25"],
+                                          log))
+    assert "--num-samples 4096 (flags: 2048)" in refusal
     newest = ckpt / layout.step_dir_name(20)
     shard = next(newest.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
@@ -154,8 +166,8 @@ def test_corrupt_checkpoint_falls_back_and_all_corrupt_is_one_line_error(tmp_pat
     for path in ckpt.glob("step-?????????"):
         for data in path.glob("*.distcp"):
             data.write_bytes(b"garbage")
-    result = _run_single([*args, "--max-steps", "30"], log)
-    assert result.returncode == 2
-    error_lines = [line for line in result.stderr.splitlines() if line.startswith("trainer: error")]
-    assert len(error_lines) == 1 and "no valid checkpoint" in error_lines[0]
-    assert "Traceback" not in result.stderr
+    first = _one_error_line(_run_single([*args, "--max-steps", "30"], log))
+    assert "no valid checkpoint" in first
+    # a restart (pod OnFailure, torchrun --max-restarts) must not quietly start over
+    assert _one_error_line(_run_single([*args, "--max-steps", "30"], log)) == first
+    assert not layout.committed_dirs(ckpt)

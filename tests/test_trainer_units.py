@@ -1,19 +1,26 @@
-"""Fast tests of the trainer's pure parts: data order, checkpoint layout, flags, manifests."""
+"""Fast tests of the trainer's pure parts: data order, checkpoint layout, flags, resume rule,
+setup errors, manifests, and the recovery benchmark's work directory."""
 
 from __future__ import annotations
 
 import json
+import socket
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from env.cli import main as rlalloc_main
 from env.errors import UserError
 from env.telemetry_names import MANAGED_LABEL
-from trainer_jobs import layout
+from trainer_jobs import bench_recovery, layout
+from trainer_jobs.config import TrainConfig, resume_conflicts
 from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
-from trainer_jobs.train import main
+from trainer_jobs.model import ModelConfig
+from trainer_jobs.train import _open_outputs, main
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "trainer_jobs" / "manifests"
 
@@ -52,7 +59,7 @@ def _fake_checkpoint(root: Path, step: int) -> Path:
     tmp.mkdir(parents=True)
     (tmp / ".metadata").write_bytes(b"meta")
     (tmp / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
-    return layout.commit(tmp, step, world_size=2, rng_ranks=[0, 1], model={"d": 1}, config={})
+    return layout.commit(tmp, step, world_size=2, rng_ranks=[0, 1], config={"seed": 0})
 
 
 def test_commit_verify_and_uncommitted_tmp_is_ignored(tmp_path):
@@ -81,6 +88,15 @@ def test_damaged_checkpoint_falls_back_to_previous(tmp_path, damage):
     assert (tmp_path / "step-000000020.corrupt").is_dir()  # kept for inspection, not deleted
 
 
+def test_quarantined_dirs_lists_only_corrupt_checkpoints(tmp_path):
+    _fake_checkpoint(tmp_path, 10)
+    for name in ("step-000000020.corrupt", "step-000000020.corrupt.1", "step-000000030.tmp"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in layout.quarantined_dirs(tmp_path)] == [
+        "step-000000020.corrupt", "step-000000020.corrupt.1"]
+    assert layout.quarantined_dirs(tmp_path / "missing") == []
+
+
 def test_prune_keeps_newest_and_removes_stale_tmp(tmp_path):
     for step in (10, 20, 30, 40):
         _fake_checkpoint(tmp_path, step)
@@ -107,6 +123,58 @@ def test_checkpoint_dir_that_is_a_file_is_rejected(capsys, tmp_path):
     target.write_text("x")
     assert main(["--checkpoint-dir", str(target)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_resume_conflicts_name_data_settings_and_allow_elastic_ones():
+    saved = TrainConfig(model=ModelConfig(d_model=32, n_heads=2), num_samples=256)
+    elastic = replace(saved, max_steps=9, parallelism="fsdp", checkpoint_dir=Path("moved"),
+                      checkpoint_every_steps=1, checkpoint_every_s=5.0, checkpoint_mode="sync",
+                      keep_last=9, sigterm_grace_s=1.0, metrics_port=9400, job_name="j",
+                      namespace="n", log_jsonl=Path("other.jsonl"))
+    assert resume_conflicts(saved.to_json_dict(), elastic.to_json_dict()) == []
+    changed = replace(saved, model=replace(saved.model, d_model=64), global_batch=4,
+                      num_samples=16, seed=7, lr=1e-3)
+    assert resume_conflicts(saved.to_json_dict(), changed.to_json_dict()) == [
+        "--d-model 32 (flags: 64)", "--global-batch 8 (flags: 4)",
+        "--num-samples 256 (flags: 16)", "--seed 0 (flags: 7)", "--lr 0.0003 (flags: 0.001)"]
+    assert "--seed None (flags: 0)" in resume_conflicts({}, saved.to_json_dict())
+
+
+def test_setup_problems_are_one_line_errors_naming_the_flag(tmp_path):
+    base = TrainConfig(model=ModelConfig(), checkpoint_dir=tmp_path / "ckpt")
+    (tmp_path / "file").write_text("x")
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        cases = {"--checkpoint-dir": replace(base, checkpoint_dir=tmp_path / "file" / "ckpt"),
+                 "--log-jsonl": replace(base, log_jsonl=tmp_path / "nodir" / "x.jsonl"),
+                 "--metrics-port": replace(base, metrics_port=taken.getsockname()[1])}
+        for flag, config in cases.items():
+            with pytest.raises(UserError, match=flag) as refused:
+                _open_outputs(config, rank=0)
+            assert "\n" not in str(refused.value)
+
+
+def test_bench_recovery_refuses_a_used_work_dir(tmp_path, capsys):
+    (tmp_path / "recovery.jsonl").write_text('{"event": "start"}\n')  # a previous run's log
+    assert rlalloc_main(["bench", "recovery", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--work-dir" in err and "Traceback" not in err
+
+
+def test_bench_recovery_removes_its_temporary_work_dir_after_a_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    used: list[Path] = []
+
+    def failing_phase(work_dir: Path, *args: object) -> None:
+        (work_dir / "ckpt-sync").mkdir()
+        used.append(work_dir)
+        raise RuntimeError("stall run (sync) failed")
+
+    monkeypatch.setattr(bench_recovery, "_stall_phase", failing_phase)
+    with pytest.raises(RuntimeError):
+        rlalloc_main(["bench", "recovery"])
+    assert used and not used[0].exists()
 
 
 def _pytorchjobs() -> list[dict]:

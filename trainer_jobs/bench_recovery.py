@@ -19,6 +19,7 @@ Two phases with the default model (tens of millions of parameters) on local CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -54,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="periodic checkpoints per mode in the stall phase (the first is "
                              "reported apart)")
     parser.add_argument("--work-dir", type=Path, default=None,
-                        help="keep checkpoints and logs here (default: a temporary directory)")
+                        help="keep checkpoints and logs here; must be new or empty (default: "
+                             "a temporary directory, removed at the end)")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -66,7 +69,28 @@ def _validate(args: argparse.Namespace) -> None:
     if args.checkpoints < 2:
         raise UserError(f"--checkpoints {args.checkpoints}: must be at least 2 (the first "
                         "is reported apart)")
+    if args.work_dir is not None and args.work_dir.exists() and (
+            not args.work_dir.is_dir() or any(args.work_dir.iterdir())):
+        raise UserError(f"--work-dir {args.work_dir}: not an empty directory; a previous run's "
+                        "logs there would be read as this run's: pass a new or empty directory")
     prepare_out_file(args.out, args.force)
+
+
+@contextlib.contextmanager
+def _work_dir(given: Path | None) -> Iterator[Path]:
+    """The user's --work-dir (created, kept), or a temporary directory removed afterwards, also
+    after a failure: the benchmark's checkpoints take about 2 GB."""
+    if given is None:
+        with tempfile.TemporaryDirectory(prefix="rlalloc-bench-recovery-",
+                                         ignore_cleanup_errors=True) as temporary:
+            yield Path(temporary)
+        return
+    try:
+        given.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--work-dir {given}: cannot create it ({err.strerror}); "
+                        "pass a writable path") from err
+    yield given
 
 
 def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress) -> list[Event]:
@@ -166,12 +190,10 @@ def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
 def run(args: argparse.Namespace) -> int:
     """Run both phases and write (or print) the JSON report."""
     _validate(args)
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="rlalloc-bench-recovery-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
     defaults = TrainConfig(model=ModelConfig())
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                "{task.total} steps"), TimeElapsedColumn())
-    with Progress(*columns, transient=False) as progress:
+    with _work_dir(args.work_dir) as work_dir, Progress(*columns, transient=False) as progress:
         sync_events = _stall_phase(work_dir, "sync", args.checkpoints, progress)
         async_events = _stall_phase(work_dir, "async", args.checkpoints, progress)
         recovery = _recovery_phase(work_dir, args.workers, args.kill_at_step, progress)
@@ -196,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
-        "work_dir": str(work_dir),
+        "work_dir": None if args.work_dir is None else str(args.work_dir),  # None: removed
     }
     if args.out is None:
         print(json.dumps(report, indent=2))

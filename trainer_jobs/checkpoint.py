@@ -39,6 +39,7 @@ from torch.utils.serialization import config as serialization_config
 
 from env.errors import UserError
 from trainer_jobs import layout
+from trainer_jobs.config import resume_conflicts
 from trainer_jobs.data import DataPosition
 from trainer_jobs.runlog import RunLog
 from trainer_jobs.staging import ReusingStager
@@ -95,17 +96,17 @@ class Checkpointer:
 
     `save` and `restore` are collective: every rank calls them at the same step.
     `on_commit(step, committed_unix)` runs on rank 0 each time a checkpoint becomes loadable.
+    `config` (`TrainConfig.to_json_dict()`) goes into every marker; a resume compares it.
     """
 
     def __init__(self, root: Path, rank: int, world_size: int, process_group: dist.ProcessGroup,
-                 keep_last: int, model_shape: dict[str, object], config: dict[str, object],
-                 run_log: RunLog, on_commit: Callable[[int, float], None]) -> None:
+                 keep_last: int, config: dict[str, object], run_log: RunLog,
+                 on_commit: Callable[[int, float], None]) -> None:
         self.root = root
         self.rank = rank
         self.world_size = world_size
         self.process_group = process_group
         self.keep_last = keep_last
-        self.model_shape = model_shape
         self.config = config
         self.run_log = run_log
         self.on_commit = on_commit
@@ -118,8 +119,7 @@ class Checkpointer:
 
     def _commit(self, tmp_dir: Path, step: int, rng_ranks: list[int], started: float) -> None:
         """Rank 0 (or an emergency saver): make the checkpoint loadable and prune old ones."""
-        final = layout.commit(tmp_dir, step, self.world_size, rng_ranks, self.model_shape,
-                              self.config)
+        final = layout.commit(tmp_dir, step, self.world_size, rng_ranks, self.config)
         committed_unix = time.time()
         self.run_log.event("checkpoint_committed", step=step, path=str(final),
                            duration_s=time.perf_counter() - started)
@@ -207,8 +207,7 @@ class Checkpointer:
         """Load the newest checkpoint that verifies into `state` (collective); None if none.
 
         Rank 0 verifies and picks; the others follow its choice, so all ranks load the same step.
-        Raises `UserError` when checkpoints exist but none verifies, or the model shape differs:
-        starting over would silently throw the job's progress away.
+        Raises `UserError` instead when resuming or starting over would be wrong (`_refusal`).
         """
         choice: list[object] = [None, None]
         if self.rank == 0:
@@ -216,14 +215,7 @@ class Checkpointer:
             for problem in problems:
                 self.run_log.event("checkpoint_corrupt", problem=problem)
                 print(f"trainer: skipping bad checkpoint: {problem}", flush=True)
-            if info is None and problems:
-                choice[1] = (f"no valid checkpoint in {self.root} ({len(problems)} corrupt, moved "
-                             "to *.corrupt); remove them or pass a new --checkpoint-dir")
-            elif info is not None and info.model != self.model_shape:
-                choice[1] = (f"{info.path} holds a model of shape {info.model} but the flags give "
-                             f"{self.model_shape}; use the same model flags or a new "
-                             "--checkpoint-dir")
-            choice[0] = info
+            choice = [info, self._refusal(info)]
         dist.broadcast_object_list(choice, src=0)
         info, error = choice
         if error is not None:
@@ -243,6 +235,28 @@ class Checkpointer:
                            saved_world_size=info.world_size, world_size=self.world_size,
                            restore_s=time.perf_counter() - started)
         return info
+
+    def _refusal(self, info: layout.CheckpointInfo | None) -> str | None:
+        """Why this run must neither resume from `info` nor start over (None: go ahead).
+
+        With no valid checkpoint but quarantined ones, starting over would silently throw the
+        job's progress away, on this start and on every restart after it, so the refusal holds
+        until a person has looked at them. A checkpoint written with other data settings (see
+        `config.RESUME_FIXED_SETTINGS`) holds a data position that means nothing to this run.
+        """
+        if info is None:
+            quarantined = layout.quarantined_dirs(self.root)
+            if not quarantined:
+                return None
+            return (f"no valid checkpoint in {self.root} ({len(quarantined)} corrupt, moved to "
+                    "*.corrupt); inspect them, then move them out of the directory to start "
+                    "over, or pass a new --checkpoint-dir")
+        conflicts = resume_conflicts(info.config, self.config)
+        if not conflicts:
+            return None
+        return (f"{info.path} was written with {', '.join(conflicts)}; resuming would change "
+                "the data order or the training run: pass the checkpoint's values or a new "
+                "--checkpoint-dir")
 
     def close(self) -> None:
         """Finish any in-flight save and stop the background thread."""

@@ -2,7 +2,8 @@
 
 Every knob is a flag of `python -m trainer_jobs.train` (and of torchrun running it), and the
 resolved configuration is written next to every checkpoint, so a run can be repeated from what it
-left behind. Bad values end in a `UserError` naming the flag and the fix.
+left behind and a resume can be checked against it (`resume_conflicts`). Bad values end in a
+`UserError` naming the flag and the fix.
 """
 
 from __future__ import annotations
@@ -71,35 +72,99 @@ class TrainConfig:
         return result
 
 
+RESUME_FIXED_SETTINGS = ("global_batch", "num_samples", "seed", "lr")
+"""Settings a checkpoint depends on besides the model shape (every `ModelConfig` field): the
+saved data position is an offset into the permutation that --seed, --num-samples and
+--global-batch define, and the restored optimizer state brings its own learning rate back, so a
+changed --lr would be silently ignored. Everything else may change between restarts: the world
+size, --parallelism (DCP loads across DDP and FSDP), --max-steps, the checkpoint and telemetry
+flags."""
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a `TrainConfig` or `ModelConfig` field."""
+    return "--" + name.replace("_", "-")
+
+
+def _resume_fixed_values(config_json: dict[str, object]) -> dict[str, object]:
+    """Flag -> value of every setting a resume must keep, from a `TrainConfig.to_json_dict()`
+    form (None where the form lacks it)."""
+    model = config_json.get("model")
+    model = model if isinstance(model, dict) else {}
+    values = {_flag(f.name): model.get(f.name) for f in fields(ModelConfig)}
+    values.update({_flag(name): config_json.get(name) for name in RESUME_FIXED_SETTINGS})
+    return values
+
+
+def resume_fixed_flags() -> list[str]:
+    """The flags a resume must keep (for the help text)."""
+    return list(_resume_fixed_values({}))
+
+
+def resume_conflicts(saved: dict[str, object], current: dict[str, object]) -> list[str]:
+    """`--flag SAVED (flags: NEW)` for each setting a resume must keep that the flags change.
+
+    `saved` comes from a checkpoint's marker, `current` from this run (both `to_json_dict()`
+    forms). A setting the saved form lacks counts as changed: the checkpoint's data position
+    cannot be trusted without it.
+    """
+    old, new = _resume_fixed_values(saved), _resume_fixed_values(current)
+    return [f"{flag} {old[flag]} (flags: {new[flag]})" for flag in new if old[flag] != new[flag]]
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the trainer's flags (defaults come from the dataclasses)."""
     model, train = ModelConfig(), TrainConfig(model=ModelConfig())
     group = parser.add_argument_group("model")
-    group.add_argument("--vocab-size", type=int, default=model.vocab_size)
-    group.add_argument("--d-model", type=int, default=model.d_model)
-    group.add_argument("--n-layers", type=int, default=model.n_layers)
-    group.add_argument("--n-heads", type=int, default=model.n_heads)
-    group.add_argument("--seq-len", type=int, default=model.seq_len)
-    group.add_argument("--dropout", type=float, default=model.dropout)
+    group.add_argument("--vocab-size", type=int, default=model.vocab_size,
+                       help="tokens in the vocabulary")
+    group.add_argument("--d-model", type=int, default=model.d_model,
+                       help="width of the transformer (a multiple of --n-heads)")
+    group.add_argument("--n-layers", type=int, default=model.n_layers,
+                       help="transformer blocks")
+    group.add_argument("--n-heads", type=int, default=model.n_heads,
+                       help="attention heads per block")
+    group.add_argument("--seq-len", type=int, default=model.seq_len,
+                       help="tokens per sample the model predicts")
+    group.add_argument("--dropout", type=float, default=model.dropout,
+                       help="dropout probability in [0, 1)")
     group = parser.add_argument_group("training")
-    group.add_argument("--max-steps", type=int, default=train.max_steps)
-    group.add_argument("--global-batch", type=int, default=train.global_batch)
-    group.add_argument("--lr", type=float, default=train.lr)
-    group.add_argument("--num-samples", type=int, default=train.num_samples)
-    group.add_argument("--seed", type=int, default=train.seed)
-    group.add_argument("--parallelism", choices=PARALLELISMS, default=train.parallelism)
+    group.add_argument("--max-steps", type=int, default=train.max_steps,
+                       help="total optimizer steps of the job; the count continues across restarts")
+    group.add_argument("--global-batch", type=int, default=train.global_batch,
+                       help="samples per step over all ranks, whatever the world size")
+    group.add_argument("--lr", type=float, default=train.lr,
+                       help="AdamW learning rate (not scaled with the world size)")
+    group.add_argument("--num-samples", type=int, default=train.num_samples,
+                       help="samples per epoch of the generated data")
+    group.add_argument("--seed", type=int, default=train.seed,
+                       help="seed of the data, the initial weights and the per-epoch permutations")
+    group.add_argument("--parallelism", choices=PARALLELISMS, default=train.parallelism,
+                       help="ddp replicates the model, fsdp shards it")
     group = parser.add_argument_group("checkpointing")
-    group.add_argument("--checkpoint-dir", type=Path, default=train.checkpoint_dir)
-    group.add_argument("--checkpoint-every-steps", type=int, default=train.checkpoint_every_steps)
-    group.add_argument("--checkpoint-every-s", type=float, default=train.checkpoint_every_s)
-    group.add_argument("--checkpoint-mode", choices=CHECKPOINT_MODES, default=train.checkpoint_mode)
-    group.add_argument("--keep-last", type=int, default=train.keep_last)
-    group.add_argument("--sigterm-grace-s", type=float, default=train.sigterm_grace_s)
+    group.add_argument("--checkpoint-dir", type=Path, default=train.checkpoint_dir,
+                       help="where checkpoints are written and resumed from (shared by all ranks)")
+    group.add_argument("--checkpoint-every-steps", type=int, default=train.checkpoint_every_steps,
+                       help="checkpoint every N steps (0: never by steps)")
+    group.add_argument("--checkpoint-every-s", type=float, default=train.checkpoint_every_s,
+                       help="checkpoint when S seconds passed since the last one "
+                            "(0: never by time)")
+    group.add_argument("--checkpoint-mode", choices=CHECKPOINT_MODES, default=train.checkpoint_mode,
+                       help="async overlaps the write with training, sync blocks until written")
+    group.add_argument("--keep-last", type=int, default=train.keep_last,
+                       help="committed checkpoints kept; older ones are deleted")
+    group.add_argument("--sigterm-grace-s", type=float, default=train.sigterm_grace_s,
+                       help="budget for the final checkpoint after SIGTERM (keep it below the "
+                            "pod's grace period)")
     group = parser.add_argument_group("telemetry")
-    group.add_argument("--metrics-port", type=int, default=train.metrics_port)
-    group.add_argument("--job-name", default=os.environ.get("RLALLOC_JOB_NAME", train.job_name))
-    group.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", train.namespace))
-    group.add_argument("--log-jsonl", type=Path, default=None)
+    group.add_argument("--metrics-port", type=int, default=train.metrics_port,
+                       help="port of rank 0's Prometheus exporter (0: no exporter)")
+    group.add_argument("--job-name", default=os.environ.get("RLALLOC_JOB_NAME", train.job_name),
+                       help="job label of the metrics (default $RLALLOC_JOB_NAME or local)")
+    group.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", train.namespace),
+                       help="namespace label of the metrics (default $POD_NAMESPACE or default)")
+    group.add_argument("--log-jsonl", type=Path, default=None,
+                       help="append a JSON line per step, checkpoint and restart to this file")
 
 
 def _require(condition: bool, message: str) -> None:

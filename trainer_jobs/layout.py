@@ -2,12 +2,12 @@
 
 A checkpoint for step N is written by DCP into `step-<N>.tmp/` (or `step-<N>.tmp-rank<r>/` for
 a rank's emergency save). Only when every rank's data is on disk does one process write
-`COMPLETE.json` into it — the step, the world size, the model shape and the size and CRC-32 of
-every file — fsync it, and rename the directory to `step-<N>/`. A crash at any point before the
-rename leaves a `.tmp` directory that nothing loads; a directory that was renamed but later
-truncated or overwritten fails its checksums. Either way the newest checkpoint that verifies is
-the one used, and a bad one is renamed to `step-<N>.corrupt` (kept for inspection, never loaded,
-never counted as one of the `keep_last` checkpoints).
+`COMPLETE.json` into it — the step, the world size, the run's configuration and the size and
+CRC-32 of every file — fsync it, and rename the directory to `step-<N>/`. A crash at any point
+before the rename leaves a `.tmp` directory that nothing loads; a directory that was renamed
+but later truncated or overwritten fails its checksums. Either way the newest checkpoint that
+verifies is the one used, and a bad one is renamed to `step-<N>.corrupt` (kept for inspection,
+never loaded, never counted as one of the `keep_last` checkpoints).
 
 This module is plain filesystem code so it can be tested without torch.distributed.
 """
@@ -27,6 +27,7 @@ COMMIT_MARKER = "COMPLETE.json"
 LAYOUT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _TMP_DIR = re.compile(r"^step-(\d{9})\.tmp(-rank\d+)?$")
+_CORRUPT_DIR = re.compile(r"^step-(\d{9})\.corrupt(\.\d+)?$")
 _CHUNK_BYTES = 8 << 20
 
 
@@ -43,7 +44,8 @@ class CheckpointInfo:
     world_size: int
     rng_ranks: tuple[int, ...]
     """Ranks whose RNG state is stored (all ranks, or the one rank of an emergency save)."""
-    model: dict[str, object]
+    config: dict[str, object]
+    """The writing run's `TrainConfig.to_json_dict()`: a resume must keep its data settings."""
     created_unix: float
 
 
@@ -77,7 +79,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def commit(tmp_dir: Path, step: int, world_size: int, rng_ranks: list[int],
-           model: dict[str, object], config: dict[str, object]) -> Path | None:
+           config: dict[str, object]) -> Path | None:
     """Checksum the files DCP wrote, add the marker and rename `tmp_dir` to its final name.
 
     Returns the committed path, or None when a checkpoint of this step was already committed
@@ -91,7 +93,7 @@ def commit(tmp_dir: Path, step: int, world_size: int, rng_ranks: list[int],
                                                  "crc32": _crc32(path)}
     marker = {
         "layout_version": LAYOUT_VERSION, "step": step, "world_size": world_size,
-        "rng_ranks": rng_ranks, "model": model, "config": config,
+        "rng_ranks": rng_ranks, "config": config,
         "created_unix": time.time(), "files": files,
     }
     marker_tmp = tmp_dir / (COMMIT_MARKER + ".partial")
@@ -142,7 +144,7 @@ def verify(path: Path) -> CheckpointInfo:
             raise CorruptCheckpointError(f"{path}: {name} fails its CRC-32 check (corrupted)")
     return CheckpointInfo(
         step=step, path=path, world_size=int(marker["world_size"]),
-        rng_ranks=tuple(int(r) for r in marker["rng_ranks"]), model=dict(marker["model"]),
+        rng_ranks=tuple(int(r) for r in marker["rng_ranks"]), config=dict(marker["config"]),
         created_unix=float(marker["created_unix"]),
     )
 
@@ -168,6 +170,13 @@ def quarantine(path: Path) -> Path:
         attempt += 1
     path.rename(target)
     return target
+
+
+def quarantined_dirs(root: Path) -> list[Path]:
+    """Checkpoints an earlier start found corrupt (`step-<N>.corrupt[.k]`), oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(path for path in root.iterdir() if _CORRUPT_DIR.match(path.name))
 
 
 def latest_valid(root: Path) -> tuple[CheckpointInfo | None, list[str]]:

@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -38,7 +40,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from env.errors import UserError
 from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
-from trainer_jobs.config import TrainConfig, add_train_arguments, config_from_args
+from trainer_jobs.config import (
+    TrainConfig,
+    add_train_arguments,
+    config_from_args,
+    resume_fixed_flags,
+)
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
 from trainer_jobs.metrics import TrainerMetrics
 from trainer_jobs.model import TransformerLM, count_parameters
@@ -101,6 +108,38 @@ def _rank_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step) * 4099 + rank
 
 
+@contextmanager
+def _flag_os_errors(flag: str, value: object, fix: str) -> Iterator[None]:
+    """Turn an OSError of the setup the flag drives into a one-line `UserError` saying `fix`."""
+    try:
+        yield
+    except OSError as err:
+        raise UserError(f"{flag} {value}: {err.strerror or err}; {fix}") from err
+
+
+def _open_outputs(config: TrainConfig, rank: int) -> tuple[RunLog, TrainerMetrics | None]:
+    """Create the checkpoint directory (rank 0), open the event log and start rank 0's exporter.
+
+    Done before any training work so that a bad path or a port in use ends in one line naming
+    the flag, not in a traceback minutes later.
+    """
+    if rank == 0:
+        with _flag_os_errors("--checkpoint-dir", config.checkpoint_dir,
+                             "pass a directory this process can create and write"):
+            config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    with _flag_os_errors("--log-jsonl", config.log_jsonl,
+                         "create its directory first or pass another file"):
+        run_log = RunLog(config.log_jsonl, rank)
+    if rank != 0:
+        return run_log, None
+    metrics = TrainerMetrics(config.job_name, config.namespace, config.max_steps)
+    if config.metrics_port:
+        with _flag_os_errors("--metrics-port", config.metrics_port,
+                             "pass a free port, or 0 for no exporter"):
+            metrics.start(config.metrics_port)
+    return run_log, metrics
+
+
 def train(config: TrainConfig) -> int:
     """Run (or resume) the job to `max_steps`; return the process exit code."""
     stop_signal = StopSignal()
@@ -108,14 +147,9 @@ def train(config: TrainConfig) -> int:
     if world_size > config.global_batch:
         raise UserError(f"world size {world_size} exceeds --global-batch {config.global_batch}; "
                         "every rank needs at least one sample per step")
-    run_log = RunLog(config.log_jsonl, rank)
+    run_log, metrics = _open_outputs(config, rank)
     run_log.event("start", pid=os.getpid(), world_size=world_size,
                   restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-    metrics = None
-    if rank == 0:
-        metrics = TrainerMetrics(config.job_name, config.namespace, config.max_steps)
-        if config.metrics_port:
-            metrics.start(config.metrics_port)
 
     torch.manual_seed(config.seed)  # identical initial weights on every rank
     model = TransformerLM(config.model).to(device)
@@ -127,12 +161,9 @@ def train(config: TrainConfig) -> int:
     checkpointer = Checkpointer(
         root=config.checkpoint_dir, rank=rank, world_size=world_size,
         process_group=checkpoint_group, keep_last=config.keep_last,
-        model_shape=config.to_json_dict()["model"], config=config.to_json_dict(),
-        run_log=run_log,
+        config=config.to_json_dict(), run_log=run_log,
         on_commit=metrics.on_checkpoint_committed if metrics else lambda step, unix: None,
     )
-    if rank == 0:
-        config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     info = checkpointer.restore(state)
     if info is None or rank not in info.rng_ranks:
         torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
@@ -240,8 +271,10 @@ def _arm_grace_watchdog(grace_s: float, signalled_monotonic: float | None) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2."""
-    parser = argparse.ArgumentParser(prog="python -m trainer_jobs.train",
-                                     description="Elastic, checkpointing LM training job.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer_jobs.train", description="Elastic, checkpointing LM training job.",
+        epilog="A restart resumes from the newest valid checkpoint in --checkpoint-dir and "
+               f"refuses to if any of {', '.join(resume_fixed_flags())} differs from it.")
     add_train_arguments(parser)
     try:
         return train(config_from_args(parser.parse_args(argv)))
