@@ -1,16 +1,24 @@
-"""Everything a trained forecaster directory holds besides the LSTM itself.
+"""Everything a trained model directory holds besides the model itself, and how it is written.
 
 ``baselines.json`` keeps the Holt-Winters parameters fitted on the training series, so
 evaluation judges every model on the same footing; ``card.json`` says what the model was
-trained on and with which command.
+trained on and with which command. `staged_model_dir` writes a model's files so that a
+directory never holds half of one run's files and half of another's.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from env.errors import UserError
+from env.output import prepare_out_dir
 from forecaster.baselines import HoltWintersParams
 
 BASELINES_FILE = "baselines.json"
@@ -37,3 +45,29 @@ def write_card(directory: Path, card: dict[str, Any]) -> None:
 def read_card(directory: Path) -> dict[str, Any]:
     """Read the machine-readable model card."""
     return json.loads((directory / CARD_FILE).read_text())
+
+
+@contextmanager
+def staged_model_dir(out: Path, produces: list[str], force: bool) -> Iterator[Path]:
+    """A hidden directory inside ``out`` to write a model's files into; they move into ``out``
+    (one rename each) only when the block ends without an error.
+
+    A model is several files that only make sense together: written in place, a run that fails
+    or is stopped halfway leaves new weights beside an old card. Enter this before the minutes
+    of training, not after: it refuses to replace any of ``produces`` without ``force``, and an
+    ``out`` that is a file or cannot be written fails here.
+    """
+    out = prepare_out_dir(out, produces, force)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot write there ({err.strerror}); choose another "
+                        "directory") from err
+    try:
+        yield staging
+        written = sorted(staging.iterdir())
+        assert {p.name for p in written} == set(produces), (written, produces)
+        for path in written:
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

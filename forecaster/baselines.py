@@ -21,6 +21,9 @@ from forecaster.series import MINUTES_PER_DAY
 
 MOVING_AVERAGE_WINDOW_MIN = 30
 """Window of the moving-average baseline: long enough to smooth job churn, short enough to track."""
+HOLT_WINTERS_MIN_HISTORY_MIN = 2 * MINUTES_PER_DAY
+"""Fewest minutes Holt-Winters can start from: statsmodels' heuristic initial states need two
+full daily seasons, both to fit the parameters and to filter a series."""
 HOLT_WINTERS_FIT_DAYS = 7
 """Days of training series the Holt-Winters parameters are fitted on (fits in ~2 s per day)."""
 
@@ -86,7 +89,7 @@ def holt_winters(
     The filter starts from statsmodels' heuristic initial states, which need two full days, so
     origins must lie at least two days into the series.
     """
-    if origins.min() < 2 * MINUTES_PER_DAY - 1:
+    if origins.min() < HOLT_WINTERS_MIN_HISTORY_MIN - 1:
         raise ValueError("Holt-Winters origins need two days of history for initial states")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -26,7 +26,7 @@ from forecaster.artifacts import read_card
 from forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.series import load_demand_series
 from forecaster.standin import load_standin
-from forecaster.train_cmd import TORCH_THREADS
+from forecaster.train_cmd import TORCH_THREADS, check_at_least
 
 LATENCY_CALLS = 300
 
@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure and print; write JSON when asked."""
+    check_at_least("--epochs", args.epochs, 1)
     prepare_out_file(args.out, args.force)
     torch.set_num_threads(TORCH_THREADS)
     result: dict[str, object] = {"torch_threads": TORCH_THREADS}

@@ -6,7 +6,8 @@ reported per horizon:
 
 * ``mae``: mean absolute error in demand fraction (0.01 = 1 % of the cluster's GPUs);
 * ``mape``: mean of |error| / actual, in percent, over targets with actual demand of at least
-  `MAPE_MIN_DEMAND` (an idle cluster would make it infinite).
+  `MAPE_MIN_DEMAND` (an idle cluster would make it infinite); ``None`` at a horizon where no
+  target reaches it, rather than the NaN of an empty mean.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import numpy as np
 from forecaster import baselines
 from forecaster.baselines import HoltWintersParams
 from forecaster.model import LSTMForecaster
-from forecaster.series import MINUTES_PER_DAY, DemandSeries
+from forecaster.series import DemandSeries
 from forecaster.standin import EWMAForecaster
 
 MAPE_MIN_DEMAND = 0.05
 """Targets below 5 % of the cluster are left out of MAPE (they would dominate it)."""
-FIRST_ORIGIN_MIN = 2 * MINUTES_PER_DAY - 1
+FIRST_ORIGIN_MIN = baselines.HOLT_WINTERS_MIN_HISTORY_MIN - 1
 """Origins start two days in: Holt-Winters' initial states need two seasons."""
 
 
@@ -41,18 +42,28 @@ class Evaluation:
     segment_of_origin: np.ndarray
     """(N,) which segment each origin belongs to."""
 
-    def scores(self) -> dict[str, dict[str, list[float]]]:
-        """Model name -> {"mae": per horizon, "mape": per horizon (percent)}."""
+    def scores(self) -> dict[str, dict[str, list[float | None]]]:
+        """Model name -> {"mae": per horizon, "mape": per horizon (percent, or None where
+        `mape_targets` is 0)}."""
+        counted = self._mape_counted()
         out = {}
         for name, forecast in self.forecasts.items():
             error = np.abs(forecast - self.actual)
-            counted = self.actual >= MAPE_MIN_DEMAND
             mape = [
                 float(100.0 * np.mean(error[counted[:, k], k] / self.actual[counted[:, k], k]))
+                if counted[:, k].any() else None
                 for k in range(len(self.horizons_min))
             ]
             out[name] = {"mae": error.mean(axis=0).tolist(), "mape": mape}
         return out
+
+    def mape_targets(self) -> list[int]:
+        """Per horizon, how many targets MAPE counts (those of at least `MAPE_MIN_DEMAND`)."""
+        return self._mape_counted().sum(axis=0).tolist()
+
+    def _mape_counted(self) -> np.ndarray:
+        """(N, H) whether each target is large enough for MAPE."""
+        return self.actual >= MAPE_MIN_DEMAND
 
 
 def evaluate_series(

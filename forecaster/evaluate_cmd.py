@@ -3,25 +3,30 @@
     rlalloc forecast evaluate --series held_out.csv --model models/forecaster --out results/
 
 writes ``results/forecast.json`` (``{"horizons_min": [...], "models": {name: {"mae": [...],
-"mape": [...]}}}``) and ``results/forecast_day.png`` (60-minute forecasts vs actual, one day).
+"mape": [...]}}, "mape_targets": [...], ...}``; a MAPE is null where no target reached
+``mape_min_demand``) and ``results/forecast_day.png`` (60-minute forecasts vs actual, one day).
+Results already in the directory are replaced only with ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from env.errors import UserError
+from env.output import prepare_out_dir, write_atomic, write_json
 from forecaster.artifacts import load_baselines
-from forecaster.evaluate import FIRST_ORIGIN_MIN, evaluate_series
-from forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
+from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, evaluate_series
+from forecaster.model import CONFIG_FILE, SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.plot import plot_sample_day
 from forecaster.series import load_demand_series
 from forecaster.standin import load_standin
 from forecaster.train_cmd import TORCH_THREADS
+
+RESULT_FILE = "forecast.json"
+PLOT_FILE = "forecast_day.png"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=SHIPPED_MODEL_DIR,
                         help="trained forecaster directory (default: the shipped one)")
     parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--force", action="store_true",
+                        help=f"replace {RESULT_FILE} and {PLOT_FILE} already in --out "
+                             "(otherwise refused)")
     parser.add_argument("--origin-stride", type=int, default=5,
                         help="minutes between forecast origins (default 5)")
 
@@ -38,41 +46,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Evaluate, write forecast.json and the figure, print the table."""
     torch.set_num_threads(TORCH_THREADS)
-    if not (args.model / "config.json").is_file():
-        raise UserError(f"--model {args.model}: no config.json; pass a `forecast train --out` dir")
+    if not (args.model / CONFIG_FILE).is_file():
+        raise UserError(f"--model {args.model}: no {CONFIG_FILE}; pass a `forecast train --out` "
+                        "dir")
     if args.origin_stride < 1:
         raise UserError(f"--origin-stride {args.origin_stride}: must be at least 1 minute")
     lstm = load_demand_forecaster(args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
     series = load_demand_series(args.series, min_points=needed)
+    prepare_out_dir(args.out, [RESULT_FILE, PLOT_FILE], args.force)
     evaluation = evaluate_series(
         series, lstm, load_standin(args.model), load_baselines(args.model), args.origin_stride
     )
-    scores = evaluation.scores()
-    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "horizons_min": list(evaluation.horizons_min),
-        "models": scores,
+        "models": evaluation.scores(),
+        "mape_min_demand": MAPE_MIN_DEMAND,
+        "mape_targets": evaluation.mape_targets(),
         "series": str(args.series),
         "model_dir": str(args.model),
         "origins": int(len(evaluation.actual)),
         "filled_minutes": series.filled_minutes,
     }
-    (args.out / "forecast.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot_sample_day(evaluation, args.out / "forecast_day.png")
+    png = plot_sample_day(evaluation)  # before any write, so a failure leaves both old files
+    write_json(args.out / RESULT_FILE, result)
+    write_atomic(args.out / PLOT_FILE, png)
     print(format_table(result))
-    print(f"wrote {args.out / 'forecast.json'} and {args.out / 'forecast_day.png'}")
+    print(f"wrote {args.out / RESULT_FILE} and {args.out / PLOT_FILE}")
     return 0
 
 
 def format_table(result: dict) -> str:
-    """Markdown table of MAE (and MAPE) per model and horizon."""
+    """Markdown table of MAE (and MAPE) per model and horizon, with a note under it when a
+    MAPE is missing, so an "n/a" is never left unexplained."""
     horizons = result["horizons_min"]
     header = "| model | " + " | ".join(f"MAE {h} min" for h in horizons) + " | " + " | ".join(
         f"MAPE {h} min" for h in horizons) + " |"
     lines = [header, "|" + "---|" * (1 + 2 * len(horizons))]
     for name, score in result["models"].items():
         mae = " | ".join(f"{v:.4f}" for v in score["mae"])
-        mape = " | ".join(f"{v:.1f} %" for v in score["mape"])
+        mape = " | ".join("n/a" if v is None else f"{v:.1f} %" for v in score["mape"])
         lines.append(f"| {name} | {mae} | {mape} |")
+    missing = [h for h, n in zip(horizons, result["mape_targets"], strict=True) if n == 0]
+    if missing:
+        lines.append(f"MAPE n/a at {', '.join(f'{h} min' for h in missing)}: no actual demand "
+                     f"reached {result['mape_min_demand']:g} (MAPE leaves smaller targets out)")
     return "\n".join(lines)

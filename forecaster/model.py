@@ -20,6 +20,8 @@ from forecaster.network import DemandLSTM
 from forecaster.series import MINUTES_PER_DAY
 
 FORMAT_VERSION = 1
+WEIGHTS_FILE = "weights.pt"
+CONFIG_FILE = "config.json"
 
 
 class LSTMForecaster:
@@ -96,7 +98,7 @@ class LSTMForecaster:
         """Write ``weights.pt`` and ``config.json`` into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save(self.network.state_dict(), directory / "weights.pt")
+        torch.save(self.network.state_dict(), directory / WEIGHTS_FILE)
         meta = {
             "format_version": FORMAT_VERSION,
             "config": self.config.to_json(),
@@ -104,19 +106,19 @@ class LSTMForecaster:
             "n_seq_features": self.n_seq_features,
             "n_scalar_features": self.n_scalar_features,
         }
-        (directory / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> LSTMForecaster:
         """Inverse of `save`."""
         directory = Path(directory)
-        meta = json.loads((directory / "config.json").read_text())
+        meta = json.loads((directory / CONFIG_FILE).read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             version = meta.get("format_version")
             raise ValueError(f"{directory}: unsupported forecaster format {version}")
         config = ForecasterConfig.from_json(meta["config"])
         network = DemandLSTM(config, meta["n_seq_features"], meta["n_scalar_features"])
-        state = torch.load(directory / "weights.pt", map_location="cpu", weights_only=True)
+        state = torch.load(directory / WEIGHTS_FILE, map_location="cpu", weights_only=True)
         network.load_state_dict(state)
         return cls(
             config,

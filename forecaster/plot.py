@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
 
 import matplotlib
 
@@ -17,9 +17,12 @@ PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
 
 
 def plot_sample_day(
-    evaluation: Evaluation, path: str | Path, horizon_min: int = 60, day: int | None = None
-) -> Path:
-    """Plot the ``horizon_min`` forecasts made during one day against what happened.
+    evaluation: Evaluation, horizon_min: int = 60, day: int | None = None
+) -> bytes:
+    """PNG of the ``horizon_min`` forecasts made during one day against what happened.
+
+    Returned rather than saved, so the caller writes it atomically and only once every result
+    of the run exists.
 
     ``day`` counts days from the first evaluated origin of the first segment; by default the
     day on which the naive forecast's error is the median of all days: a typical day, neither
@@ -48,7 +51,7 @@ def plot_sample_day(
     axes.set_title(f"{horizon_min}-minute-ahead forecasts vs actual")
     axes.legend(loc="best", fontsize=8)
     figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=110)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110)
     plt.close(figure)
-    return path
+    return png.getvalue()

@@ -25,6 +25,7 @@ from env.failures import (
 
 SHIPPED_RISK_DIR = Path(__file__).resolve().parent.parent / "models" / "risk"
 """Where `load_risk_model()` looks by default."""
+RISK_MODEL_FILE = "risk_model.json"
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,12 @@ class RiskModel:
             "bias": self.bias,
             "threshold": self.threshold,
         }
-        (directory / "risk_model.json").write_text(json.dumps(data, indent=2) + "\n")
+        (directory / RISK_MODEL_FILE).write_text(json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> RiskModel:
         """Inverse of `save`."""
-        data: dict[str, Any] = json.loads((Path(directory) / "risk_model.json").read_text())
+        data: dict[str, Any] = json.loads((Path(directory) / RISK_MODEL_FILE).read_text())
         return cls(
             RiskConfig(**data["config"]),
             tuple(data["feature_names"]),

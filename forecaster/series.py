@@ -14,10 +14,11 @@ layouts are understood (header names decide which):
 * a plain ``time, demand`` file (already a fraction), for tests and other sources.
 
 Bad input ends in a `UserError` naming the file, the line and the fix, never in a NaN forecast:
-unparsable times, non-numeric or empty cells, duplicated or decreasing timestamps, non-positive
-totals. Missing minutes are repaired: gaps of up to ``max_gap_min`` minutes are forward-filled
-(the cluster most likely kept its last state); longer gaps split the series into segments, and a
-forecast window never spans two segments.
+no data rows, unparsable times, times in more than one zone, non-numeric, empty or negative
+cells, duplicated or decreasing timestamps, non-positive totals. Missing minutes are repaired:
+gaps of up to ``max_gap_min`` minutes are forward-filled (the cluster most likely kept its last
+state); longer gaps split the series into segments, and a forecast window never spans two
+segments.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def load_demand_series(
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: not a readable CSV ({err}); pass a per-minute CSV") from err
+    if frame.empty:
+        raise UserError(f"{path}: no data rows below the header; pass a per-minute CSV with at "
+                        f"least {min_points} rows")
     demand = _demand_column(path, frame)
     times = _parse_times(path, frame)
     segments, filled = _segments(path, times, demand, max_gap_min)
@@ -118,7 +122,8 @@ def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
 
 
 def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
-    """Column as float64, or a `UserError` at the first empty or non-numeric cell."""
+    """Column as float64, or a `UserError` at the first empty, non-numeric or negative cell
+    (every known column counts GPUs or is a share of them, so below zero is a broken row)."""
     raw = frame[column].str.strip()
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(values))
@@ -128,6 +133,13 @@ def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
             f"{path}, line {row + 2}: column '{column}' has {raw.iloc[row]!r}, not a number; "
             "fix the value or delete the row (short gaps are forward-filled)"
         )
+    negative = np.flatnonzero(values < 0)
+    if negative.size:
+        row = negative[0]
+        raise UserError(
+            f"{path}, line {row + 2}: column '{column}' is {values[row]:g}; it counts GPUs (or a "
+            "share of them) and cannot be negative, fix the value or delete the row"
+        )
     return values
 
 
@@ -135,7 +147,7 @@ def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
     """Timestamps floored to the minute; strictly increasing or a `UserError`."""
     if "time" not in frame.columns:
         raise UserError(f"{path}: no 'time' column; the first column must be a timestamp")
-    times = pd.to_datetime(frame["time"], errors="coerce", format="mixed")
+    times = _to_datetimes(path, frame["time"])
     bad = np.flatnonzero(times.isna().to_numpy())
     if bad.size:
         raise UserError(
@@ -143,7 +155,8 @@ def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
             "use e.g. 2020-05-01 00:00:00"
         )
     minutes = pd.DatetimeIndex(times).floor("min")
-    step = np.diff(minutes.to_numpy().astype("datetime64[m]").astype(np.int64))
+    # Timedelta arithmetic rather than numpy datetime64, which has no time zones.
+    step = np.asarray((minutes[1:] - minutes[:-1]) // pd.Timedelta(minutes=1), dtype=np.int64)
     if (step == 0).any():
         row = int(np.flatnonzero(step == 0)[0]) + 1
         raise UserError(
@@ -157,6 +170,39 @@ def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
             "sort the file by time"
         )
     return minutes
+
+
+def _to_datetimes(path: Path, column: pd.Series) -> pd.Series:
+    """Parse every time (unparsable ones become NaT); a column mixing time zones or UTC offsets
+    is a `UserError`, since moving either side into the other's zone would be a guess (naive
+    times may be local or UTC)."""
+    try:
+        return pd.to_datetime(column, errors="coerce", format="mixed")
+    except ValueError as err:
+        row = _first_other_zone(column)
+        if row is None:
+            raise  # not a zone problem: a bug worth its traceback
+        first, other = column.iloc[0], column.iloc[row]
+        raise UserError(
+            f"{path}, line {row + 2}: time {other!r} ({_zone(other)}) is in another zone than "
+            f"line 2's {first!r} ({_zone(first)}); write every time in one zone (all with the "
+            "same UTC offset, or all without one)"
+        ) from err
+
+
+def _first_other_zone(column: pd.Series) -> int | None:
+    """Row of the first time whose zone differs from the first row's, if any."""
+    zones = [_zone(text) for text in column]
+    return next((i for i, zone in enumerate(zones) if zone != zones[0]), None)
+
+
+def _zone(text: str) -> str:
+    """How one timestamp states its zone, in words for the error message."""
+    try:
+        stamp = pd.Timestamp(text)
+    except ValueError:
+        return "not a timestamp"
+    return "no UTC offset" if stamp.tzinfo is None else f"UTC offset {stamp.strftime('%z')}"
 
 
 def _segments(

@@ -14,17 +14,28 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from env.errors import UserError
-from forecaster.artifacts import save_baselines, write_card
-from forecaster.baselines import fit_holt_winters
+from forecaster.artifacts import (
+    BASELINES_FILE,
+    CARD_FILE,
+    save_baselines,
+    staged_model_dir,
+    write_card,
+)
+from forecaster.baselines import HOLT_WINTERS_MIN_HISTORY_MIN, fit_holt_winters
 from forecaster.config import ForecasterConfig
-from forecaster.series import load_demand_series
+from forecaster.model import CONFIG_FILE, WEIGHTS_FILE
+from forecaster.risk import RISK_MODEL_FILE
+from forecaster.series import DemandSeries, load_demand_series
 from forecaster.standin import STANDIN_FILE, fit_ewma
 
 TORCH_THREADS = 2
 """The development machine has two cores; more threads only contend."""
+DEMAND_MODEL_FILES = [WEIGHTS_FILE, CONFIG_FILE, BASELINES_FILE, STANDIN_FILE, CARD_FILE]
+RISK_MODEL_FILES = [RISK_MODEL_FILE, CARD_FILE]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,49 +43,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("demand", "risk"), default="demand",
                         help="demand: the LSTM forecaster; risk: the node-failure risk model")
     parser.add_argument("--series", nargs="+", type=Path, default=[],
-                        help="per-minute cluster CSVs to train the demand forecaster on")
+                        help="per-minute cluster CSVs to train the demand forecaster on "
+                             "(--model demand only)")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the model to")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a model already in --out (otherwise refused)")
     parser.add_argument("--epochs", type=int, default=None, help="override the epoch count")
     parser.add_argument("--seed", type=int, default=None, help="override the seed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, save, and print where the model went."""
+    """Check every flag, train, save, and print where the model went."""
+    check_at_least("--epochs", args.epochs, 1)
+    check_at_least("--seed", args.seed, 0)
     torch.set_num_threads(TORCH_THREADS)
     if args.model == "risk":
+        if args.series:
+            raise UserError("--series: the risk model trains on simulated telemetry, not on a "
+                            "demand series; drop --series or pass --model demand")
         return _train_risk(args)
-    if not args.series:
-        raise UserError("--series: give at least one per-minute cluster CSV to train on")
+    return _train_demand(args)
+
+
+def check_at_least(flag: str, value: int | None, minimum: int) -> None:
+    """A one-line `UserError` for an integer flag below ``minimum`` (``None``: not given, the
+    config's default holds): zero epochs would save an untrained model, and numpy refuses
+    negative seeds only after the data is loaded."""
+    if value is not None and value < minimum:
+        raise UserError(f"{flag} {value}: must be {minimum} or more; pass a larger value or "
+                        "leave the flag out for the default")
+
+
+def _train_demand(args: argparse.Namespace) -> int:
+    """Train the LSTM forecaster and fit the baselines and stand-in on the same series."""
     from forecaster.train import train_forecaster
 
+    if not args.series:
+        raise UserError("--series: give at least one per-minute cluster CSV to train on")
     config = ForecasterConfig()
     overrides = {k: v for k, v in (("epochs", args.epochs), ("seed", args.seed)) if v is not None}
     config = replace(config, **overrides)
-    segments = []
-    for path in args.series:
-        series = load_demand_series(path, min_points=config.min_history_min + 61)
-        segments.extend(series.segments)
-    forecaster, report = train_forecaster(segments, config, show_progress=not args.no_progress)
-    args.out.mkdir(parents=True, exist_ok=True)
-    forecaster.save(args.out)
-    # Baselines are fitted on the same training data, never on the evaluated series.
-    longest = max(segments, key=lambda s: len(s.demand))
-    save_baselines(args.out, fit_holt_winters(longest.demand))
-    standin = fit_ewma([s.demand for s in segments], config.horizons_min)
-    standin.save(args.out / STANDIN_FILE)
-    write_card(args.out, {
-        "model": "LSTM demand forecaster",
-        "demand": "(running_gpu_num + pending_gpu_num) / total_gpu_num (Philly: active / total)",
-        "trained_on": [str(p) for p in args.series],
-        "command": _command_line(),
-        "config": config.to_json(),
-        "training": asdict(report),
-        "standin_half_lives_min": list(standin.half_lives_min),
-    })
+    series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in args.series]
+    segments = [segment for one in series for segment in one.segments]
+    holt_winters_run = _holt_winters_run(series)
+    with staged_model_dir(args.out, DEMAND_MODEL_FILES, args.force) as staging:
+        # Baselines are fitted on the same training data, never on the evaluated series.
+        save_baselines(staging, fit_holt_winters(holt_winters_run))
+        standin = fit_ewma([s.demand for s in segments], config.horizons_min)
+        standin.save(staging / STANDIN_FILE)
+        forecaster, report = train_forecaster(segments, config,
+                                              show_progress=not args.no_progress)
+        forecaster.save(staging)
+        write_card(staging, {
+            "model": "LSTM demand forecaster",
+            "demand": "(running_gpu_num + pending_gpu_num) / total_gpu_num "
+                      "(Philly: active / total)",
+            "trained_on": [str(p) for p in args.series],
+            "command": _command_line(),
+            "config": config.to_json(),
+            "training": asdict(report),
+            "standin_half_lives_min": list(standin.half_lives_min),
+        })
     print(f"trained in {report.wall_time_s:.0f} s (best epoch {report.best_epoch}); "
           f"wrote {args.out}")
     return 0
+
+
+def _holt_winters_run(series: list[DemandSeries]) -> np.ndarray:
+    """The longest gap-free run of all training series, which the Holt-Winters baseline is
+    fitted on; shorter than two days it cannot be, and that is said before training, not after."""
+    source, demand = max(
+        ((one.source, segment.demand) for one in series for segment in one.segments),
+        key=lambda item: len(item[1]),
+    )
+    if len(demand) < HOLT_WINTERS_MIN_HISTORY_MIN:
+        of_all = " (the longest of all --series)" if len(series) > 1 else ""
+        raise UserError(
+            f"{source}: longest gap-free run is {len(demand)} minutes{of_all} but training needs "
+            f"at least {HOLT_WINTERS_MIN_HISTORY_MIN} (two days, to fit the Holt-Winters "
+            "baseline); supply a longer per-minute series"
+        )
+    return demand
 
 
 def _train_risk(args: argparse.Namespace) -> int:
@@ -89,29 +139,30 @@ def _train_risk(args: argparse.Namespace) -> int:
     if args.seed is not None:
         config = replace(config, train_seed=args.seed, test_seed=args.seed + 1)
     started = time.perf_counter()
-    train_sample = simulate(config, config.train_seed)
-    model = train_risk_model(config, train_sample)
-    threshold = best_f1_threshold(model.predict_sample(train_sample), train_sample,
-                                  config.horizon_s)
-    test_sample = simulate(config, config.test_seed)
-    scores = {
-        "logistic": score_risk(model.predict_sample(test_sample), test_sample, config.horizon_s,
-                               threshold),
-        "any_xid_30m_rule": score_risk(any_xid_rule(test_sample), test_sample, config.horizon_s,
-                                       0.5),
-    }
-    model.threshold = threshold
-    model.save(args.out)
-    write_card(args.out, {
-        "model": "node-failure risk (logistic regression)",
-        "data": "SIMULATED telemetry from env.failures.sample_node_telemetry; no public "
-                "per-node failure telemetry exists",
-        "command": _command_line(),
-        "config": asdict(config),
-        "alarm_threshold": threshold,
-        "test_scores": scores,
-        "wall_time_s": time.perf_counter() - started,
-    })
+    with staged_model_dir(args.out, RISK_MODEL_FILES, args.force) as staging:
+        train_sample = simulate(config, config.train_seed)
+        model = train_risk_model(config, train_sample)
+        threshold = best_f1_threshold(model.predict_sample(train_sample), train_sample,
+                                      config.horizon_s)
+        test_sample = simulate(config, config.test_seed)
+        scores = {
+            "logistic": score_risk(model.predict_sample(test_sample), test_sample,
+                                   config.horizon_s, threshold),
+            "any_xid_30m_rule": score_risk(any_xid_rule(test_sample), test_sample,
+                                           config.horizon_s, 0.5),
+        }
+        model.threshold = threshold
+        model.save(staging)
+        write_card(staging, {
+            "model": "node-failure risk (logistic regression)",
+            "data": "SIMULATED telemetry from env.failures.sample_node_telemetry; no public "
+                    "per-node failure telemetry exists",
+            "command": _command_line(),
+            "config": asdict(config),
+            "alarm_threshold": threshold,
+            "test_scores": scores,
+            "wall_time_s": time.perf_counter() - started,
+        })
     print(json.dumps(scores, indent=2))
     print(f"wrote {args.out}")
     return 0

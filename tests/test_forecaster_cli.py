@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import forecaster.train
 from env.cli import main
+from forecaster import train_cmd
+from forecaster.baselines import HoltWintersParams
+from forecaster.evaluate import Evaluation
+from forecaster.evaluate_cmd import format_table
+from forecaster.model import LSTMForecaster
+from forecaster.train import TrainingReport
 
 
 def write_cycle(path, days, seed):
     """A Helios-layout CSV with a daily cycle in running GPUs and a little queue noise."""
-    minutes = np.arange(days * 1440)
+    minutes = np.arange(round(days * 1440))
     rng = np.random.default_rng(seed)
     cycle = 40 + 20 * np.sin(2 * np.pi * minutes / 1440)
     running = np.round(cycle + rng.normal(0, 1, len(minutes)))
@@ -66,3 +74,116 @@ def test_bad_series_is_one_line_user_error(trained_dir, tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "short.csv" in err and "needs at least" in err
+
+
+def snapshot(directory):
+    """Every file in ``directory`` (hidden ones too) with its bytes."""
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def one_line_error(capsys, *fragments):
+    """The command's stderr is one line holding every fragment."""
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("rlalloc: error:"), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_too_short_for_holt_winters_refused_before_training_model_kept(
+        trained_dir, tmp_path, capsys):
+    short = write_cycle(tmp_path / "s1700.csv", days=1700 / 1440, seed=3)
+    out = tmp_path / "model"
+    shutil.copytree(trained_dir, out)
+    before = snapshot(out)
+    assert main(["forecast", "train", "--series", str(short), "--out", str(out), "--force",
+                 "--epochs", "1", "--no-progress"]) == 2
+    one_line_error(capsys, "s1700.csv", "1700 minutes", "2880")
+    assert snapshot(out) == before
+
+
+def test_train_refuses_an_existing_model_without_force(trained_dir, capsys):
+    before = snapshot(trained_dir)
+    assert main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
+                 "--out", str(trained_dir), "--epochs", "1", "--no-progress"]) == 2
+    one_line_error(capsys, "already holds", "--force")
+    assert snapshot(trained_dir) == before
+
+
+def test_run_failing_at_its_last_file_leaves_the_old_model_whole(
+        trained_dir, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    shutil.copytree(trained_dir, out)
+    before = snapshot(out)
+
+    def no_card(directory, card):
+        raise RuntimeError("disk full")
+
+    # Fast stand-ins for the fits; the new baselines differ from the old, so a mix would show.
+    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
+        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
+    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
+        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    monkeypatch.setattr(train_cmd, "write_card", no_card)
+    with pytest.raises(RuntimeError, match="disk full"):
+        main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
+              "--out", str(out), "--force", "--no-progress"])
+    assert snapshot(out) == before
+
+
+def test_train_out_that_is_a_file_is_refused_before_training(trained_dir, tmp_path, capsys):
+    out = tmp_path / "a_file"
+    out.write_text("keep me")
+    assert main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
+                 "--out", str(out), "--no-progress"]) == 2
+    one_line_error(capsys, "not a directory")
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("argv", [
+    ["forecast", "train", "--series", "x.csv", "--epochs", "0"],
+    ["forecast", "train", "--series", "x.csv", "--epochs", "-1"],
+    ["forecast", "train", "--series", "x.csv", "--seed", "-1"],
+    ["forecast", "train", "--model", "risk", "--epochs", "0"],
+    ["forecast", "train", "--model", "risk", "--seed", "-1"],
+    ["bench", "forecast", "--epochs", "0"],
+])
+def test_epochs_and_seed_below_minimum_are_one_line_errors(argv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    one_line_error(capsys, argv[-2], "or more")
+    assert not out.exists()
+
+
+def test_risk_model_refuses_series(tmp_path, capsys):
+    assert main(["forecast", "train", "--model", "risk", "--series", "x.csv",
+                 "--out", str(tmp_path / "r")]) == 2
+    one_line_error(capsys, "--series", "simulated telemetry")
+
+
+def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, capsys):
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "forecast.json").write_text("{}")
+    assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(trained_dir),
+                 "--out", str(out)]) == 2
+    one_line_error(capsys, "forecast.json", "--force")
+    assert snapshot(out) == {"forecast.json": b"{}"}
+
+
+def test_mape_without_large_enough_targets_is_null_and_explained():
+    actual = np.array([[0.01, 0.01, 0.01], [0.01, 0.01, 0.5]])
+    evaluation = Evaluation(
+        horizons_min=(5, 15, 60), actual=actual, forecasts={"naive": actual + 0.01},
+        origin_minutes=np.arange(2), segment_of_origin=np.zeros(2, dtype=int),
+    )
+    scores = evaluation.scores()
+    assert scores["naive"]["mape"][:2] == [None, None]
+    assert scores["naive"]["mape"][2] == pytest.approx(2.0)
+    result = {"horizons_min": [5, 15, 60], "models": scores, "mape_min_demand": 0.05,
+              "mape_targets": evaluation.mape_targets()}
+    assert result["mape_targets"] == [0, 0, 1]
+    json.dumps(result, allow_nan=False)  # strict JSON: null, not NaN
+    table = format_table(result)
+    assert "| n/a | n/a | 2.0 % |" in table
+    assert "MAPE n/a at 5 min, 15 min: no actual demand reached 0.05" in table

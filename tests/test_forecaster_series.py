@@ -91,6 +91,41 @@ def test_unparsable_time_and_unknown_columns_and_bad_total(tmp_path):
         load_demand_series(tmp_path / "missing.csv")
 
 
+def test_header_only_file_is_a_user_error(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_text("time,running_gpu_num,pending_gpu_num,total_gpu_num\n")
+    with pytest.raises(UserError, match=r"h\.csv: no data rows below the header.*at least 5"):
+        load_demand_series(path, min_points=5)
+
+
+def test_times_in_two_zones_name_the_first_line_that_differs(tmp_path):
+    path = tmp_path / "tz.csv"
+    path.write_text("time,demand\n2020-05-01 00:00:00,0.3\n2020-05-01 00:01:00,0.3\n"
+                    "2020-05-01 00:02:00+00:00,0.3\n")
+    with pytest.raises(UserError, match=r"tz\.csv, line 4: time '2020-05-01 00:02:00\+00:00' "
+                                        r"\(UTC offset \+0000\).*line 2.*no UTC offset.*one zone"):
+        load_demand_series(path)
+
+
+def test_times_all_in_one_zone_are_accepted(tmp_path):
+    path = tmp_path / "utc.csv"
+    path.write_text("time,demand\n2020-05-01 00:00:00Z,0.3\n2020-05-01 00:01:00+00:00,0.4\n")
+    np.testing.assert_allclose(load_demand_series(path).segments[0].demand, [0.3, 0.4])
+
+
+@pytest.mark.parametrize(("header", "row", "column"), [
+    ("time,demand", "-0.5", "demand"),
+    ("time,active,total", "-3,10", "active"),
+    ("time,running_gpu_num,pending_gpu_num,total_gpu_num", "4,-1,8", "pending_gpu_num"),
+])
+def test_negative_values_name_line_and_column(tmp_path, header, row, column):
+    path = tmp_path / "n.csv"
+    good = ",".join(["0"] * (header.count(",") - 1) + ["8"]) if "total" in header else "0.2"
+    path.write_text(f"{header}\n2020-05-01 00:00:00,{good}\n2020-05-01 00:01:00,{row}\n")
+    with pytest.raises(UserError, match=rf"n\.csv, line 3: column '{column}' is -.*negative"):
+        load_demand_series(path)
+
+
 def test_check_history_rejects_nan_short_and_2d():
     with pytest.raises(ValueError, match=r"history\[2\] is nan"):
         check_history(np.array([0.1, 0.2, np.nan, 0.3]), 2)
