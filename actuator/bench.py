@@ -23,6 +23,7 @@ from actuator.guardrails import DecisionHistory, Policy, decide
 from actuator.main import load_policy
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
+from env.errors import UserError
 from env.failures import NODE_FEATURE_NAMES
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.signals import load_signals
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Time the cycle and print (and optionally save) the figures."""
+    _check_sizes(args)
     prepare_out_file(args.out, args.force)
     result = measure(load_policy(args.policy), args.nodes, args.jobs, args.repeats, args.seed)
     result["policy"] = args.policy
@@ -48,6 +50,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json(args.out, result)
     return 0
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    """Refuse sizes no cluster or median can have, before any policy is loaded."""
+    for flag, value, least in (("--nodes", args.nodes, 1), ("--jobs", args.jobs, 0),
+                               ("--repeats", args.repeats, 1)):
+        if value < least:
+            raise UserError(f"{flag} {value}: must be at least {least}")
 
 
 def synthetic_state(n_nodes: int, n_jobs: int, seed: int) -> ClusterState:

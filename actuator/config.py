@@ -202,28 +202,38 @@ class ActuatorConfig:
     def __post_init__(self) -> None:
         problems = _range_problems(self)
         if problems:
-            raise UserError("invalid actuator setting: " + "; ".join(problems))
+            raise InvalidSettings(problems)
 
 
-def _range_problems(config: ActuatorConfig) -> list[str]:
+class InvalidSettings(UserError):
+    """Settings out of range; `problems` maps each setting to what is wrong with it, so that
+    `load_config` can say where each bad value came from (file, environment or flag)."""
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        super().__init__("invalid actuator setting: " + "; ".join(problems.values()))
+        self.problems = problems
+
+
+def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     positive = ("prometheus_timeout_s", "max_metric_age_s", "interval_s", "api_timeout_s",
                 "lease_duration_s", "clock_speedup")
     non_negative = ("cooldown_s", "max_disruptions_per_cycle", "max_disruptions_per_hour",
                     "api_retries", "api_backoff_s", "pod_grace_s")
-    problems = [f"{name} must be > 0 (got {getattr(config, name)})"
-                for name in positive if not getattr(config, name) > 0]
-    problems += [f"{name} must be >= 0 (got {getattr(config, name)})"
-                 for name in non_negative if getattr(config, name) < 0]
+    problems = {name: f"{name} must be > 0 (got {getattr(config, name)})"
+                for name in positive if not getattr(config, name) > 0}
+    problems |= {name: f"{name} must be >= 0 (got {getattr(config, name)})"
+                 for name in non_negative if getattr(config, name) < 0}
     if config.max_actions_per_cycle < 1:
-        problems.append(f"max_actions_per_cycle must be >= 1 (got {config.max_actions_per_cycle})")
+        problems["max_actions_per_cycle"] = (f"max_actions_per_cycle must be >= 1 "
+                                             f"(got {config.max_actions_per_cycle})")
     if not 0 <= config.listen_port <= 65535:
-        problems.append(f"listen_port must be a TCP port (got {config.listen_port})")
+        problems["listen_port"] = f"listen_port must be a TCP port (got {config.listen_port})"
     if not config.prometheus_url.startswith(("http://", "https://")):
-        problems.append(f"prometheus_url must start with http:// or https:// "
-                        f"(got {config.prometheus_url!r})")
+        problems["prometheus_url"] = (f"prometheus_url must start with http:// or https:// "
+                                      f"(got {config.prometheus_url!r})")
     if config.signals not in SIGNAL_KINDS:
-        problems.append(f"signals must be one of {', '.join(SIGNAL_KINDS)} "
-                        f"(got {config.signals!r})")
+        problems["signals"] = (f"signals must be one of {', '.join(SIGNAL_KINDS)} "
+                               f"(got {config.signals!r})")
     return problems
 
 
@@ -235,21 +245,25 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     `UserError` for unknown keys, wrong types and out-of-range values.
     """
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # where each value came from, for the error naming a bad one
     if path:
         values.update(_read_file(Path(path)))
+        origins.update(dict.fromkeys(values, str(path)))
     environ = os.environ if environ is None else environ
     for f in fields(ActuatorConfig):
         name = ENV_PREFIX + f.name.upper()
         if f.name != "queries" and name in environ:
-            values[f.name] = _coerce(f, environ[name], f"environment variable {name}")
+            origins[f.name] = f"environment variable {name}"
+            values[f.name] = _coerce(f, environ[name], origins[f.name])
     for key, value in (overrides or {}).items():
         if value is not None:
-            values[key] = _coerce(_field(key), value, f"flag --{key.replace('_', '-')}")
+            origins[key] = f"flag --{key.replace('_', '-')}"
+            values[key] = _coerce(_field(key), value, origins[key])
     try:
         return ActuatorConfig(**values)
-    except UserError as err:
-        sources = ", ".join([str(path)] if path else []) or "flags/environment"
-        raise UserError(f"{sources}: {err}") from err
+    except InvalidSettings as err:
+        raise UserError("; ".join(f"{origins.get(name, 'default')}: invalid actuator setting: "
+                                  f"{problem}" for name, problem in err.problems.items())) from err
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -17,9 +17,11 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -53,8 +55,7 @@ def api_client_from(config: ActuatorConfig) -> k8s.ApiClient:
     configuration = k8s.Configuration()
     try:
         if config.kubeconfig:
-            k8s_config.load_kube_config(config.kubeconfig, context=config.kube_context or None,
-                                        client_configuration=configuration)
+            _load_kubeconfig_file(Path(config.kubeconfig), config.kube_context, configuration)
         else:
             try:
                 k8s_config.load_incluster_config(client_configuration=configuration)
@@ -66,6 +67,24 @@ def api_client_from(config: ActuatorConfig) -> k8s.ApiClient:
                         "service account or pass --kubeconfig") from err
     configuration.retries = 0  # retries are ours, with backoff (see KubeClient._call)
     return k8s.ApiClient(configuration)
+
+
+def _load_kubeconfig_file(path: Path, context: str, configuration: k8s.Configuration) -> None:
+    """Configure the client from the kubeconfig at `path`. A missing file, or one that is not a
+    usable kubeconfig (another file passed by mistake, broken YAML, no such context), is a
+    `UserError` naming it: the client itself raises a bare type or YAML scanner error."""
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "no such file"
+        raise UserError(f"kubeconfig {path}: {what}; pass the kubeconfig kubectl uses with "
+                        "--kubeconfig (or the kubeconfig setting)")
+    try:
+        k8s_config.load_kube_config(str(path), context=context or None,
+                                    client_configuration=configuration)
+    except (ConfigException, OSError, yaml.YAMLError, TypeError, AttributeError, KeyError,
+            ValueError) as err:
+        problem = " ".join(line.strip() for line in str(err).splitlines())[:200]
+        raise UserError(f"kubeconfig {path}: not usable ({problem or type(err).__name__}); "
+                        "pass the file kubectl uses (kubectl config view --raw > FILE)") from err
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -90,6 +109,8 @@ class KubeClient:
         self._custom = k8s.CustomObjectsApi(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
         self._sleep = sleep
+        self.server_url: str = api_client.configuration.host
+        """The API server's address (for errors that tell what could not be reached)."""
         self.retries_done = 0
         """Retries made so far (exported as a metric)."""
 

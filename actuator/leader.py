@@ -42,6 +42,9 @@ class LeaderElector:
         self.identity = identity
         self._clock = clock
         self._renewed_at: float | None = None
+        self.last_error: KubeError | None = None
+        """Why the last `try_acquire` could not reach the Lease (None: it could; losing a race
+        for it is no error), so a replica blind to the API is not taken for a standby."""
 
     @property
     def is_leader(self) -> bool:
@@ -54,12 +57,15 @@ class LeaderElector:
 
         API errors leave us a follower for this cycle (never a leader by mistake).
         """
+        self.last_error = None
         try:
             self._step()
         except KubeError as err:
             log.warning("leader election: %s", err)
             if err.status == 409:
                 self._renewed_at = None
+            else:
+                self.last_error = err
         return self.is_leader
 
     def release(self) -> None:

@@ -39,6 +39,9 @@ class CycleReport:
     leader: bool = False
     observed: bool = False
     error: str = ""
+    cause: ObserveError | KubeError | None = None
+    """Why the cycle could not observe (or, as a follower, reach the Lease); None when it
+    could."""
     outcomes: list[tuple[Decision, str]] = field(default_factory=list)
     """Each decision with its outcome (applied, refused, failed, dry_run)."""
     built: BuiltState | None = None
@@ -75,18 +78,14 @@ class Controller:
         report.leader = self._elector.try_acquire() if self._elector else not self.config.dry_run
         self.metrics.leader.set(int(report.leader))
         if self._elector and not report.leader:
+            if self._elector.last_error is not None:
+                return self._blind(report, self._elector.last_error)
             self.health.set(True, "standby: another replica holds the lease")
             return report
         try:
             built = self._observe()
         except (ObserveError, KubeError) as err:
-            self.metrics.errors.labels("observe").inc()
-            self.metrics.healthy.set(0)
-            self.health.set(False, f"cannot observe the cluster: {err}")
-            log.warning("cycle skipped, no moves: %s", err,
-                        extra={"event": {"cycle": self._cycle, "identity": self.identity}})
-            report.error = str(err)
-            return report
+            return self._blind(report, err)
         report.observed, report.built = True, built
         self._ledger = built.ledger
         decided = decide(built.state, self._policy, self.config, self._history,
@@ -107,6 +106,16 @@ class Controller:
         self.metrics.healthy.set(1)
         self.metrics.last_success.set(time.time())
         self.health.set(True, "ok")
+        return report
+
+    def _blind(self, report: CycleReport, err: ObserveError | KubeError) -> CycleReport:
+        """End a cycle that cannot see the cluster: no moves, /healthz red, the loop goes on."""
+        self.metrics.errors.labels("observe").inc()
+        self.metrics.healthy.set(0)
+        self.health.set(False, f"cannot observe the cluster: {err}")
+        log.warning("cycle skipped, no moves: %s", err,
+                    extra={"event": {"cycle": self._cycle, "identity": self.identity}})
+        report.error, report.cause = str(err), err
         return report
 
     def _observe(self) -> BuiltState:

@@ -2,8 +2,9 @@
 
 Wires the pieces together — config, Kubernetes client, Prometheus source, policy, status server,
 controller — and runs until SIGTERM/SIGINT, when it finishes the current cycle and hands the
-lease over. Everything that can be wrong with the setup (config, kubeconfig, policy, CRD file) is
-checked before the first cycle and reported as one line.
+lease over. Everything that can be wrong with the setup (config, kubeconfig, policy, CRD file,
+status port) is checked before the first cycle and reported as one line, and so is a `--once`
+cycle that cannot reach Prometheus or the API server.
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ import threading
 
 from actuator.config import ENV_PREFIX, load_config
 from actuator.guardrails import Policy
-from actuator.kube import KubeClient, api_client_from
+from actuator.kube import KubeClient, KubeError, api_client_from
 from actuator.loop import Controller
-from actuator.observe import PrometheusSource
-from actuator.server import ActuatorMetrics, Health, StatusServer, configure_json_logging
+from actuator.observe import ObserveError, PrometheusSource
+from actuator.server import (
+    ActuatorMetrics,
+    Health,
+    StatusServer,
+    configure_json_logging,
+    listen_error,
+)
 from env.errors import UserError
 from env.signals import Signals, load_signals
 from trainer_jobs.crd_schema import CRD_PATH_ENV, resolve_crd_path
@@ -89,11 +96,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"PyTorchJob CRD not found at {crd_path}; set {CRD_PATH_ENV} to "
                         "kubeflow.org_pytorchjobs.v1.9.0.yaml (the image ships it)")
     kube = KubeClient(config, api_client_from(config))
-    source = PrometheusSource(config)
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     metrics, health = ActuatorMetrics(), Health(stale_after_s=5 * config.interval_s + 60.0)
-    server = StatusServer(config.listen_host, config.listen_port, metrics, health)
+    try:
+        server = StatusServer(config.listen_host, config.listen_port, metrics, health)
+    except OSError as err:
+        raise listen_error("/metrics, /healthz and /livez", config.listen_host,
+                           config.listen_port, err, "--listen-port", "listen_host") from err
     server.start()
+    source = PrometheusSource(config)
     controller = Controller(config, kube, source, policy, identity, signals=signals,
                             metrics=metrics, health=health)
     log.info("actuator started", extra={"event": {
@@ -102,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
         "status_port": server.port, "prometheus": config.prometheus_url}})
     try:
         if args.once:
-            controller.run_cycle()
-            controller.shutdown()
-            return 0 if health.ready()[0] else 1
+            return _run_once(controller, kube)
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -114,6 +123,32 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         source.close()
+
+
+def _run_once(controller: Controller, kube: KubeClient) -> int:
+    """One cycle. `--once` is the installation's smoke test, so a cycle that cannot see the
+    cluster ends in a one-line error naming what could not be reached and what to check (the
+    long-running loop instead keeps retrying, with /healthz red)."""
+    report = controller.run_cycle()
+    controller.shutdown()
+    if isinstance(report.cause, ObserveError):
+        raise UserError(f"--once: cannot read Prometheus at {controller.config.prometheus_url} "
+                        f"({report.cause}); check --prometheus-url and that Prometheus is up")
+    if isinstance(report.cause, KubeError):
+        check = _API_CHECKS.get(report.cause.status,
+                                "check the kubeconfig and that the API server is up")
+        raise UserError(f"--once: cannot use the Kubernetes API at {kube.server_url} "
+                        f"({report.cause}); {check}")
+    return 0
+
+
+_API_CHECKS = {
+    401: "check the kubeconfig's credentials",
+    403: "check that the RBAC of actuator/deploy/ is applied to this identity",
+    404: "check that the kubeconfig points at a Kubernetes API server with the Training "
+         "Operator's PyTorchJob CRD installed",
+}
+"""What to check when the API answers with these statuses (otherwise: is it up at all)."""
 
 
 def load_policy(name: str) -> Policy:

@@ -147,5 +147,8 @@ def _datetime(unix_s: float) -> datetime:
 
 
 def _short(err: Exception) -> str:
-    text = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return text[:200]
+    """The first line of `err`, or of the reason inside it: requests wraps a refused
+    connection or a read timeout in a retry error whose text is mostly the query URL."""
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    text = str(reason or err)
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]

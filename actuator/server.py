@@ -9,14 +9,18 @@ replicas in one process.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from env.errors import UserError
 
 
 class ActuatorMetrics:
@@ -117,6 +121,16 @@ class StatusServer:
         """Stop serving and close the socket."""
         self._server.shutdown()
         self._server.server_close()
+
+
+def listen_error(what: str, host: str, port: int, err: OSError, port_flag: str,
+                 host_flag: str) -> UserError:
+    """The one-line error for a server that cannot listen: what could not be served, where,
+    why, and the flag to change (the port when it is taken, else the address)."""
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    fix = (f"choose another {port_flag} (0 = any free port)" if err.errno == errno.EADDRINUSE
+           else f"check {host_flag} and {port_flag}")
+    return UserError(f"cannot serve {what} on {host}:{port} ({reason}); {fix}")
 
 
 class JsonFormatter(logging.Formatter):

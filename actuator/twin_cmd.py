@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
-                        help="workload CSV or synthetic[:NUM_JOBS[:LOAD]] (default %(default)s)")
+                        help="workload CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
+                             "(default %(default)s)")
     parser.add_argument("--cluster", default="8x4", help="NODESxGPUS or a cluster YAML file")
     parser.add_argument("--seed", type=int, default=0, help="seed of workload and failures")
     parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
@@ -46,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
                         help="where your Prometheus will listen (goes into the actuator config)")
     parser.add_argument("--scrape-interval-s", type=float, default=1.0,
-                        help="Prometheus scrape interval to configure")
+                        help="Prometheus scrape interval to configure, seconds > 0 "
+                             "(default %(default)s)")
     parser.add_argument("--out-dir", type=Path, default=Path("twin"),
                         help="where to write kubeconfig, prometheus.yml, actuator.yaml")
     parser.add_argument("--fail-node", metavar="NODE:WARN_S:FAIL_S", action="append", default=[],
@@ -63,10 +66,16 @@ def run(args: argparse.Namespace) -> int:
         from actuator.twin.kube_api import dump_kubeconfig
     except ImportError as err:
         raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
-    if args.speed <= 0 or args.tick_s <= 0:
-        raise UserError("--speed and --tick-s must be positive")
+    _check_flags(args)
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
+    _check_failing_nodes(failures, scenario.cluster)
+    out = args.out_dir  # its three demo files are rewritten on every run
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out-dir {out}: cannot create it ({err.strerror}); choose another "
+                        "directory") from err
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS[args.failures]))
     running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
@@ -75,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
                          metrics_port=args.metrics_port)
     for failure in failures:
         running.call(running.twin.script_failure, failure)
-    out = args.out_dir
-    out.mkdir(parents=True, exist_ok=True)
     (out / "kubeconfig").write_text(dump_kubeconfig(running.kube_url))
     target = f"{args.host}:{running.metrics_port}"
     (out / "prometheus.yml").write_text(yaml.safe_dump(
@@ -106,6 +113,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse numbers the twin cannot run with, before it builds anything."""
+    if args.speed <= 0 or args.tick_s <= 0:
+        raise UserError("--speed and --tick-s must be positive")
+    if not args.scrape_interval_s > 0:
+        raise UserError(f"--scrape-interval-s {args.scrape_interval_s:g}: must be > 0 (the "
+                        "seconds between Prometheus scrapes, e.g. 1 or 0.5)")
+    for flag, port in (("--kube-port", args.kube_port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= port <= 65535:
+            raise UserError(f"{flag} {port}: not a TCP port; use 1-65535, or 0 for any free one")
+
+
 def _failure(text: str) -> ScriptedFailure:
     """The `ScriptedFailure` of a --fail-node NODE:WARN_S:FAIL_S flag."""
     from actuator.twin.runtime import ScriptedFailure  # needs kmock: imported late, see run()
@@ -120,6 +139,17 @@ def _failure(text: str) -> ScriptedFailure:
     if not node or failure.fail_at_s <= failure.warn_at_s:
         raise UserError(f"--fail-node {text!r}: FAIL_S must come after WARN_S")
     return failure
+
+
+def _check_failing_nodes(failures: list[ScriptedFailure], cluster: ClusterSpec) -> None:
+    """Refuse a --fail-node naming no node of the cluster: it would never fail, silently."""
+    names = [node.name for node in cluster.nodes]
+    for failure in failures:
+        if failure.node not in names:
+            shown = (", ".join(names) if len(names) <= 4
+                     else f"{names[0]} ... {names[-1]} ({len(names)} nodes)")
+            raise UserError(f"--fail-node {failure.node}: no such node in the cluster "
+                            f"{cluster.describe()}; its nodes are {shown}")
 
 
 def _midnight_utc() -> float:

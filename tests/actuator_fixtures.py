@@ -7,12 +7,15 @@ stay next to the tests that use them).
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +98,41 @@ class PrometheusServer:
         finally:
             source.close()
         raise TimeoutError(f"no series for {query!r} after {timeout_s}s")
+
+
+class EmptyPrometheus:
+    """An HTTP server that answers every Prometheus instant query with no series and any other
+    path with 404: a reachable Prometheus without data, and an "API server" serving nothing.
+    A context manager; `url` is its base URL."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/api/v1/query?"):
+                    body, status = {"status": "success",
+                                    "data": {"resultType": "vector", "result": []}}, 200
+                else:
+                    body, status = {"kind": "Status", "code": 404}, 404
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> EmptyPrometheus:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def job(name: str, submit_s: float, requested: int, min_workers: int, max_workers: int,

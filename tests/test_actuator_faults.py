@@ -3,14 +3,20 @@ Kubernetes API errors (409/429/5xx), a second replica, a malformed config."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 import time
+import types
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import yaml
 
 from actuator.config import ActuatorConfig
 from actuator.guardrails import DecisionHistory, decide
@@ -19,7 +25,15 @@ from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot, PrometheusSource, RecordedMetrics
 from actuator.server import StatusServer
 from actuator.state_builder import Ledger, Observation, build_state
-from actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
+from actuator.twin.kube_api import (
+    EVENTS,
+    NODES,
+    PODS,
+    PYTORCHJOBS,
+    ApiServerThread,
+    TwinKubeAPI,
+    dump_kubeconfig,
+)
 from actuator.twin.render import cluster_objects, query_results
 from env.cli import main as cli_main
 from env.state import (
@@ -35,9 +49,11 @@ from env.state import (
     Nodes,
 )
 from tests.actuator_fixtures import (
+    EmptyPrometheus,
     PrometheusServer,
     TinyElastic,
     controller,
+    free_port,
     job,
     kube_client,
     needs_prometheus,
@@ -347,6 +363,139 @@ def test_config_precedence_file_env_flags(tmp_path):
     assert config.interval_s == 5.0
     with pytest.raises(Exception, match="RLALLOC_ACTUATOR_DRY_RUN"):
         load_config(None, {"RLALLOC_ACTUATOR_DRY_RUN": "maybe"})
+
+
+def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
+    path = tmp_path / "actuator.yaml"
+    path.write_text("cooldown_s: 10\n")
+    assert cli_main(["actuate", "--config", str(path), "--interval-s", "-5", "--once"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("rlalloc: error: flag --interval-s: invalid actuator setting: interval_s "
+                   "must be > 0 (got -5.0)")
+
+
+# ----------------------------------------------------------------- set-up and --once errors
+def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str) -> tuple[int, list[str]]:
+    """`rlalloc actuate --once` in-process with the tiny policy, no look-ahead signals, any
+    status port, no API retries and `settings`; its exit code and the stderr lines that are
+    not JSON log lines."""
+    registry = types.ModuleType("agent.registry")
+    registry.load_policy = lambda name: TinyElastic()
+    monkeypatch.setitem(sys.modules, "agent.registry", registry)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # the actuator installs its JSON handler here
+    monkeypatch.setattr(root, "level", root.level)
+    path = tmp_path / "actuator.yaml"
+    path.write_text(yaml.safe_dump({"signals": "none", "listen_port": 0, "api_retries": 0,
+                                    "lease_namespace": "default", **settings}))
+    code = cli_main(["actuate", "--config", str(path), "--once", *flags])
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
+    return code, lines
+
+
+@contextmanager
+def _busy_port() -> Iterator[int]:
+    """A port of 127.0.0.1 someone listens on."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield busy.getsockname()[1]
+
+
+def _kubeconfig(tmp_path, url: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(dump_kubeconfig(url))
+    return str(path)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("job_id,submit_s\na,0\n", "not usable ('str' object does not support item assignment)"),
+    ("clusters: [1, 2\n", "not usable (while parsing a flow sequence"),
+    (None, "no such file"),
+])
+def test_a_bad_kubeconfig_is_one_line_naming_it(tmp_path, monkeypatch, capsys, text, expected):
+    path = tmp_path / "short.csv"
+    if text is not None:
+        path.write_text(text)
+    code, err = _actuate(tmp_path, monkeypatch, capsys, {"kubeconfig": str(path)}, "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"rlalloc: error: kubeconfig {path}: {expected}")
+
+
+def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):
+    with _busy_port() as port:
+        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+            "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"),
+            "listen_host": "127.0.0.1", "listen_port": port}, "--dry-run")
+    assert code == 2 and err == [
+        f"rlalloc: error: cannot serve /metrics, /healthz and /livez on 127.0.0.1:{port} "
+        "(Address already in use); choose another --listen-port (0 = any free port)"]
+
+
+def test_once_names_an_unreachable_prometheus(tmp_path, monkeypatch, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    code, err = _actuate(tmp_path, monkeypatch, capsys, {
+        "prometheus_url": url, "kubeconfig": _kubeconfig(tmp_path, url)}, "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
+    assert "Connection refused" in err[0]
+    assert err[0].endswith("check --prometheus-url and that Prometheus is up")
+
+
+def test_once_names_an_api_server_that_answers_404(tmp_path, monkeypatch, capsys):
+    with EmptyPrometheus() as server:  # Prometheus without data; its 404s stand for the API
+        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+            "prometheus_url": server.url, "kubeconfig": _kubeconfig(tmp_path, server.url)},
+            "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"rlalloc: error: --once: cannot use the Kubernetes API at "
+                             f"{server.url} (list nodes: HTTP 404")
+    assert "PyTorchJob CRD installed" in err[0]
+
+
+def test_once_names_an_api_server_that_is_down_even_for_the_lease(tmp_path, monkeypatch,
+                                                                  capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    with EmptyPrometheus() as prometheus:
+        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+            "prometheus_url": prometheus.url, "kubeconfig": _kubeconfig(tmp_path, url)})
+    assert code == 2 and len(err) == 1  # not taken for a standby, which would exit 0
+    assert err[0].startswith(f"rlalloc: error: --once: cannot use the Kubernetes API at {url} "
+                             "(read lease default/rlalloc-actuator")
+    assert err[0].endswith("check the kubeconfig and that the API server is up")
+
+
+@pytest.mark.parametrize("flag", ["--kube-port", "--metrics-port"])
+def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
+    with _busy_port() as port:
+        ports = {"--kube-port": "0", "--metrics-port": "0", flag: str(port)}
+        code = cli_main(["twin", "--workload", "synthetic:3", "--cluster", "2x4",
+                         "--duration-s", "1", "--out-dir", str(tmp_path / "twin"),
+                         *[word for pair in ports.items() for word in pair]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"on 127.0.0.1:{port} (Address already in use); choose another {flag}" in err[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["twin", "--scrape-interval-s", "0"], "--scrape-interval-s 0: must be > 0"),
+    (["twin", "--metrics-port", "70000"], "--metrics-port 70000: not a TCP port"),
+    (["twin", "--cluster", "3x4", "--fail-node", "node-9999:60:120"],
+     "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
+     "node-0001, node-0002"),
+    (["twin", "--fail-node", "node-9999:60:120"], "its nodes are node-0000 ... node-0007"),
+    (["bench", "actuator", "--nodes", "0"], "--nodes 0: must be at least 1"),
+    (["bench", "actuator", "--nodes", "-3"], "--nodes -3: must be at least 1"),
+    (["bench", "actuator", "--repeats", "0"], "--repeats 0: must be at least 1"),
+    (["bench", "actuator", "--jobs", "-5"], "--jobs -5: must be at least 0"),
+])
+def test_bad_twin_and_bench_flags_are_one_line(tmp_path, capsys, argv, expected):
+    # a twin that wrongly accepts its flags stops after a second instead of running on
+    twin_flags = ["--kube-port", "0", "--metrics-port", "0", "--duration-s", "1", "--out-dir",
+                  str(tmp_path)]
+    assert cli_main([argv[0], *(twin_flags if argv[0] == "twin" else []), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlalloc: error: ") and expected in err[0]
 
 
 # ------------------------------------------------------------------------------- helpers

@@ -1,8 +1,13 @@
 """Tiny worlds with obvious answers for the actuator's pure parts: guardrails, state building,
-the patches it writes, and its deployment manifests."""
+the patches it writes, and its deployment manifests; and the twin's API and Prometheus config
+as kubectl, the kubernetes client and promtool read them."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +25,15 @@ from actuator.config import (
 from actuator.guardrails import DecisionHistory, decide, rule_of
 from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REQUESTED_WORKERS_ANNOTATION
 from actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
-from actuator.twin.harness import actuator_settings
+from actuator.twin.harness import actuator_settings, prometheus_config, prometheus_duration
+from actuator.twin.kube_api import (
+    NODES,
+    PODS,
+    PYTORCHJOBS,
+    ApiServerThread,
+    TwinKubeAPI,
+    dump_kubeconfig,
+)
 from actuator.twin.render import cluster_objects, pod_object, query_results, telemetry_results
 from env.errors import UserError
 from env.failures import NODE_FEATURE_NAMES
@@ -318,6 +331,88 @@ def test_deploy_manifests_are_consistent(tmp_path):
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+
+
+# ------------------------------------------------------------------ the twin, as tools see it
+def _serve(state: ClusterState) -> ApiServerThread:
+    """A twin API holding `state`'s nodes, pods and PyTorchJobs."""
+    server = ApiServerThread(TwinKubeAPI()).start()
+    nodes, pods, jobs = cluster_objects(state, "default", {j: j for j in state.jobs.job_id})
+    for resource, objects in ((NODES, nodes), (PODS, pods), (PYTORCHJOBS, jobs)):
+        for obj in objects:
+            server.call(server.api.put, resource, obj["metadata"].get("namespace"),
+                        obj["metadata"]["name"], obj)
+    return server
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def test_twin_api_discovery_and_lists_read_like_a_real_api_server():
+    from kubernetes import client as k8s
+    from kubernetes import dynamic
+
+    server = _serve(_world())
+    try:
+        core = _get_json(f"{server.url}/api/v1")
+        assert core["groupVersion"] == "v1"  # as the API server writes it: kubectl needs it
+        assert {r["name"]: r["singularName"] for r in core["resources"]} == {
+            "pods": "pod", "nodes": "node", "events": "event"}
+        jobs = _get_json(f"{server.url}/apis/kubeflow.org/v1/pytorchjobs")
+        assert (jobs["kind"], jobs["apiVersion"]) == ("PyTorchJobList", "kubeflow.org/v1")
+        configuration = k8s.Configuration()
+        configuration.host = server.url
+        discovered = dynamic.DynamicClient(k8s.ApiClient(configuration)).resources
+        for api_version, kind, names in (("v1", "Pod", ["run-worker-0", "run-worker-1"]),
+                                         ("v1", "Node", ["node-a", "node-b"]),
+                                         ("v1", "Event", []),
+                                         ("kubeflow.org/v1", "PyTorchJob", ["run", "wait"])):
+            listing = discovered.get(api_version=api_version, kind=kind).get()
+            assert (listing.kind, listing.apiVersion) == (f"{kind}List", api_version)
+            assert sorted(item.metadata.name for item in listing.items) == names
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_the_documented_kubectl_command_reads_the_twin(tmp_path):
+    server = _serve(_world())
+    try:
+        (tmp_path / "kubeconfig").write_text(dump_kubeconfig(server.url))
+        shown = subprocess.run(
+            ["kubectl", "--kubeconfig", str(tmp_path / "kubeconfig"), "get",
+             "pytorchjobs,pods,events,nodes", "-o", "name"],
+            capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.split() == [
+            "pytorchjob.kubeflow.org/run", "pytorchjob.kubeflow.org/wait", "pod/run-worker-0",
+            "pod/run-worker-1", "node/node-a", "node/node-b"]
+    finally:
+        server.stop()
+
+
+def test_twin_configs_write_durations_prometheus_accepts(tmp_path):
+    assert [prometheus_duration(s) for s in (1.0, 30, 0.5, 0.0004)] == ["1s", "30s", "500ms",
+                                                                         "1ms"]
+    config = prometheus_config("127.0.0.1:9400", 0.5)
+    assert config["global"]["scrape_interval"] == "500ms"
+    # 5 simulated minutes at 1000x are 0.3 s, less than 4 scrapes: the window is 4 scrapes
+    queries = actuator_settings(1000.0, "http://127.0.0.1:9090", 0.1)["queries"]
+    assert "[400ms]" in queries["xid_errors"] and "offset 1800ms" in queries[
+        "temperature_excess_delta"]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    rules = [{"record": f"rlalloc:{name}", "expr": query} for name, query in queries.items()]
+    rules = {"groups": [{"name": "actuator", "rules": rules}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    for check in (["check", "config", "prometheus.yml"], ["check", "rules", "rules.yml"]):
+        checked = subprocess.run([promtool, *check], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=30)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 # ------------------------------------------------------------------------------ benchmark

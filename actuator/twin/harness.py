@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from actuator.config import Queries
+from actuator.server import listen_error
 from actuator.twin.exporter import CLOCK_METRIC, TwinExporter
 from actuator.twin.kube_api import ApiServerThread, TwinKubeAPI
 from actuator.twin.runtime import Twin
@@ -57,12 +58,21 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     time, so a tick never jumps past more than one periodic step.
     """
     params = params or SimParams(decision_interval_s=max(speed * tick_s, 1.0))
-    server = ApiServerThread(TwinKubeAPI(), host, kube_port).start()
+    try:
+        server = ApiServerThread(TwinKubeAPI(), host, kube_port).start()
+    except OSError as err:
+        raise listen_error("the twin's Kubernetes API", host, kube_port, err, "--kube-port",
+                           "--host") from err
     sim = scenario.simulator(params, seed)
     twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
     exporter = TwinExporter()
     exporter.publish(twin.frame)
-    port = exporter.serve(metrics_port, host)
+    try:
+        port = exporter.serve(metrics_port, host)
+    except OSError as err:
+        server.stop()
+        raise listen_error("the twin's exporter", host, metrics_port, err, "--metrics-port",
+                           "--host") from err
     last = [time.monotonic()]
 
     def step() -> None:
@@ -90,9 +100,9 @@ def actuator_settings(speed: float, prometheus_url: str, scrape_interval_s: floa
     for f in fields(Queries):
         query = getattr(Queries(), f.name)
         for window, sim_s in _WINDOWS.items():
-            wall_s = max(round(sim_s / speed), round(4 * scrape_interval_s))
-            query = query.replace(f"[{window}]", f"[{wall_s}s]").replace(
-                f" offset {window}", f" offset {wall_s}s")
+            wall = prometheus_duration(max(sim_s / speed, 4 * scrape_interval_s))
+            query = query.replace(f"[{window}]", f"[{wall}]").replace(
+                f" offset {window}", f" offset {wall}")
         queries[f.name] = query
     queries["clock"] = CLOCK_METRIC
     return {"prometheus_url": prometheus_url, "queries": queries, "clock_speedup": speed,
@@ -102,7 +112,15 @@ def actuator_settings(speed: float, prometheus_url: str, scrape_interval_s: floa
 def prometheus_config(metrics_target: str, scrape_interval_s: float = 1.0) -> dict:
     """A Prometheus config scraping the twin's exporter; `honor_labels` keeps the trainer
     series' own `job` label (the PyTorchJob) instead of the scrape job's."""
-    interval = f"{scrape_interval_s:g}s"
+    interval = prometheus_duration(scrape_interval_s)
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
             "scrape_configs": [{"job_name": "rlalloc-twin", "honor_labels": True,
                                 "static_configs": [{"targets": [metrics_target]}]}]}
+
+
+def prometheus_duration(seconds: float) -> str:
+    """`seconds` (> 0) as Prometheus writes durations: "5s", or "500ms" for a fraction of a
+    second, since it accepts no decimals ("0.5s" fails its config check and PromQL alike)."""
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    return f"{max(round(seconds * 1000), 1)}ms"

@@ -13,7 +13,11 @@ every path the same way. This subclass adds, before the emulator touches its sto
 - validation of every PyTorchJob as it would be stored, against the Training Operator's CRD
   schema (422 Invalid, nothing stored) — the API server's job;
 - injected faults (`inject_fault`): the next matching requests are answered with the given
-  statuses without touching the store, like a real overloaded or flaky API server.
+  statuses without touching the store, like a real overloaded or flaky API server;
+- discovery and lists shaped as the API server writes them, so kubectl and typed clients read
+  them: the core group's `groupVersion` is "v1" (kmock writes "/v1", and kubectl then finds no
+  core resource), each resource has its singular and short names, and a list carries its `kind`
+  ("PodList") and `apiVersion`.
 
 Label and field selectors are still ignored (the actuator filters again on its side).
 `ApiServerThread` runs the server and the twin's own code in one event loop thread, so the twin's
@@ -50,6 +54,11 @@ NODES = kmock.resource("", "v1", "nodes")
 EVENTS = kmock.resource("", "v1", "events")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 PYTORCHJOBS = kmock.resource(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL)
+_SERVED = {PODS: ("Pod", True, {"po"}), NODES: ("Node", False, {"no"}),
+           EVENTS: ("Event", True, {"ev"}), LEASES: ("Lease", True, set()),
+           PYTORCHJOBS: ("PyTorchJob", True, set())}
+"""Each served resource's kind, whether it is namespaced and its short names (as kubectl
+knows them from a real API server's discovery)."""
 _HISTORY_KEPT = 2
 """Versions of each object kept (the emulator keeps all of them; a long demo would grow)."""
 
@@ -72,12 +81,10 @@ class TwinKubeAPI(KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for resource, kind, namespaced in ((PODS, "Pod", True), (NODES, "Node", False),
-                                           (EVENTS, "Event", True), (LEASES, "Lease", True),
-                                           (PYTORCHJOBS, "PyTorchJob", True)):
+        for resource, (kind, namespaced, short_names) in _SERVED.items():
             self.resources[resource] = kmock.ResourceInfo(
-                kind=kind, namespaced=namespaced, subresources=(
-                    {"scale", "status"} if resource == PYTORCHJOBS else set()),
+                kind=kind, namespaced=namespaced, singular=kind.lower(), shortnames=short_names,
+                subresources={"scale", "status"} if resource == PYTORCHJOBS else set(),
                 verbs={"get", "list", "watch", "create", "patch", "delete"})
 
     # ------------------------------------------------------------------- test & twin API
@@ -133,6 +140,19 @@ class TwinKubeAPI(KubernetesEmulator):
             del self.objects[key]
 
     # ------------------------------------------------------------------------ HTTP side
+    async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
+        """kmock's `APIResourceList`, with the `groupVersion` the API server writes."""
+        document = await super()._serve_version(request)
+        document["groupVersion"] = _api_version(request.resource)
+        return document
+
+    async def _serve_list(self, request: kmock.Request) -> dict[str, Any]:
+        """kmock's list, with the `kind`, `apiVersion` and `resourceVersion` of a real one."""
+        listing = await super()._serve_list(request)
+        return {"apiVersion": _api_version(request.resource),
+                "kind": f"{self.resources[request.resource].kind}List",
+                "metadata": {"resourceVersion": str(self._version)}, "items": listing["items"]}
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         fault = self._take_fault(request)
         if fault is not None:
@@ -228,6 +248,11 @@ class TwinKubeAPI(KubernetesEmulator):
         key = (request.resource, namespace, name)
         if key in self.objects:
             del self.objects[key].history[:-_HISTORY_KEPT]
+
+
+def _api_version(resource: kmock.resource) -> str:
+    """`apiVersion` of `resource`'s objects: "v1" for the core group, "group/version" else."""
+    return f"{resource.group}/{resource.version}" if resource.group else resource.version
 
 
 def _status(code: int, reason: str, message: str,
