@@ -53,11 +53,11 @@ def prepare_out_file(out: Path | None, force: bool) -> None:
     directory, refuse to replace an existing file without `force`."""
     if out is None:
         return
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; name a .json file")
     if out.exists() and not force:
         raise UserError(f"--out {out}: already exists; pass --force to replace it or choose "
                         "another file")
-    if out.is_dir():
-        raise UserError(f"--out {out}: is a directory; name a .json file")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -50,7 +50,7 @@ def _policies() -> list:
     try:
         registry = importlib.import_module("agent.registry")
         make = {name: (lambda n=name: registry.load_policy(n))
-                for name in ("static", "tiresias", "elastic", "proactive")}
+                for name in ("static", "tiresias", "elastic", "proactive", "elastic-srpt-0.25")}
     except ImportError:
         try:
             heuristics = importlib.import_module("agent.heuristics")

@@ -194,7 +194,7 @@ def test_snapshot_is_not_changed_by_later_simulation():
         assert (np.array_equal(now, value) if isinstance(value, np.ndarray) else now == value), name
 
 
-def test_bench_sim_writes_every_figure(tmp_path):
+def test_bench_sim_writes_every_figure(tmp_path, capsys):
     """`rlalloc bench sim` on a small trace: the JSON has the issue's figures, the replay saw
     every arrival and completion, and the PPO run spent part (not all) of its time in the env."""
     import json
@@ -212,6 +212,9 @@ def test_bench_sim_writes_every_figure(tmp_path):
     figures = json.loads(out.read_text())
     # earlier figures are kept unless --force, and the refusal comes before the measuring
     assert main(argv) == 2 and json.loads(out.read_text()) == figures
+    # a directory is named as the problem (not as an existing file that --force would replace)
+    assert main([*argv[:-1], str(out.parent)]) == 2
+    assert "is a directory" in capsys.readouterr().err
     for key in ("philly_replay_s", "events_per_s", "env_steps_per_s", "peak_rss_mb"):
         assert figures[key] > 0, key
     assert figures["events"] >= 2 * figures["jobs"] == 320
