@@ -64,6 +64,16 @@ def prepare_out_file(out: Path | None, force: bool) -> None:
         raise UserError(f"--out {out}: cannot create {out.parent} ({err.strerror})") from err
 
 
+def _file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 less the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Write `text` (or bytes) to `path` through a temporary file in the same directory and a
     rename."""
@@ -72,6 +82,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would hide results from other users
         os.replace(tmp, path)
     except OSError as err:
         raise UserError(f"{path}: cannot write ({err.strerror}); check the directory") from err

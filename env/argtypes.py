@@ -1,0 +1,61 @@
+"""Argparse types for numeric flags: a bad value is argparse's one-line error, exit 2.
+
+Every command checks its numbers where they are parsed, before any work starts, so a negative
+seed or a zero batch size never surfaces minutes later as a traceback from numpy or SB3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(kind: Callable[[str], float], text: str) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def at_least(minimum: float, kind: Callable[[str], float] = int) -> Callable[[str], float]:
+    """A flag type: a number of `kind` (int or float), finite and >= `minimum`."""
+    def parse(text: str) -> float:
+        value = _number(kind, text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below {minimum:g}")
+        return value
+    parse.__name__ = f"{kind.__name__} >= {minimum:g}"
+    return parse
+
+
+def above(minimum: float, kind: Callable[[str], float] = float) -> Callable[[str], float]:
+    """A flag type: a number of `kind`, finite and > `minimum`."""
+    def parse(text: str) -> float:
+        value = _number(kind, text)
+        if value <= minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be above {minimum:g}")
+        return value
+    parse.__name__ = f"{kind.__name__} > {minimum:g}"
+    return parse
+
+
+def within(low: float, high: float) -> Callable[[str], float]:
+    """A flag type: a finite float in [low, high]."""
+    def parse(text: str) -> float:
+        value = _number(float, text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}]")
+        return value
+    parse.__name__ = f"float in [{low:g}, {high:g}]"
+    return parse
+
+
+SEED = at_least(0)
+"""A random seed: numpy and SB3 take non-negative integers only."""
+POSITIVE_INT = at_least(1)
+"""Counts that must be at least 1 (workers, environments, batch sizes, repeats)."""

@@ -1,0 +1,49 @@
+"""Results are written whole, readable like any file the user creates, and never replaced by
+accident; numeric flags are checked where they are parsed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from env.argtypes import SEED, above, at_least, within
+from env.errors import UserError
+from env.output import prepare_out_dir, prepare_out_file, write_atomic
+
+
+def test_written_results_get_the_mode_open_would_give(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        path = tmp_path / "r.json"
+        write_atomic(path, "{}")
+        assert path.read_text() == "{}"
+        assert path.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    finally:
+        os.umask(umask)
+
+
+def test_out_dir_and_file_refusals_name_the_problem(tmp_path):
+    (tmp_path / "a.json").write_text("old")
+    with pytest.raises(UserError, match="--force"):
+        prepare_out_dir(tmp_path, ["a.json"], force=False)
+    with pytest.raises(UserError, match="not a directory"):
+        prepare_out_dir(tmp_path / "a.json", ["x"], force=True)
+    with pytest.raises(UserError, match="is a directory"):
+        prepare_out_file(tmp_path, force=False)
+    assert (tmp_path / "a.json").read_text() == "old"
+
+
+@pytest.mark.parametrize("kind, good, bad", [
+    (SEED, ("0", "7"), ("-1", "1.5", "x")),
+    (at_least(1), ("1", "64"), ("0", "-3")),
+    (above(0.0), ("0.5", "1e-9"), ("0", "-1", "inf", "nan")),
+    (within(0.0, 1.0), ("0", "1", "0.99"), ("1.01", "-0.1", "nan")),
+])
+def test_flag_types_accept_and_refuse(kind, good, bad):
+    for text in good:
+        kind(text)
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError):
+            kind(text)
