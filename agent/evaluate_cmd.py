@@ -1,8 +1,10 @@
 """`rlalloc evaluate`: compare allocation policies over workloads and seeds, with 95% CIs.
 
-Writes DIR/results.json (mean and 95% confidence half-width of every metric per policy, over
-seeds x workloads, t-distribution), DIR/results.md (a table with each policy's change against
-`static`) and plots: JCT CDF per policy, GPU utilisation and queue length over time.
+Writes DIR/results.json (``mean`` and ``ci95``, the 95% confidence half-width, of every metric
+per policy, over seeds x workloads, t-distribution; ``ci95`` is 0 for a single run, which has no
+spread to measure, and results.md shows n/a there), DIR/results.md (a table with each policy's
+change against `static`, where static was evaluated) and plots: JCT CDF per policy, GPU
+utilisation and queue length over time.
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -24,10 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
+from env.argtypes import POSITIVE_INT, unique_names
 from env.efficiency import EFFICIENCY_MODES, add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
-from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
+from env.output import (
+    add_out_flags,
+    prepare_out_dir,
+    remove_outputs,
+    write_atomic,
+    write_json,
+)
 from env.workload.loader import EMBEDDED_DEFAULT
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
@@ -43,23 +52,27 @@ LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queu
                    "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
                    "energy_kwh", "failures", "invalid_actions"}
 _SERIES_POINTS = 400
+PAIRED_PLOT = "paired_avg_jct.png"
 OUTPUT_FILES = ("results.json", "results.md", "jct_cdf.png", "gpu_util.png", "queue_length.png",
-                "paired_avg_jct.png")
-"""What `rlalloc evaluate` writes into --out."""
+                PAIRED_PLOT)
+"""What `rlalloc evaluate` writes into --out (paired_avg_jct.png only with two policies or
+more; under --force a run removes an earlier run's that it does not write itself)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc evaluate`."""
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="workload (repeatable): CSV path or synthetic[:N[:LOAD[:MAX_HOURS]]]; "
+                        help="workload (repeatable): CSV path or "
+                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT} (the embedded generator)")
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="comma-separated built-in names or saved-model directories "
+    parser.add_argument("--policies", type=unique_names, default=DEFAULT_POLICIES,
+                        help="comma-separated built-in names or saved-model directories, each "
+                             "once "
                              f"(default {DEFAULT_POLICIES}); NAME@MODE runs one under another "
                              "--efficiency, e.g. tiresias@fixed,elastic@adaptive as Pollux "
                              "compared them")
-    parser.add_argument("--seeds", type=int, default=3,
+    parser.add_argument("--seeds", type=POSITIVE_INT, default=3,
                         help="seeds per workload (failure process; synthetic draws too)")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day or none|default|stress (default: default)")
@@ -67,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", default=None, metavar="POLICY",
                         help="policy of --policies every other is compared with run by run "
                              "(default: static if listed, else the first)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
     add_out_flags(parser, Path("results/evaluate"))
 
@@ -118,7 +131,8 @@ def policy_and_mode(entry: str, default: str) -> tuple[str, str]:
 
 
 def confidence(values: list[float]) -> dict[str, float]:
-    """Mean and 95% confidence half-width (Student t over the runs; 0 for one run)."""
+    """Mean and 95% confidence half-width (Student t over the runs). One run has no spread
+    to measure: its half-width is 0, which the tables show as n/a."""
     from scipy import stats
 
     array = np.asarray(values, dtype=float)
@@ -134,15 +148,12 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agent.registry import load_policy
-    from agent.training import failure_rate
+    from env.failures import parse_failure_rate
     from env.scenario import build_scenario
 
-    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)  # before hours of runs, not after
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = args.policies
     if not policies:
         raise UserError("--policies is empty; give e.g. static,elastic,ppo")
-    if args.seeds < 1:
-        raise UserError(f"--seeds {args.seeds}: need at least 1")
     names, modes = {}, set()
     for entry in policies:
         policy, mode = policy_and_mode(entry, args.efficiency)
@@ -159,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     for workload in workloads:  # fails fast on a bad workload, cluster or profile
         for mode in modes:
             build_scenario(workload, args.cluster, seed=0, efficiency=mode)
-    rate = failure_rate(args.failures)
+    rate = parse_failure_rate(args.failures)
+    # after the checks (a refused run leaves no directory), before hours of runs
+    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     seeds = list(range(args.seeds))
     specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies
              for w in workloads for s in seeds]
@@ -248,10 +261,17 @@ def paired_table(paired: dict) -> str:
 def _paired_cell(value: dict) -> str:
     """``+1.2% ± 2.0 (6/12 better)``; the % runs named where some had a reference of 0."""
     runs, counted = value["runs"], value["runs_with_change"]
-    change = "n/a" if value["mean"] is None else f"{value['mean']:+.1f}% ± {value['ci95']:.1f}"
+    change = "n/a" if value["mean"] is None else \
+        f"{value['mean']:+.1f}% ± {_half_width(value['ci95'], counted, 1)}"
     if 0 < counted < runs:
         change += f" over {counted} run{'s' if counted > 1 else ''}"
     return f"{change} ({value['better_runs']}/{runs} better)"
+
+
+def _half_width(ci95: float, runs: int, digits: int) -> str:
+    """A 95% CI half-width as shown, n/a with fewer than 2 runs (`confidence` gives 0 there,
+    which would read as an exact figure)."""
+    return f"{ci95:,.{digits}f}" if runs > 1 else "n/a"
 
 
 def _change(value: float, base: float, key: str) -> str:
@@ -263,9 +283,11 @@ def _change(value: float, base: float, key: str) -> str:
 
 
 def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> str:
-    """results.md's table: mean ± 95% CI per policy and metric, change against static."""
+    """results.md's table: mean ± 95% CI per policy and metric, change against static (if
+    evaluated)."""
     policies = report["policies"]
     base = policies.get("static")
+    runs = len(report["workloads"]) * len(report["seeds"])
     lines = ["| policy | " + " | ".join(metrics) + " |",
              "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
@@ -273,7 +295,7 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
         for key in metrics:
             mean, ci = values[key]["mean"], values[key]["ci95"]
             digits = 0 if abs(mean) >= 100 else 3
-            cell = f"{mean:,.{digits}f} ± {ci:,.{digits}f}"
+            cell = f"{mean:,.{digits}f} ± {_half_width(ci, runs, digits)}"
             if base is not None and name != "static":
                 cell += _change(mean, base[key]["mean"], key)
             cells.append(cell)
@@ -284,18 +306,15 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
 def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, str],
                  out: Path, reference: str | None = None) -> None:
     """results.json, results.md and the PNG plots into `out` (with `reference`, the policy of
-    the paired comparison, also paired_avg_jct.png)."""
-    out.mkdir(parents=True, exist_ok=True)
+    the paired comparison, also paired_avg_jct.png; an earlier run's is removed otherwise, so
+    that it cannot pass for this run's)."""
     write_json(out / "results.json", report)
-    n_runs = len(report["workloads"]) * len(report["seeds"])
     unfinished = {k: v for k, v in report["runs_unfinished"].items() if v}
     md = [f"# Policy comparison on {report['cluster']}",
           "",
           f"Workloads: {', '.join(report['workloads'])}; seeds {report['seeds']}; failures "
           f"`{report['failures']}`; efficiency `{report['efficiency']}` (a policy named "
-          "NAME@MODE runs under MODE). Each cell: mean ± 95% "
-          f"CI (t-distribution over {n_runs} runs = seeds × workloads); in brackets the change "
-          "against `static` (✓ = better).",
+          f"NAME@MODE runs under MODE). {_cell_legend(report)}",
           "",
           markdown_table(report),
           ""]
@@ -311,10 +330,24 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
-    paired_png = ", paired_avg_jct.png" if reference is not None else ""
+    paired_png = f", {PAIRED_PLOT}" if reference is not None else ""
     md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     write_atomic(out / "results.md", "\n".join(md) + "\n")
     _plots(results, names, out, reference)
+    if reference is None:
+        remove_outputs(out, [PAIRED_PLOT])
+
+
+def _cell_legend(report: dict) -> str:
+    """What a cell of results.md's table shows: the CI only where there are runs to spread,
+    the change against static only where static was evaluated with others."""
+    runs = len(report["workloads"]) * len(report["seeds"])
+    legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads)"
+              if runs > 1 else "Each cell: the one run's value (one seed, one workload: no CI, "
+                               "n/a)")
+    if "static" in report["policies"] and len(report["policies"]) > 1:
+        legend += "; in brackets the change against `static` (✓ = better)"
+    return legend + "."
 
 
 def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
@@ -336,8 +369,14 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
     ax.set_title("Paired comparison (dots: runs, bar: mean)")
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    fig.savefig(out / "paired_avg_jct.png", dpi=120)
+    fig.savefig(out / PAIRED_PLOT, dpi=120)
     plt.close(fig)
+
+
+def _legend(ax: object) -> None:
+    """A legend when some policy drew a line (none finished a job: an empty plot, no legend)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
 
 
 def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
@@ -354,14 +393,15 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
     for policy, name in names.items():
         jcts = np.sort(np.concatenate([r["jcts_s"] for s, r in results.items()
                                        if s.policy == policy] or [np.zeros(0)]))
-        if len(jcts):
-            ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=name)
+        if len(jcts):  # a zero-length job (a zero duration in the trace) has no log position
+            ax.plot(np.maximum(jcts, 1.0) / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts),
+                    label=name)
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("share of jobs")
     ax.set_title("JCT CDF (all workloads and seeds)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend(ax)
     fig.tight_layout()
     fig.savefig(out / "jct_cdf.png", dpi=120)
     plt.close(fig)
@@ -387,7 +427,7 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
         if first is not None:
             ax.set_title(f"{Path(first.workload).name}, seed {first.seed}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        _legend(ax)
         fig.tight_layout()
         fig.savefig(out / file, dpi=120)
         plt.close(fig)

@@ -28,15 +28,24 @@ import numpy as np
 
 from agent.heuristics import ElasticPolicy, RemainingWork
 from agent.lookahead import parse_future
+from env.argtypes import POSITIVE_INT, SEED, unique_names
 from env.efficiency import add_efficiency_flag
 from env.errors import UserError
-from env.output import add_out_flags, prepare_out_dir, write_atomic, write_json
+from env.output import (
+    add_out_flags,
+    prepare_out_dir,
+    remove_outputs,
+    write_atomic,
+    write_json,
+)
 from env.workload.loader import EMBEDDED_DEFAULT
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
 """What `rlalloc headroom` writes into --out."""
 RECORDINGS_DIR = "recordings"
-"""Where `--record` puts the lookahead's demonstrations, inside --out."""
+"""Where `--record` puts the lookahead's demonstrations, inside --out (replaced as a whole by
+--force --record, so that an earlier run's recordings never mix with this run's; left alone
+without --record)."""
 SIZES = ("known", "learned")
 """--sizes: where the base's job sizes come from in its extra runs, one run each."""
 
@@ -44,15 +53,16 @@ SIZES = ("known", "learned")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc headroom`."""
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="workload (repeatable): CSV path or synthetic[:N[:LOAD[:MAX_HOURS]]]; "
+                        help="workload (repeatable): CSV path or "
+                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT}")
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the policy followed wherever the lookahead does not deviate, "
                              "and in every fork (default elastic-srpt-0.25)")
-    parser.add_argument("--alternatives", default="elastic-srpt,elastic",
+    parser.add_argument("--alternatives", type=unique_names, default="elastic-srpt,elastic",
                         help="comma-separated policies whose proposals may be taken instead")
-    parser.add_argument("--futures", default="known,none",
+    parser.add_argument("--futures", type=unique_names, default="known,none",
                         help="what the forks know, comma-separated: known (every later "
                              "arrival), none (only submitted jobs), a horizon of arrivals "
                              "such as 1h or 30m, or sampled-1h (the hour drawn from --history; "
@@ -60,22 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", action="append", default=[], metavar="W",
                         help="workload (repeatable) whose arrivals a sampled future draws from, "
                              "e.g. the training workloads; a workload never draws from itself")
-    parser.add_argument("--samples", type=int, default=5,
+    parser.add_argument("--samples", type=POSITIVE_INT, default=5,
                         help="futures drawn per contested decision for a sampled future; a "
                              "deviation must win in each (default 5)")
     parser.add_argument("--record", action="store_true",
                         help="also save every lookahead decision as a residual-policy "
                              f"demonstration, {RECORDINGS_DIR}/<workload>--<future>.npz in --out "
                              "(for `rlalloc train --residual BASE,ALTERNATIVES --imitate`)")
-    parser.add_argument("--sizes", default="",
+    parser.add_argument("--sizes", type=unique_names, default="",
                         help="also run the base told each job's remaining work instead of "
                              "extrapolating it from progress, comma-separated: known (the "
                              "simulator's, a perfect size predictor), learned (the median size "
                              "of --history jobs with the same speed curve); an elastic base "
                              "only (default: no such run)")
     add_efficiency_flag(parser)
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (synthetic draws)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--seed", type=SEED, default=0, help="workload seed (synthetic draws)")
+    parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
     add_out_flags(parser, Path("results/headroom"))
 
@@ -163,32 +173,27 @@ def run(args: argparse.Namespace) -> int:
     from agent.registry import load_policy
     from env.scenario import build_scenario
 
-    prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
-                    args.force)
-    alternatives = tuple(name.strip() for name in args.alternatives.split(",") if name.strip())
+    alternatives = tuple(args.alternatives)
     if not alternatives:
         raise UserError("--alternatives is empty; give e.g. elastic-srpt,elastic")
-    futures = [name.strip() for name in args.futures.split(",") if name.strip()]
-    sizes = [name.strip() for name in args.sizes.split(",") if name.strip()]
+    futures, sizes = args.futures, args.sizes
     if unknown := [name for name in sizes if name not in SIZES]:
-        raise UserError(f"--sizes {args.sizes!r}: {unknown[0]} is not a source of job sizes; "
-                        f"use {' or '.join(SIZES)}, comma-separated")
+        raise UserError(f"--sizes {','.join(sizes)}: {unknown[0]} is not a source of job sizes;"
+                        f" use {' or '.join(SIZES)}, comma-separated")
     for future in futures or ([] if sizes else [""]):  # a column at least
         try:
             sampled = parse_future(future).sampled
         except ValueError:
-            raise UserError(f"--futures {args.futures!r}: {future or 'nothing'} is not a "
+            raise UserError(f"--futures {','.join(futures)!r}: {future or 'nothing'} is not a "
                             "future; use known, none, a horizon such as 1h or 30m, or "
                             "sampled-1h") from None
         if sampled and not args.history:
             raise UserError(f"--futures {future} draws arrivals from history; give the "
                             "workloads to draw from with --history W (repeatable)")
-    if args.samples < 1:
-        raise UserError(f"--samples {args.samples}: draw at least 1 future per decision")
     for name in (args.base, *alternatives):
         load_policy(name)  # fails fast with the list of valid names
     if sizes and not isinstance(load_policy(args.base), ElasticPolicy):
-        raise UserError(f"--sizes {args.sizes}: --base {args.base} does not estimate job "
+        raise UserError(f"--sizes {','.join(sizes)}: --base {args.base} does not estimate job "
                         "sizes; use an elastic base such as elastic-srpt-0.25, or leave out "
                         "--sizes")
     if "learned" in sizes and not args.history:
@@ -204,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--history has no workload but {workload} itself, which is "
                                 "never learnt or drawn from when measured; add another "
                                 "--history")
+    # after the checks (a refused run leaves no directory), before the runs
+    prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
+                    args.force)
+    if args.force and args.record:
+        remove_outputs(args.out, [RECORDINGS_DIR])
     specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
                          tuple(args.history), args.samples,
                          recording_path(args.out, w, f) if args.record and f else None,
@@ -214,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
               for w in workloads for source in sizes]
     results: dict[HeadroomRun, dict[str, float]] = {}
     with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
-            ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
             results[spec] = result
             bar.update()
@@ -272,7 +282,7 @@ def summarise(results: dict[HeadroomRun, dict[str, float]], workloads: list[str]
     for column in columns:
         jct = float(np.mean([row[column]["avg_jct_s"] for row in rows.values()]))
         mean[column] = {"avg_jct_s": jct, "change": jct / mean_base - 1.0}
-    return {"base": args.base, "alternatives": args.alternatives.split(","),
+    return {"base": args.base, "alternatives": list(args.alternatives),
             "cluster": args.cluster, "seed": args.seed, "efficiency": args.efficiency,
             "futures": [column for column in columns if not _is_sizes(column)],
             "columns": columns,

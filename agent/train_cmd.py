@@ -9,9 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.training import TrainConfig
+from env.argtypes import POSITIVE_INT, SEED, above, at_least, within
 from env.efficiency import add_efficiency_flag
 
 _DEFAULTS = TrainConfig()
+_FRACTION = within(0.0, 1.0)
+"""Probabilities, discounts and GAE lambda."""
+_NON_NEGATIVE = at_least(0.0, float)
+"""Costs, margins and time constants (0 = off)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,29 +24,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo",
                         help="ppo = sb3-contrib MaskablePPO (masked), dqn = SB3 DQN")
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="training workload (repeatable): CSV path or synthetic[:N[:LOAD]];"
+                        help="training workload (repeatable): CSV path or "
+                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]];"
                              f" default {_DEFAULTS.workloads[0]}")
     parser.add_argument("--cluster", default=_DEFAULTS.cluster, help="cluster spec, e.g. 16x4")
-    parser.add_argument("--timesteps", type=int, default=_DEFAULTS.timesteps,
+    parser.add_argument("--timesteps", type=at_least(0), default=_DEFAULTS.timesteps,
                         help="RL environment steps after the warm start")
-    parser.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    parser.add_argument("--seed", type=SEED, default=_DEFAULTS.seed,
+                        help="seed of the environments, SB3 and the warm start")
     add_efficiency_flag(parser)
     parser.add_argument("--failures", default=_DEFAULTS.failures,
                         help="failures per GPU-day or none|default|stress")
-    parser.add_argument("--n-envs", type=int, default=_DEFAULTS.n_envs,
+    parser.add_argument("--n-envs", type=POSITIVE_INT, default=_DEFAULTS.n_envs,
                         help="environments stepped together (DummyVecEnv)")
-    parser.add_argument("--n-steps", type=int, default=_DEFAULTS.n_steps,
+    parser.add_argument("--n-steps", type=POSITIVE_INT, default=_DEFAULTS.n_steps,
                         help="ppo: steps per environment per update (larger = less noisy "
                              "updates)")
-    parser.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size,
-                        help="ppo: minibatch size")
-    parser.add_argument("--gae-lambda", type=float, default=_DEFAULTS.gae_lambda,
+    parser.add_argument("--batch-size", type=at_least(2), default=_DEFAULTS.batch_size,
+                        help="ppo: minibatch size (advantages are normalised over it)")
+    parser.add_argument("--gae-lambda", type=_FRACTION, default=_DEFAULTS.gae_lambda,
                         help="ppo: GAE lambda (lower = less variance, more critic bias)")
-    parser.add_argument("--learning-rate", type=float, default=None,
+    parser.add_argument("--learning-rate", type=above(0.0), default=None,
                         help=f"default {_DEFAULTS.learning_rate} (ppo), 1e-4 (dqn)")
     parser.add_argument("--warm-start", default=_DEFAULTS.warm_start,
                         help="heuristic to behaviour-clone first ('' for none)")
-    parser.add_argument("--dagger-rounds", type=int, default=_DEFAULTS.dagger_rounds)
+    parser.add_argument("--dagger-rounds", type=at_least(0), default=_DEFAULTS.dagger_rounds,
+                        help="rounds of DAgger after cloning the --warm-start heuristic")
     parser.add_argument("--residual", default="", metavar="H1[,H2...]",
                         help="add a 'follow H' action per heuristic and start as H1 (ppo only;"
                              " replaces --warm-start; see agent.residual)")
@@ -49,23 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="residual: fit the actor to these lookahead recordings first "
                              "(`rlalloc headroom --record`; repeatable; recorded with --base "
                              "and --alternatives equal to --residual's H1 and H2...)")
-    parser.add_argument("--imitate-margin", type=float, default=_DEFAULTS.imitate_margin,
+    parser.add_argument("--imitate-margin", type=_NON_NEGATIVE, default=_DEFAULTS.imitate_margin,
                         help="with --imitate: job-hours a deviation from H1 must be predicted "
                              "to save")
-    parser.add_argument("--residual-veto-p", type=float, default=_DEFAULTS.residual_veto_p,
+    parser.add_argument("--residual-veto-p", type=_FRACTION, default=_DEFAULTS.residual_veto_p,
                         help="residual start: chance of sampling a veto of a proposal")
-    parser.add_argument("--residual-raw-p", type=float, default=_DEFAULTS.residual_raw_p,
+    parser.add_argument("--residual-raw-p", type=_FRACTION, default=_DEFAULTS.residual_raw_p,
                         help="residual start: chance of sampling a raw action")
-    parser.add_argument("--residual-switch-p", type=float, default=_DEFAULTS.residual_switch_p,
+    parser.add_argument("--residual-switch-p", type=_FRACTION, default=_DEFAULTS.residual_switch_p,
                         help="residual start: chance of following H2... where H1 is idle")
-    parser.add_argument("--action-cost", type=float, default=_DEFAULTS.action_cost,
+    parser.add_argument("--action-cost", type=_NON_NEGATIVE, default=_DEFAULTS.action_cost,
                         help="reward charged per applied action (rewards are scaled by 0.01)")
-    parser.add_argument("--gamma", type=float, default=_DEFAULTS.gamma,
+    parser.add_argument("--gamma", type=_FRACTION, default=_DEFAULTS.gamma,
                         help="discount per environment step")
-    parser.add_argument("--time-discount-s", type=float, default=_DEFAULTS.time_discount_s,
+    parser.add_argument("--time-discount-s", type=_NON_NEGATIVE, default=_DEFAULTS.time_discount_s,
                         help="semi-MDP discount exp(-t/T) over simulated seconds, on top of "
                              "--gamma (use --gamma 1 with it); 0 = off")
-    parser.add_argument("--eval-every", type=int, default=_DEFAULTS.eval_every,
+    parser.add_argument("--eval-every", type=POSITIVE_INT, default=_DEFAULTS.eval_every,
                         help="steps between evaluations on the training workloads")
     parser.add_argument("--eval-workload", action="append", dest="eval_workloads", metavar="W",
                         help="workload of the periodic evaluation that picks the exported "
@@ -73,9 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " never a held-out one)")
     parser.add_argument("--out", type=Path, required=True, help="model directory")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--force", action="store_true", help="overwrite an existing model")
+    group.add_argument("--force", action="store_true",
+                       help="replace an earlier run in OUT: its model, cards, config, "
+                            "checkpoints/ and tb/ are removed before training starts")
     group.add_argument("--resume", action="store_true",
-                       help="continue from OUT/checkpoints/last.zip up to --timesteps")
+                       help="continue the run in OUT from its latest checkpoint up to --timesteps")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -101,7 +111,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, export the best policy to OUT and write OUT/card.json."""
+    """Train, export the best policy to OUT and write OUT/card.json (the flags' ranges are
+    checked by argparse, everything else by `train` before it writes anything)."""
     from agent.training import train
 
     summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)

@@ -14,16 +14,21 @@ critic's warm start and the RL returns are on the same scale.
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import gymnasium as gym
 import numpy as np
 import torch
+from rich.progress import Progress
 
-from agent.deployed import load_deployed
+from agent.deployed import META_FILE, WEIGHTS_FILE, load_deployed
 from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
@@ -31,14 +36,26 @@ from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.registry import load_policy
 from agent.residual import follow_first, init_follow_head, make_residual
 from env.errors import UserError
-from env.failures import FAILURE_PRESETS, FailureParams
+from env.failures import FailureParams, parse_failure_rate
 from env.gym_env import ClusterAllocEnv, RewardWeights
+from env.output import prepare_out_dir, remove_outputs, write_atomic, write_json
 from env.params import SimParams
+from env.progress import progress_bar
 from env.scenario import build_scenario
 
+T = TypeVar("T")
 CONFIG_FILE = "train_config.json"
+CARD_FILE = "card.json"
+CARD_MD_FILE = "card.md"
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.zip"
+TB_DIR = "tb"
+RUN_FILES = (WEIGHTS_FILE, META_FILE, CONFIG_FILE, CARD_FILE, CARD_MD_FILE, CHECKPOINT_DIR,
+             TB_DIR)
+"""Everything a run writes into its directory. A new run refuses to write over any of them
+without --force, and --force removes them all first: left behind, the replaced run's
+checkpoints would be what --resume continues, its curves would show in TensorBoard as this
+run's, and its policy would stand for this run's if this one exported none."""
 
 
 @dataclass(frozen=True)
@@ -116,21 +133,8 @@ class TrainConfig:
 
     def sim_params(self) -> SimParams:
         """Simulator parameters implied by `failures`."""
-        return SimParams(failures=FailureParams(failures_per_gpu_day=failure_rate(self.failures)))
-
-
-def failure_rate(text: str) -> float:
-    """Failures per GPU-day from a preset name or a number (UserError otherwise)."""
-    if text in FAILURE_PRESETS:
-        return FAILURE_PRESETS[text]
-    try:
-        rate = float(text)
-    except ValueError as err:
-        raise UserError(f"--failures {text!r}: give a rate (failures per GPU-day) or one of "
-                        f"{', '.join(FAILURE_PRESETS)}") from err
-    if rate < 0:
-        raise UserError(f"--failures {text!r}: the rate must be >= 0")
-    return rate
+        rate = parse_failure_rate(self.failures)
+        return SimParams(failures=FailureParams(failures_per_gpu_day=rate))
 
 
 class ScaledReward(gym.Wrapper):
@@ -175,15 +179,15 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> C
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
-                 seed: int = 0) -> float:
+                 seed: int = 0, on_progress: Callable[[int], None] | None = None) -> float:
     """Mean average JCT of `policy` (a `Policy.act`) over `workloads`, one run each (infinite
-    if a run leaves jobs unfinished)."""
+    if a run leaves jobs unfinished); `on_progress` is told each job finished."""
     params = config.sim_params()
     jcts = []
     for workload in workloads:
         sim = build_scenario(workload, config.cluster, seed=seed,
                              efficiency=config.efficiency).simulator(params, seed=seed)
-        result = run_policy(sim, policy)
+        result = run_policy(sim, policy, on_progress=on_progress)
         jcts.append(result.metrics["avg_jct_s"] if result.finished else float("inf"))
     return float(np.mean(jcts))
 
@@ -224,39 +228,26 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
           log: Callable[[str], None] = print) -> dict:
     """Run `config` into directory `out` and return its summary (also saved as card.json).
 
-    Refuses to overwrite an existing model unless `force`; with `resume`, continues from
-    ``out/checkpoints/last.zip`` up to `config.timesteps`.
+    Everything is checked before anything is written or trained: the settings, the
+    workloads and cluster (by building them), the teacher, the recordings and `out`. A new
+    run refuses a directory holding any of `RUN_FILES` unless `force`, which removes them
+    first; with `resume`, it continues from the checkpoint with the most timesteps in
+    ``out/checkpoints`` up to `config.timesteps`. If no periodic evaluation finished every
+    job, nothing is exported and the run ends in a `UserError` once its checkpoints and
+    card are saved.
     """
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
+    assert not (resume and force), "resume continues the run in out, force replaces it"
     torch.set_num_threads(1)
-    if config.time_discount_s > 0 and config.algo != "ppo":
-        raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
-    if config.residual and config.algo != "ppo":
-        raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
-                        "follow action is masked when the heuristic proposes nothing)")
-    if config.imitate and not config.residual:
-        raise UserError("--imitate fits a residual policy; give --residual with the "
-                        "recording's base and alternatives, e.g. "
-                        "elastic-srpt-0.25,elastic-srpt,elastic")
+    out = Path(out)
+    check_config(config)
+    checkpoint = _check_out(config, out, resume, force)
+    eval_workloads = config.eval_workloads or config.workloads[:2]
+    eval_jobs = _check_workloads(config, eval_workloads)
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
-    out = Path(out)
-    checkpoint = out / CHECKPOINT_DIR / LAST_CHECKPOINT
-    if resume:
-        checkpoint = latest_checkpoint(out)
-        if checkpoint is None:
-            raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR})"
-                            f"; drop --resume")
-    elif (out / "policy.json").exists() and not force:
-        raise UserError(f"{out}: a trained model is already there; pass --force to overwrite it"
-                        f" or --resume to continue training it")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
-    eval_workloads = config.eval_workloads or config.workloads[:2]
-    started = time.perf_counter()
-
     vec_env = VecMonitor(DummyVecEnv([
         (lambda: ScaledReward(make_env(config), config.reward_scale, config.action_cost))
         for _ in range(config.n_envs)]))
@@ -266,70 +257,200 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         raise UserError(f"--imitate: the recordings' observations have {recordings.obs.shape[1]}"
                         f" features, this policy's {vec_env.observation_space.shape[0]}; record "
                         "them again with this rlalloc and these --residual heuristics")
+    _start_run_dir(config, out, force, log)
+    started = time.perf_counter()
     summary: dict = {"config": asdict(config), "evaluations": []}
-    if resume:
-        model = _load_model(config, checkpoint, vec_env)
-        previous = json.loads((out / "card.json").read_text()) if (out / "card.json").is_file() \
-            else {}
-        summary["evaluations"] = previous.get("evaluations", [])
-        summary["warm_start"] = previous.get("warm_start")
+    with progress_bar() as progress:
+        if resume:
+            model = _load_model(config, checkpoint, vec_env)
+            started -= _resume_summary(summary, out)
+        else:
+            model = _build_model(config, vec_env, out / TB_DIR)
+            summary["warm_start"] = _start(config, model, log, progress, recordings)
         best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
-        # wall time so far: the finished run's, else (killed) that of its last evaluation
-        started -= previous.get("wall_s", summary["evaluations"][-1]["wall_s"]
-                                if summary["evaluations"] else 0.0)
-    else:
-        model = _build_model(config, vec_env, out / "tb")
-        if config.residual:
-            summary["warm_start"] = _residual_start(config, model, log, recordings)
-        elif config.warm_start:
-            summary["warm_start"] = _warm_start(config, model, log)
-        best = float("inf")
 
-    def evaluate_now(step: int) -> float:
-        nonlocal best
-        net, _ = deployed_net(model, config.algo)
-        jct = evaluate_jct(in_memory_policy(net, config.algo, spec, residual=config.residual).act,
-                           config, eval_workloads)
-        summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
-                                       "wall_s": time.perf_counter() - started})
-        (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if killed
-        if jct < best:
-            best = jct
-            export_model(model, config.algo, spec, out, residual=config.residual)
-        log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training workload(s)"
-            f" (best {best:,.0f} s)")
-        return jct
+        def evaluate_now(step: int) -> float:
+            nonlocal best
+            net, _ = deployed_net(model, config.algo)
+            policy = in_memory_policy(net, config.algo, spec, residual=config.residual)
+            with _task(progress, f"evaluate step {step:,}", eval_jobs) as advance:
+                jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance)
+            summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
+                                           "wall_s": time.perf_counter() - started})
+            write_json(out / CARD_FILE, summary)  # kept if killed
+            if jct < best:
+                best = jct
+                export_model(model, config.algo, spec, out, residual=config.residual)
+            log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training "
+                f"workload(s) (best {best:,.0f} s)")
+            return jct
 
-    class PeriodicEvaluation(BaseCallback):
-        def _on_step(self) -> bool:
-            if self.num_timesteps % config.eval_every < vec_env.num_envs:
-                self.logger.record("eval/avg_jct_s", evaluate_now(self.num_timesteps))
-            return True
+        if not resume:
+            evaluate_now(0)
+        remaining = config.timesteps - model.num_timesteps
+        if remaining > 0:
+            with _task(progress, "RL steps", remaining) as advance:
 
-    if not resume:
-        evaluate_now(0)
-    remaining = config.timesteps - model.num_timesteps
-    if remaining > 0:
-        callbacks = CallbackList([
-            *_discount_callbacks(config),
-            PeriodicEvaluation(),
-            CheckpointCallback(max(config.eval_every // config.n_envs, 1),
-                               str(out / CHECKPOINT_DIR), name_prefix="step"),
-        ])
-        model.learn(remaining, callback=callbacks, progress_bar=True,
-                    reset_num_timesteps=not resume, tb_log_name=config.algo)
-        evaluate_now(model.num_timesteps)
-    model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
-    summary["timesteps"] = int(model.num_timesteps)
-    summary["wall_s"] = time.perf_counter() - started
-    summary["best_avg_jct_s"] = best
-    summary["heuristic_avg_jct_s"] = {
-        name: evaluate_jct(load_policy(name).act, config, eval_workloads)
-        for name in dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))}
-    (out / "card.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "card.md").write_text(card_markdown(summary))
+                class StepsAndEvaluations(BaseCallback):
+                    def _on_step(self) -> bool:
+                        advance(vec_env.num_envs)
+                        if self.num_timesteps % config.eval_every < vec_env.num_envs:
+                            self.logger.record("eval/avg_jct_s",
+                                               evaluate_now(self.num_timesteps))
+                        return True
+
+                callbacks = CallbackList([
+                    *_discount_callbacks(config),
+                    StepsAndEvaluations(),
+                    CheckpointCallback(max(config.eval_every // config.n_envs, 1),
+                                       str(out / CHECKPOINT_DIR), name_prefix="step"),
+                ])
+                model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume,
+                            tb_log_name=config.algo)
+            if not summary["evaluations"] or \
+                    summary["evaluations"][-1]["timesteps"] != model.num_timesteps:
+                evaluate_now(model.num_timesteps)
+        model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
+        summary["timesteps"] = int(model.num_timesteps)
+        summary["wall_s"] = time.perf_counter() - started
+        summary["best_avg_jct_s"] = best
+        summary["exported_timesteps"] = exported_step(summary["evaluations"])
+        summary["heuristic_avg_jct_s"] = {}
+        for name in dict.fromkeys((*config.residual, config.warm_start or "elastic", "static")):
+            with _task(progress, f"evaluate {name}", eval_jobs) as advance:
+                summary["heuristic_avg_jct_s"][name] = evaluate_jct(
+                    load_policy(name).act, config, eval_workloads, on_progress=advance)
+    write_json(out / CARD_FILE, summary)
+    write_atomic(out / CARD_MD_FILE, card_markdown(summary))
+    if summary["exported_timesteps"] is None:
+        raise UserError(_nothing_exported(out, summary["evaluations"]))
     load_deployed(out)  # the export must load
     return summary
+
+
+def check_config(config: TrainConfig) -> None:
+    """Refuse settings that SB3, the residual start or the simulator would reject only after
+    minutes of work (each flag's own range is checked where it is parsed, `agent.train_cmd`;
+    these are the combinations, and the names)."""
+    if config.time_discount_s > 0 and config.algo != "ppo":
+        raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
+    if config.residual and config.algo != "ppo":
+        raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
+                        "follow action is masked when the heuristic proposes nothing)")
+    if config.imitate and not config.residual:
+        raise UserError("--imitate fits a residual policy; give --residual with the "
+                        "recording's base and alternatives, e.g. "
+                        "elastic-srpt-0.25,elastic-srpt,elastic")
+    if config.algo == "ppo" and config.n_steps * config.n_envs < 2:
+        raise UserError(f"--n-steps {config.n_steps} x --n-envs {config.n_envs}: a PPO rollout "
+                        "needs at least 2 steps (its advantages are normalised over them)")
+    for flag, probability in (("--residual-veto-p", config.residual_veto_p),
+                              ("--residual-raw-p", config.residual_raw_p),
+                              ("--residual-switch-p", config.residual_switch_p)):
+        if config.residual and not 0.0 < probability < 1.0:
+            raise UserError(f"{flag} {probability:g}: must be strictly between 0 and 1 (the "
+                            "start's logits are its log-odds); use e.g. 0.001 for almost never")
+    parse_failure_rate(config.failures)
+    if config.warm_start and not config.residual:
+        load_policy(config.warm_start)  # fails fast with the list of valid names
+
+
+def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Path | None:
+    """The checkpoint a resumed run continues from (None for a new run); a `UserError` if
+    `out` holds an earlier run and neither `resume` nor `force` says what to do with it, or
+    if a resume changes the network's algorithm or action space."""
+    if not resume:
+        earlier = [name for name in RUN_FILES if (out / name).exists()]
+        if earlier and not force:
+            raise UserError(f"{out}: holds an earlier run ({', '.join(earlier)}); pass --force "
+                            "to replace all of it (checkpoints and TensorBoard logs included),"
+                            " --resume to continue it, or choose another --out")
+        return None
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is None:
+        raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR}); "
+                        "drop --resume")
+    saved = out / CONFIG_FILE
+    previous = json.loads(saved.read_text()) if saved.is_file() else {}
+    algo, residual = previous.get("algo", config.algo), tuple(previous.get("residual", ()))
+    if (algo, residual) != (config.algo, config.residual):
+        raise UserError(f"--resume: {out} was trained with --algo {algo} --residual "
+                        f"'{','.join(residual)}'; resume it with the same (they fix the "
+                        "network), or start a new run in another --out")
+    return checkpoint
+
+
+def _check_workloads(config: TrainConfig, eval_workloads: tuple[str, ...]) -> int:
+    """Build every training and evaluation workload on the cluster, so that a bad path,
+    workload spec or cluster fails now rather than after the warm start; return the jobs
+    one evaluation runs (the length of its progress bar)."""
+    jobs = {workload: len(build_scenario(workload, config.cluster,
+                                         efficiency=config.efficiency).workload.jobs)
+            for workload in dict.fromkeys((*config.workloads, *eval_workloads))}
+    return sum(jobs[workload] for workload in eval_workloads)
+
+
+def _start_run_dir(config: TrainConfig, out: Path, force: bool,
+                   log: Callable[[str], None]) -> None:
+    """Create `out` now that the run is known to start (a failed check leaves no directory
+    behind), clear the earlier run's files under `force`, and save the configuration."""
+    prepare_out_dir(out, [], force)
+    if force and (removed := remove_outputs(out, RUN_FILES)):
+        log(f"--force: removed the earlier run's {', '.join(removed)} from {out}")
+    write_json(out / CONFIG_FILE, asdict(config))
+
+
+def _resume_summary(summary: dict, out: Path) -> float:
+    """Take the evaluations and warm start of the run being resumed into `summary` and
+    return its wall seconds so far: the finished run's, else (killed) its last evaluation's."""
+    card = out / CARD_FILE
+    previous = json.loads(card.read_text()) if card.is_file() else {}
+    summary["evaluations"] = previous.get("evaluations", [])
+    summary["warm_start"] = previous.get("warm_start")
+    last = summary["evaluations"][-1]["wall_s"] if summary["evaluations"] else 0.0
+    return previous.get("wall_s", last)
+
+
+def _start(config: TrainConfig, model: object, log: Callable[[str], None], progress: Progress,
+           recordings: Recording | None) -> dict | None:
+    """Where the policy starts before RL (described for the card): residual, cloned from
+    the warm-start heuristic, or (None) SB3's initialisation."""
+    workloads = len(config.workloads)
+    if config.residual:
+        with _task(progress, "residual start", workloads + 1 + (recordings is not None)) as step:
+            return _residual_start(config, model, log, step, recordings)
+    if config.warm_start:
+        with _task(progress, "warm start", (config.dagger_rounds + 1) * (workloads + 1)) as step:
+            return _warm_start(config, model, log, step)
+    return None
+
+
+@contextmanager
+def _task(progress: Progress, description: str, total: float) -> Iterator[Callable[[float], None]]:
+    """A bar in `progress` for one phase of the run, removed when the phase ends; yields
+    the function that advances it."""
+    task = progress.add_task(description, total=total)
+    try:
+        yield partial(progress.advance, task)
+    finally:
+        progress.remove_task(task)
+
+
+def exported_step(evaluations: list[dict]) -> int | None:
+    """The step whose policy was exported: the first evaluation with the lowest finite average
+    JCT (a later one must beat it to replace it); None if no evaluation finished every job."""
+    finished = [e for e in evaluations if math.isfinite(e["avg_jct_s"])]
+    return min(finished, key=lambda e: e["avg_jct_s"])["timesteps"] if finished else None
+
+
+def _nothing_exported(out: Path, evaluations: list[dict]) -> str:
+    """Why a run ended without a policy, and what to do (one line)."""
+    steps = ", ".join(f"{e['timesteps']:,}" for e in evaluations)
+    return (f"{out}: no evaluation finished every job (steps {steps}: the policy left jobs "
+            "waiting until the time limit), so no policy was exported, as it would strand "
+            "jobs in a cluster too; checkpoints and card.json are kept: continue with --resume "
+            "and a larger --timesteps, or change --warm-start, --dagger-rounds or "
+            "--learning-rate")
 
 
 def _rollout_buffer_class(config: TrainConfig) -> type | None:
@@ -381,6 +502,14 @@ def _describe_warm_start(info: dict | None) -> str:
             f"had no discrete index)")
 
 
+def _describe_export(summary: dict) -> str:
+    step = summary["exported_timesteps"]
+    if step is None:
+        return "none, as no periodic evaluation finished every job"
+    return (f"the best of the periodic evaluations (step {step:,}), avg JCT "
+            f"{summary['best_avg_jct_s']:,.0f} s")
+
+
 def card_markdown(summary: dict) -> str:
     """A readable model card from the training summary (card.json holds the same facts)."""
     config = summary["config"]
@@ -394,8 +523,7 @@ def card_markdown(summary: dict) -> str:
         f"- RL timesteps: {summary['timesteps']:,}; wall time {summary['wall_s']:.0f} s "
         f"(2-core machine, 1 torch thread)",
         f"- warm start: {_describe_warm_start(summary.get('warm_start'))}",
-        f"- exported policy: the best of the periodic evaluations, avg JCT "
-        f"{summary['best_avg_jct_s']:,.0f} s on "
+        f"- exported policy: {_describe_export(summary)} on "
         f"{', '.join(Path(w).name for w in (config['eval_workloads'] or config['workloads'][:2]))}",
         "- same evaluation for the heuristics: " + ", ".join(
             f"{k} {v:,.0f} s" for k, v in summary["heuristic_avg_jct_s"].items()),
@@ -411,20 +539,23 @@ def card_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) -> dict:
+def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
+                step: Callable[[float], None]) -> dict:
     """Behaviour-clone `config.warm_start` into `model`'s policy, then `dagger_rounds` rounds
-    of DAgger (see `agent.imitation`)."""
+    of DAgger (see `agent.imitation`); `step` is called after each rollout and each fit."""
     teacher = load_policy(config.warm_start)
     envs = [make_env(config, (workload,)) for workload in config.workloads]
     demos = concatenate([
-        collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
-                               config.seed + 1000 * i, config.gamma, config.reward_scale)
+        _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
+                                              config.seed + 1000 * i, config.gamma,
+                                              config.reward_scale))
         for i, env in enumerate(envs)])
     teacher_steps = len(demos.actions)
     history = []
     for round_ in range(config.dagger_rounds + 1):
-        stats = fit_policy(model.policy, demos, config.bc_epochs, 256, config.bc_learning_rate,
-                           config.seed + round_, value=config.algo == "ppo")
+        stats = _stepped(step, fit_policy(model.policy, demos, config.bc_epochs, 256,
+                                          config.bc_learning_rate, config.seed + round_,
+                                          value=config.algo == "ppo"))
         history.append({"samples": len(demos.actions), **stats})
         log(f"warm start round {round_}: {len(demos.actions)} labelled steps, "
             f"accuracy {stats['accuracy']:.3f}")
@@ -434,8 +565,9 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) 
         student = in_memory_policy(net, config.algo, envs[0].featurizer.spec)
         cap = 3 * teacher_steps // max(len(envs), 1)
         demos = concatenate([demos] + [
-            collect_demonstrations(env, teacher, 1, config.seed + 1000 * i + round_,
-                                   config.gamma, config.reward_scale, student.choose, cap)
+            _stepped(step, collect_demonstrations(env, teacher, 1,
+                                                  config.seed + 1000 * i + round_, config.gamma,
+                                                  config.reward_scale, student.choose, cap))
             for i, env in enumerate(envs)])
     if config.algo == "dqn":
         model.q_net_target.load_state_dict(model.q_net.state_dict())
@@ -444,22 +576,25 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None]) 
 
 
 def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None],
-                    recordings: Recording | None = None) -> dict:
+                    step: Callable[[float], None], recordings: Recording | None = None) -> dict:
     """Start a residual policy as its first heuristic: fit the critic to the returns of
     rollouts that always follow it, then set the action head so that its argmax is that
     heuristic, exactly, and its samples deviate with small probabilities (cloning by
     cross-entropy would make it near-deterministic, leaving RL nothing to explore).
     With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
-    the advantages its forks measured instead (`agent.distill`)."""
+    the advantages its forks measured instead (`agent.distill`). `step` is called after each
+    rollout and each fit."""
     teacher = load_policy(config.residual[0])  # labels only: the driver follows it
     envs = [make_env(config, (workload,)) for workload in config.workloads]
     demos = concatenate([
-        collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
-                               config.seed + 1000 * i, config.gamma, config.reward_scale,
-                               follow_first(len(config.residual)))
+        _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
+                                              config.seed + 1000 * i, config.gamma,
+                                              config.reward_scale,
+                                              follow_first(len(config.residual))))
         for i, env in enumerate(envs)])
-    stats = fit_policy(model.policy, demos, config.bc_epochs, 256, config.bc_learning_rate,
-                       config.seed, value=True, actor=False)
+    stats = _stepped(step, fit_policy(model.policy, demos, config.bc_epochs, 256,
+                                      config.bc_learning_rate, config.seed, value=True,
+                                      actor=False))
     log(f"residual start: critic fitted on {len(demos.actions)} steps (loss {stats['loss']:.4f})")
     info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
@@ -469,8 +604,8 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
         info.update(veto_p=config.residual_veto_p, raw_p=config.residual_raw_p,
                     switch_p=config.residual_switch_p)
     else:
-        fitted = fit_advantages(model.policy, recordings, config.bc_epochs, 256,
-                                config.bc_learning_rate, config.seed)
+        fitted = _stepped(step, fit_advantages(model.policy, recordings, config.bc_epochs, 256,
+                                               config.bc_learning_rate, config.seed))
         prefer_base(model.policy.action_net, len(config.residual), config.imitate_margin)
         info["imitation"] = {"recordings": list(config.imitate),
                              "samples": len(recordings.actions),
@@ -480,3 +615,9 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
             f"contested of {len(recordings.actions)} lookahead steps (squared error "
             f"{fitted['advantage_mse']:.3f})")
     return info
+
+
+def _stepped(step: Callable[[float], None], result: T) -> T:
+    """`result`, once `step` has counted the part of the warm start that produced it."""
+    step(1)
+    return result

@@ -59,3 +59,15 @@ SEED = at_least(0)
 """A random seed: numpy and SB3 take non-negative integers only."""
 POSITIVE_INT = at_least(1)
 """Counts that must be at least 1 (workers, environments, batch sizes, repeats)."""
+
+
+def unique_names(text: str) -> list[str]:
+    """A flag type: comma-separated names, blanks dropped, each at most once.
+
+    A name listed twice would run twice and show as one row (or as two identical columns),
+    which looks like a result while it is a typo, so it is refused where it is parsed.
+    """
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if twice := next((name for i, name in enumerate(names) if name in names[:i]), None):
+        raise argparse.ArgumentTypeError(f"{text!r} lists {twice} twice; name each once")
+    return names

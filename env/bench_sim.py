@@ -14,6 +14,7 @@ import argparse
 import platform
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,9 +22,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from env.argtypes import POSITIVE_INT, at_least
+from env.cluster import ClusterSpec, parse_cluster
 from env.errors import UserError
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.progress import progress_bar
+from env.state import Action, ClusterState
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
                  / "pollux" / "philly.csv")
@@ -37,22 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="static", help="replay policy (default: %(default)s)")
     parser.add_argument("--env-cluster", default="16x4",
                         help="cluster of the environment-step benchmark (default: %(default)s)")
-    parser.add_argument("--env-steps", type=int, default=20_000,
+    parser.add_argument("--env-steps", type=POSITIVE_INT, default=20_000,
                         help="environment steps to time (default: %(default)s)")
-    parser.add_argument("--ppo-steps", type=int, default=8192,
+    parser.add_argument("--ppo-steps", type=at_least(0), default=8192,
                         help="MaskablePPO steps whose time inside the environment is measured "
                              "(0: skip; default: %(default)s)")
     add_bench_out_flags(parser)
 
 
-def bench_replay(trace: Path, cluster: str, policy_name: str) -> dict[str, float]:
-    """Load and replay `trace` once; wall times, events and decisions per second."""
-    from agent.registry import load_policy
+def bench_replay(trace: Path, cluster: ClusterSpec,
+                 decide: Callable[[ClusterState], Action]) -> dict[str, float]:
+    """Load and replay `trace` once under `decide` (a policy's `act`), up to the simulated-time
+    limit (`env.simulator.time_limit_s`); wall times, events and decisions per second."""
     from env.scenario import build_scenario
 
-    if not trace.is_file():
-        raise UserError(f"--trace {trace}: no such file; pass --trace PATH to a workload CSV")
-    policy = load_policy(policy_name)
     start = time.perf_counter()
     scenario = build_scenario(str(trace), cluster)
     load_s = time.perf_counter() - start
@@ -60,11 +62,12 @@ def bench_replay(trace: Path, cluster: str, policy_name: str) -> dict[str, float
     with progress_bar() as progress:
         task = progress.add_task("replay", total=len(scenario.workload.jobs))
         start = time.perf_counter()
-        sim.run(policy.act, on_progress=lambda n: progress.advance(task, n))
+        sim.run(decide, on_progress=lambda n: progress.advance(task, n))
         replay_s = time.perf_counter() - start
     metrics = sim.accounting.summary()
     return {
         "jobs": len(scenario.workload.jobs),
+        "replay_jobs_unfinished": len(scenario.workload.jobs) - metrics["jobs_completed"],
         "trace_load_s": load_s,
         "philly_replay_s": replay_s,
         "events": sim.events_processed,
@@ -149,15 +152,20 @@ def bench_ppo_share(cluster: str, steps: int, seed: int = 0) -> dict[str, float]
 
 def run(args: argparse.Namespace) -> int:
     """Run both benchmarks, print a table, optionally write JSON."""
-    if args.env_steps < 1:
-        raise UserError("--env-steps must be at least 1")
-    if args.ppo_steps < 0:
-        raise UserError("--ppo-steps must be at least 0 (0 skips the PPO measurement)")
+    from agent.registry import load_policy
+
+    # every flag is checked before minutes of measuring, not after the first benchmark
+    if not args.trace.is_file():
+        raise UserError(f"--trace {args.trace}: no such file; pass --trace PATH to a workload "
+                        "CSV")
+    replay_cluster = parse_cluster(args.cluster)
+    parse_cluster(args.env_cluster)
+    policy = load_policy(args.policy)
     prepare_out_file(args.out, args.force)
     # env steps first: a training process holds only the environment, not the replay's
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)
-    figures.update(bench_replay(args.trace, args.cluster, args.policy))
+    figures.update(bench_replay(args.trace, replay_cluster, policy.act))
     # before the PPO run: torch and its model would add ~100 MB that the replay does not use
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if args.ppo_steps:

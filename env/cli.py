@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from env.errors import UserError
 
@@ -37,6 +38,17 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends like every other bad input: one line naming it and where
+    to look, exit 2 (`main` prints the `UserError`), not a usage block before the error.
+    Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the parse error as a `UserError`."""
+        command = self.prog.removeprefix("rlalloc").strip()
+        raise UserError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+
 def _match(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
     """The command whose words start `argv`, if any."""
     for words, module, help_text in COMMANDS:
@@ -47,7 +59,7 @@ def _match(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser tree; only the module of the command named in `argv` is imported."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="rlalloc",
         description="RL resource allocation for distributed training jobs on Kubernetes.",
     )

@@ -12,6 +12,9 @@ may ask for. A YAML file lists node groups so heterogeneous clusters can be desc
         gpus: 8
         gpu_type: A100
         rack: 9                 # optional: all nodes of this group in rack 9
+
+GPU types are those whose power the simulator knows (`env.params.GPU_POWER_W`: T4, V100, A100,
+H100), in any case; unknown keys, fractional counts and unknown types are one-line errors.
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ from pathlib import Path
 import yaml
 
 from env.errors import UserError
+from env.params import GPU_POWER_W
 
 DEFAULT_GPU_TYPE = "T4"
 """The Pollux profiles were measured on NVIDIA T4 GPUs; the default cluster matches them."""
 DEFAULT_NODES_PER_RACK = 8
+MAX_NODES = 1_000_000
+"""Most nodes a cluster may have: beyond any real cluster, and a cap on the memory a typo
+(``count: 1000000000``) could ask for."""
+MAX_GPUS_PER_NODE = 1024
+"""Most GPUs one node may have (real ones have up to 8, a rack-scale NVL72 domain 72)."""
+_FILE_KEYS = ("racks_of", "nodes")
+_GROUP_KEYS = ("count", "gpus", "gpu_type", "rack", "name_prefix")
 
 _SHORT_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*([A-Za-z0-9_-]+))?\s*$")
 
@@ -85,41 +96,76 @@ def parse_cluster(spec: str) -> ClusterSpec:
     """Parse ``NxG`` (optionally ``NxG:TYPE``) or the path of a YAML cluster file."""
     match = _SHORT_SPEC.match(spec)
     if match:
-        num_nodes, gpus = int(match.group(1)), int(match.group(2))
-        if num_nodes < 1 or gpus < 1:
-            raise UserError(f"cluster spec {spec!r}: nodes and GPUs per node must be at least 1")
-        return uniform_cluster(num_nodes, gpus, match.group(3) or DEFAULT_GPU_TYPE)
+        where = f"cluster spec {spec!r}"
+        num_nodes = _whole(int(match.group(1)), f"{where}: nodes", 1, MAX_NODES)
+        gpus = _whole(int(match.group(2)), f"{where}: GPUs per node", 1, MAX_GPUS_PER_NODE)
+        return uniform_cluster(num_nodes, gpus,
+                               gpu_type_named(match.group(3) or DEFAULT_GPU_TYPE, where))
     path = Path(spec)
-    if not path.exists():
+    if not path.is_file():
         raise UserError(
-            f"cluster spec {spec!r} is neither NODESxGPUS (e.g. 16x4) nor an existing YAML file"
+            f"cluster spec {spec!r} is neither NODESxGPUS[:TYPE] (e.g. 16x4, 8x8:A100) nor a "
+            "YAML file" + (" (it is a directory)" if spec and path.is_dir() else "")
         )
     return _cluster_from_yaml(path)
 
 
+def gpu_type_named(name: object, where: str) -> str:
+    """`name` as a GPU type the simulator knows the power of (`GPU_POWER_W`), in any case:
+    ``a100`` is ``A100``. Another type would be charged a guessed power, so it is refused."""
+    known = {gpu_type.lower(): gpu_type for gpu_type in GPU_POWER_W}
+    if isinstance(name, str) and name.strip().lower() in known:
+        return known[name.strip().lower()]
+    raise UserError(f"{where}: unknown GPU type {name!r}; use one of {', '.join(GPU_POWER_W)} "
+                    "(any case), or add its power to GPU_POWER_W in env/params.py")
+
+
+def _whole(value: object, where: str, minimum: int, maximum: int) -> int:
+    """`value` if it is an integer in [minimum, maximum]. YAML reads ``2.7`` as a float and
+    ``abc`` as a string: both are refused, not truncated or crashed on."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise UserError(f"{where} must be a whole number, at least {minimum} and at most "
+                        f"{maximum:,}; not {value!r}")
+    return value
+
+
 def _cluster_from_yaml(path: Path) -> ClusterSpec:
+    """The nodes of a YAML cluster file (module docstring); every key is checked."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text; save the cluster file as UTF-8 YAML") from err
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror}); check the path") from err
     except yaml.YAMLError as err:
         raise UserError(f"{path}: not valid YAML ({err.__class__.__name__}); fix the file") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'nodes' list of node groups")
-    per_rack = int(doc.get("racks_of", DEFAULT_NODES_PER_RACK))
+    _reject_unknown_keys(doc, _FILE_KEYS, f"{path}")
+    per_rack = _whole(doc.get("racks_of", DEFAULT_NODES_PER_RACK), f"{path}: racks_of", 1,
+                      MAX_NODES)
     nodes: list[NodeSpec] = []
     for index, group in enumerate(doc["nodes"]):
         where = f"{path}: nodes[{index}]"
         if not isinstance(group, dict):
             raise UserError(f"{where}: expected a mapping with count and gpus")
-        try:
-            count, gpus = int(group.get("count", 1)), int(group["gpus"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise UserError(f"{where}: 'gpus' (and 'count') must be integers") from err
-        if count < 1 or gpus < 1:
-            raise UserError(f"{where}: count and gpus must be at least 1")
-        gpu_type = str(group.get("gpu_type", DEFAULT_GPU_TYPE))
-        for _ in range(count):
-            i = len(nodes)
-            rack = int(group["rack"]) if "rack" in group else i // per_rack
-            nodes.append(NodeSpec(str(group.get("name_prefix", "node-")) + f"{i:04d}", gpus,
-                                  gpu_type, rack))
+        _reject_unknown_keys(group, _GROUP_KEYS, where)
+        if "gpus" not in group:
+            raise UserError(f"{where}: 'gpus' is missing; give the GPUs of each node")
+        count = _whole(group.get("count", 1), f"{where}.count", 1, MAX_NODES - len(nodes))
+        gpus = _whole(group["gpus"], f"{where}.gpus", 1, MAX_GPUS_PER_NODE)
+        gpu_type = gpu_type_named(group.get("gpu_type", DEFAULT_GPU_TYPE), f"{where}.gpu_type")
+        rack = _whole(group["rack"], f"{where}.rack", 0, MAX_NODES) if "rack" in group else None
+        prefix = str(group.get("name_prefix", "node-"))
+        nodes.extend(
+            NodeSpec(f"{prefix}{i:04d}", gpus, gpu_type, i // per_rack if rack is None else rack)
+            for i in range(len(nodes), len(nodes) + count)
+        )
     return ClusterSpec(tuple(nodes))
+
+
+def _reject_unknown_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
+    """A misspelt key (``gpu_typ``) would otherwise be ignored without a word."""
+    unknown = [str(key) for key in mapping if key not in known]
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; use {', '.join(known)}")

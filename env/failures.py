@@ -15,9 +15,12 @@ simulator, the digital twin and the training data of the failure-risk model.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from env.errors import UserError
 
 SECONDS_PER_DAY = 86_400.0
 LLAMA3_FAILURES_PER_GPU_DAY = 4.7e-4
@@ -27,6 +30,26 @@ STRESS_FAILURES_PER_GPU_DAY = 0.05
 
 FAILURE_PRESETS = {"none": 0.0, "default": LLAMA3_FAILURES_PER_GPU_DAY,
                    "stress": STRESS_FAILURES_PER_GPU_DAY}
+MAX_FAILURES_PER_GPU_DAY = 10.0
+"""Highest rate `parse_failure_rate` accepts: 200x the stress preset, where a node of 8 GPUs
+fails every 18 minutes and, with 2 h repairs, is down nearly all the time. Higher rates only
+make the failure process draw (and hold in memory) millions of events a week."""
+
+
+def parse_failure_rate(text: str) -> float:
+    """A ``--failures`` value: a preset name or a finite rate of failures per GPU-day in
+    [0, `MAX_FAILURES_PER_GPU_DAY`] (one-line `UserError` otherwise)."""
+    if text in FAILURE_PRESETS:
+        return FAILURE_PRESETS[text]
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0.0 <= rate <= MAX_FAILURES_PER_GPU_DAY:  # NaN and infinities fail too
+        raise UserError(f"--failures {text!r}: give failures per GPU-day, a number from 0 to "
+                        f"{MAX_FAILURES_PER_GPU_DAY:g} (stress is {STRESS_FAILURES_PER_GPU_DAY}),"
+                        f" or one of {', '.join(FAILURE_PRESETS)}")
+    return rate
 
 
 @dataclass(frozen=True, slots=True)

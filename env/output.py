@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,23 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def remove_outputs(out: Path, owned: Iterable[str]) -> list[str]:
+    """Remove the files and folders named `owned` from `out` and return the names removed.
+
+    For ``--force``: what an earlier run wrote and this one does not rewrite would otherwise
+    sit beside the new results as if this run had produced it. Only names a command owns are
+    touched; anything else the user keeps in `out` stays.
+    """
+    removed = []
+    for name in owned:
+        path = Path(out) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed

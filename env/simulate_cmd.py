@@ -2,26 +2,37 @@
 
 Command modules sit at the top of the layering: this one resolves the policy through
 `agent.registry`, so any built-in or saved policy can drive a replay.
+
+A policy that never finishes some job (a learned one can keep restarting it) would replay for
+ever, so the replay stops at the simulated-time limit evaluation and training use
+(`env.simulator.time_limit_s`), writes the metrics of the finished jobs with ``finished:
+false`` and the count of the others, warns in one line and exits with `UNFINISHED_EXIT_CODE`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from env.argtypes import SEED, above
 from env.efficiency import add_efficiency_flag
-from env.errors import UserError
-from env.failures import FAILURE_PRESETS
+from env.failures import parse_failure_rate
 from env.metrics import METRIC_KEYS
 from env.output import prepare_out_dir, write_json
 from env.params import SimParams
 from env.progress import progress_bar
 from env.scenario import build_scenario
+from env.simulator import time_limit_s
 from env.workload.loader import EMBEDDED_DEFAULT
+
+UNFINISHED_EXIT_CODE = 3
+"""Exit status of a replay stopped at the time limit with jobs unfinished: not 0, so scripts
+notice, and not 2, which means the input was refused."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,29 +46,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="static",
                         help="built-in policy name or path to a saved model "
                              "(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of workload and failures")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of workload and failures")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day, or none|default|stress (default: %(default)s)")
     add_efficiency_flag(parser)
-    parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--checkpoint-interval", type=above(0.0), default=None, metavar="SECONDS",
                         help="periodic checkpoint interval of every job (default: 1800)")
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"),
                         help="directory for metrics.json (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="replace an existing metrics.json")
-
-
-def parse_failure_rate(value: str) -> float:
-    """`--failures` value: a preset name or a non-negative number of failures per GPU-day."""
-    if value in FAILURE_PRESETS:
-        return FAILURE_PRESETS[value]
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = -1.0
-    if rate < 0:
-        raise UserError(f"--failures {value!r}: give failures per GPU-day (a number >= 0) or "
-                        f"one of {', '.join(FAILURE_PRESETS)}")
-    return rate
+    parser.epilog = (f"exit status {UNFINISHED_EXIT_CODE}: the policy left jobs unfinished at "
+                     "the simulated-time limit (metrics.json: finished, jobs_unfinished)")
 
 
 def sim_params(failures: str, checkpoint_interval_s: float | None = None) -> SimParams:
@@ -66,8 +65,6 @@ def sim_params(failures: str, checkpoint_interval_s: float | None = None) -> Sim
     fail = dataclasses.replace(params.failures, failures_per_gpu_day=parse_failure_rate(failures))
     params = dataclasses.replace(params, failures=fail)
     if checkpoint_interval_s is not None:
-        if checkpoint_interval_s <= 0:
-            raise UserError("--checkpoint-interval must be a positive number of seconds")
         params = dataclasses.replace(params, checkpoint_interval_s=checkpoint_interval_s)
     return params
 
@@ -76,18 +73,24 @@ def run(args: argparse.Namespace) -> int:
     """Replay the workload, print the summary table, write DIR/metrics.json."""
     from agent.registry import load_policy
 
-    out = prepare_out_dir(args.out, ["metrics.json"], args.force)
     params = sim_params(args.failures, args.checkpoint_interval)
     policy = load_policy(args.policy)
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
                               efficiency=args.efficiency)
+    out = prepare_out_dir(args.out, ["metrics.json"], args.force)  # refused input makes no dir
     sim = scenario.simulator(params, seed=args.seed)
+    limit_s = time_limit_s(sim)
     with progress_bar() as progress:
         task = progress.add_task(f"replay ({policy.name})", total=len(scenario.workload.jobs))
-        sim.run(policy.act, on_progress=lambda n: progress.advance(task, n))
+        finished = sim.run(policy.act, on_progress=lambda n: progress.advance(task, n),
+                           limit_s=limit_s)
     metrics = sim.accounting.summary()
+    unfinished = len(scenario.workload.jobs) - metrics["jobs_completed"]
     write_json(out / "metrics.json", {
         **metrics,
+        "finished": finished,
+        "jobs_unfinished": unfinished,
+        "time_limit_s": limit_s,
         "policy": policy.name,
         "workload": args.workload,
         "cluster": scenario.cluster.describe(),
@@ -103,4 +106,9 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(key, f"{value:,.4g}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
     print(f"wrote {out / 'metrics.json'}")
-    return 0
+    if finished:
+        return 0
+    print(f"rlalloc: warning: {policy.name} left {unfinished} of {len(scenario.workload.jobs)} "
+          f"jobs unfinished at the simulated-time limit ({limit_s:,.0f} s); the "
+          "metrics cover the finished jobs only", file=sys.stderr)
+    return UNFINISHED_EXIT_CODE

@@ -208,10 +208,17 @@ class Simulator:
         return self.time_s - start
 
     def run(self, policy: Callable[[ClusterState], Action],
-            on_progress: Callable[[int], None] | None = None) -> None:
-        """Run to the end: at each decision point ask `policy` until it says no-op."""
+            on_progress: Callable[[int], None] | None = None,
+            limit_s: float | None = None) -> bool:
+        """Run to the end: at each decision point ask `policy` until it says no-op.
+
+        A policy that never finishes some job would keep the clock ticking for ever, so the
+        run also stops once the clock passes `limit_s` (default `time_limit_s`). Returns
+        whether every job finished.
+        """
+        limit = time_limit_s(self) if limit_s is None else limit_s
         completed = 0
-        while not self.done:
+        while not self.done and self.time_s <= limit:
             self.decisions += 1
             for _ in range(self.params.max_actions_per_decision):
                 action = policy(self.state())
@@ -221,6 +228,7 @@ class Simulator:
             if on_progress is not None and self.accounting.jobs_completed != completed:
                 on_progress(self.accounting.jobs_completed - completed)
                 completed = self.accounting.jobs_completed
+        return self.done
 
     def apply(self, action: Action) -> bool:
         """Carry out `action` now; an invalid one changes nothing, is counted, returns False."""
@@ -740,6 +748,34 @@ class _NodeHealth:
     """Degrees above the utilisation-driven temperature (warning episodes only)."""
     temperature_delta_30m_c: np.ndarray
     failure_risk: np.ndarray
+
+
+DEFAULT_LIMIT_FACTOR = 20.0
+"""A run is declared stuck after this many times the time it could need at worst (the two
+bounds of `time_limit_s`)."""
+STUCK_MIN_S = 30 * 86_400.0
+"""Simulated time beyond the scaled arrival span that a large workload's run gets at least."""
+
+
+def time_limit_s(sim: Simulator) -> float:
+    """Simulated seconds after which a run is declared stuck: the lesser of two bounds that a
+    policy which runs every job does not reach.
+
+    * `DEFAULT_LIMIT_FACTOR` x (arrival span + every job's solo time, its run time on one GPU
+      plus one restore): that many times running the jobs one after another on one GPU (a
+      profiled job on its request can be ~5x slower than on one GPU: ncf). It keeps a small
+      workload's stuck run short: 3 jobs stop after about a simulated day, not a month.
+    * `DEFAULT_LIMIT_FACTOR` x arrival span + `STUCK_MIN_S`, or twice the longest solo time if
+      that is more: it keeps a large trace's stuck run finite in practice (Philly's serial
+      time is 57 years).
+    """
+    jobs = sim.workload.jobs
+    span = (jobs[-1].submit_s - jobs[0].submit_s) if jobs else 0.0
+    solo_s = sim._work / sim._speed1 + sim._restore
+    if not len(solo_s):
+        return STUCK_MIN_S
+    serial = DEFAULT_LIMIT_FACTOR * (span + float(solo_s.sum()))
+    return min(serial, DEFAULT_LIMIT_FACTOR * span + max(STUCK_MIN_S, 2 * float(solo_s.max())))
 
 
 def _job_columns(jobs: Sequence[JobSpec], speeds: Sequence[JobSpeed]) -> dict[str, np.ndarray]:

@@ -31,6 +31,15 @@ def test_yaml_groups_make_a_heterogeneous_cluster(tmp_path):
     ("nodes:\n  - {count: 2}\n", "'gpus'"),
     ("nodes:\n  - {count: 0, gpus: 4}\n", "at least 1"),
     ("nodes: [\n", "not valid YAML"),
+    ("racks_of: 0\nnodes:\n  - {count: 2, gpus: 4}\n", "racks_of must be a whole number"),
+    ("racks_of: abc\nnodes:\n  - {count: 2, gpus: 4}\n", "racks_of must be a whole number"),
+    ("nodes:\n  - {count: 2, gpus: 4, rack: x}\n", "nodes[0].rack must be a whole number"),
+    ("nodes:\n  - {count: 2.7, gpus: 4}\n", "nodes[0].count must be a whole number"),
+    ("nodes:\n  - {count: two, gpus: 4}\n", "nodes[0].count must be a whole number"),
+    ("nodes:\n  - {count: 2, gpus: [4]}\n", "nodes[0].gpus must be a whole number"),
+    ("nodes:\n  - {count: 1000000000, gpus: 4}\n", "at most 1,000,000"),
+    ("nodes:\n  - {count: 2, gpus: 4, gpu_typ: A100}\n", "unknown key(s) gpu_typ"),
+    ("nodes:\n  - {count: 2, gpus: 4, gpu_type: B200}\n", "unknown GPU type 'B200'"),
 ])
 def test_bad_yaml_is_one_clear_error(tmp_path, text, fragment):
     path = tmp_path / "bad.yaml"
@@ -46,3 +55,20 @@ def test_unknown_spec_names_the_accepted_forms():
         parse_cluster("sixteen")
     with pytest.raises(UserError, match="at least 1"):
         parse_cluster("0x4")
+
+
+def test_unreadable_cluster_files_are_one_line_errors(tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe")
+    for spec, fragment in [(str(binary), "not UTF-8"), (str(tmp_path), "(it is a directory)"),
+                           ("", "neither NODESxGPUS")]:
+        with pytest.raises(UserError) as err:
+            parse_cluster(spec)
+        assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gpu_types_are_known_ones_in_any_case():
+    assert {n.gpu_type for n in parse_cluster("2x4:t4").nodes} == {"T4"}
+    assert parse_cluster("2x4:a100").describe() == "2x4:A100"
+    with pytest.raises(UserError, match="unknown GPU type 'B200'; use one of T4, V100, A100"):
+        parse_cluster("16x4:B200")

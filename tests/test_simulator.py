@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from env.failures import FailureParams
+from env.errors import UserError
+from env.failures import FAILURE_PRESETS, FailureParams, parse_failure_rate
 from env.params import SimParams
+from env.simulator import time_limit_s
 from env.state import NOOP, Action, ActionKind
 from tests.sim_helpers import GENERIC, check_invariants, fifo, job, simulator
 
@@ -219,3 +222,92 @@ def test_bench_sim_writes_every_figure(tmp_path, capsys):
         assert figures[key] > 0, key
     assert figures["events"] >= 2 * figures["jobs"] == 320
     assert figures["ppo_steps"] >= 64 and 0 < figures["ppo_env_share"] < 1
+
+
+# --- stuck runs, --failures, the simulate and bench commands' checks ---------------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_run_whose_policy_never_starts_a_job_stops_at_the_time_limit():
+    sim = simulator([job("a", 0.0, 1, work=600.0, restore_s=30.0)])
+    # 20x (arrival span 0 + the job alone on one GPU, 600 s, plus a restore, 30 s)
+    assert time_limit_s(sim) == pytest.approx(20 * 630.0)
+    assert sim.run(lambda s: NOOP) is False
+    assert time_limit_s(sim) < sim.time_s <= time_limit_s(sim) + SimParams().decision_interval_s
+    assert simulator([job("a", 0.0, 1, work=600.0)]).run(fifo) is True
+
+
+def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():
+    days_40 = 40 * 86_400.0
+    sim = simulator([job("a", 0.0, 1, work=days_40), job("b", 3600.0, 1, work=60.0)])
+    assert time_limit_s(sim) >= 2 * days_40
+
+
+def _never_finishes(monkeypatch) -> None:
+    """Make every policy name load a policy that never starts a job."""
+    class Idle:
+        name = "idle"
+
+        @staticmethod
+        def act(state):
+            return NOOP
+
+    monkeypatch.setattr("agent.registry.load_policy", lambda name: Idle())
+
+
+def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatch, capsys):
+    import json
+
+    from env.cli import main
+    from env.simulate_cmd import UNFINISHED_EXIT_CODE
+
+    _never_finishes(monkeypatch)
+    workload = tmp_path / "jobs.csv"
+    workload.write_text("job_id,submit_s,num_gpus,duration_s\na,0,1,600\nb,60,1,600\n")
+    out = tmp_path / "out"
+    argv = ["simulate", "--workload", str(workload), "--cluster", "1x1", "--failures", "none",
+            "--out", str(out)]
+    assert main(argv) == UNFINISHED_EXIT_CODE == 3
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["finished"] is False and metrics["jobs_unfinished"] == 2
+    assert metrics["jobs_completed"] == 0 and metrics["time_limit_s"] > 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "rlalloc:" in line]
+    assert len(warnings) == 1 and "warning: idle left 2 of 2 jobs unfinished" in warnings[0]
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e9", "-1", "abc", ""])
+def test_bad_failure_rates_are_one_line_errors(text):
+    with pytest.raises(UserError) as info:
+        parse_failure_rate(text)
+    message = str(info.value)
+    assert f"--failures {text!r}" in message and "0 to 10" in message and "\n" not in message
+
+
+def test_failure_rates_and_presets():
+    assert parse_failure_rate("stress") == FAILURE_PRESETS["stress"]
+    assert parse_failure_rate("0.2") == 0.2 and parse_failure_rate("10") == 10.0
+
+
+@pytest.mark.parametrize("flags", [["--seed", "-1"], ["--failures", "nan"],
+                                   ["--checkpoint-interval", "inf"]])
+def test_simulate_refuses_bad_numbers_before_running(tmp_path, capsys, flags):
+    from env.cli import main
+
+    out = tmp_path / "out"
+    code = main(["simulate", "--workload", "synthetic:3", "--out", str(out), *flags])
+    assert code == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flags[0] in err[0]
+
+
+@pytest.mark.parametrize("flags", [["--policy", "nope"], ["--cluster", "4x0"],
+                                   ["--env-cluster", "abc"], ["--trace", "/no/such.csv"]])
+def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, flags):
+    from env.cli import main
+
+    def measured(*args, **kwargs):
+        raise AssertionError("a benchmark ran before the flags were checked")
+
+    monkeypatch.setattr("env.bench_sim.bench_env_steps", measured)
+    monkeypatch.setattr("env.bench_sim.DEFAULT_TRACE", Path(__file__))  # exists
+    assert main(["bench", "sim", "--ppo-steps", "0", *flags]) == 2

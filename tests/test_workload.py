@@ -179,6 +179,31 @@ def test_unknown_header(tmp_path):
         ("job_id,submit_s,num_gpus,duration_s,application\na,0,2,,ncf\n",
          "row 1 (line 2): application without batch_size"),
         (CANONICAL_HEADER, "header but no jobs"),
+        # infinite and absurd numbers: each would hang or crash the simulator
+        (CANONICAL_HEADER + "a,0,1,inf\n", "row 1 (line 2): duration_s must be at most"),
+        (CANONICAL_HEADER + "a,0,1,10\nb,0,1,1e308\n", "row 2 (line 3): duration_s must be at"),
+        (CANONICAL_HEADER + "a,inf,1,10\n", "row 1 (line 2): submit_s must be at most"),
+        (CANONICAL_HEADER + "a,nan,1,10\n", "row 1 (line 2): submit_s must be a number"),
+        (CANONICAL_HEADER + "a,0,inf,10\n", "row 1 (line 2): num_gpus must be a whole number"),
+        (CANONICAL_HEADER + "a,0,1e30,10\n", "row 1 (line 2): num_gpus must be at most"),
+        ("job_id,submit_s,num_gpus,duration_s,restore_s\na,0,1,10,inf\n",
+         "row 1 (line 2): restore_s must be at most 86,400 s"),
+        ("job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus\na,0,1,10,1,inf\n",
+         "row 1 (line 2): max_gpus must be a whole number"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,inf,1,10,a\n", "row 1 (line 2): duration must be"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\n2019-10-01 00:00:00,10,1,10,a\n",
+         "row 2 (line 3): timestamp is more than 365 days after the earliest"),
+        # rows with more or fewer fields than the header
+        (CANONICAL_HEADER + "job-a,0,1,2,600\njob-b,5,1,2,900\n",
+         "row 1 (line 2): 5 fields where the header has 4; remove the extra field"),
+        (CANONICAL_HEADER + "a,0,1,100,\n", "row 1 (line 2): 5 fields where the header has 4"),
+        (CANONICAL_HEADER + "a,0,1,10\n\nb,0,1\n", "row 2 (line 4): 3 fields where the header"),
+        # missing columns are named for the closest format, an empty file is called empty
+        ("job_id,submit_s,num_gpus\na,0,1\n", "canonical workload is missing column(s) "
+                                               "duration_s"),
+        ("name,time,application,num_replicas\nj,0,ncf,1\n",
+         "Pollux workload is missing column(s) batch_size"),
+        ("", "the file is empty"),
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
@@ -186,6 +211,17 @@ def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
     path = write_csv(tmp_path, text)
     message = rejected(path)
     assert message.startswith(f"{path}: ") and problem in message
+
+
+def test_job_ids_are_text_so_leading_zeros_make_other_ids(tmp_path):
+    path = write_csv(tmp_path, CANONICAL_HEADER + "1,0,1,100\n01,0,1,100\n007,5,1,10\n")
+    assert [j.job_id for j in load_workload(str(path), CLUSTER).jobs] == ["1", "01", "007"]
+
+
+def test_a_non_utf8_workload_is_one_line(tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_bytes(b"\xff\xfe garbage\n")
+    assert "not UTF-8 text" in rejected(path)
 
 
 def test_application_without_profiles(tmp_path, monkeypatch):
@@ -210,6 +246,20 @@ def test_canonical_unknown_application(tmp_path):
 def test_bad_synthetic_source():
     assert "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]" in rejected("synthetic:many")
     assert "too many fields" in rejected("synthetic:1:1:1:1")
+
+
+@pytest.mark.parametrize(("source", "problem"), [
+    ("synthetic:0", "NUM_JOBS must be 1..100,000, not 0"),
+    ("synthetic:10:inf", "LOAD (offered load) must be in [0.01, 100], not inf"),
+    ("synthetic:10:nan", "LOAD (offered load) must be in [0.01, 100], not nan"),
+    ("synthetic:10:1e-9", "LOAD (offered load) must be in [0.01, 100]"),  # an endless span
+    ("synthetic:10:1:0", "MAX_HOURS (the run-time cap) must be in [0.1, 8760] hours, not 0"),
+    ("synthetic:10:1:-1", "MAX_HOURS (the run-time cap) must be in [0.1, 8760] hours, not -1"),
+    ("synthetic:10:1:1e-9", "MAX_HOURS"),  # every draw would be redrawn for ever
+    ("synthetic:10:1:inf", "MAX_HOURS"),
+])
+def test_synthetic_fields_are_checked_against_their_ranges(source, problem):
+    assert problem in rejected(source)
 
 
 def test_synthetic_max_hours_caps_run_times():

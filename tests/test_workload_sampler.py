@@ -99,6 +99,7 @@ def test_command_writes_loadable_files_and_never_overwrites(tmp_path):
     (["--seeds", "9-2"], "--seeds '9-2'"),
     (["--seeds", "x"], "--seeds 'x'"),
     (["--hours", "0"], "--hours 1..24"),
+    (["--seeds", "1,2,1"], "1 given more than once"),
 ])
 def test_command_rejects_bad_flags(tmp_path, capsys, flags, problem):
     assert main(["workload", "sample", "--philly", str(PHILLY_CSV), "--out",

@@ -6,11 +6,11 @@ One row per job, in any order (jobs are sorted by submit time). Header and colum
 
 Required:
 
-* ``job_id`` — unique, non-empty name.
-* ``submit_s`` — submission time, seconds (>= 0) from the start of the workload.
+* ``job_id`` — unique, non-empty name, read as text (``01`` and ``1`` are two jobs).
+* ``submit_s`` — submission time, seconds (0 to a year) from the start of the workload.
 * ``num_gpus`` — GPUs the job asks for (>= 1, at most the cluster's GPUs).
-* ``duration_s`` — run time in seconds (>= 0) when given ``num_gpus`` GPUs packed on as few
-  nodes as possible. May be left empty for a profiled job (below).
+* ``duration_s`` — run time in seconds (0 to a year) when given ``num_gpus`` GPUs packed on as
+  few nodes as possible. May be left empty for a profiled job (below).
 
 Optional (a column may be absent, or a cell empty):
 
@@ -22,8 +22,11 @@ Optional (a column may be absent, or a cell empty):
 * ``min_gpus``, ``max_gpus`` — its elastic range, ``1 <= min_gpus <= num_gpus <= max_gpus <=
   cluster GPUs``. Defaults: 1, and for profiled jobs as many workers as keep the smallest measured
   local batch (capped by the cluster), for others 4 x ``num_gpus`` (capped by the cluster).
-* ``restore_s`` — checkpoint-restore seconds paid on every (re)start or resize. Default: the
-  Sia figure for the application, else 65 s.
+* ``restore_s`` — checkpoint-restore seconds (0 to a day) paid on every (re)start or resize.
+  Default: the Sia figure for the application, else 65 s.
+
+Every row has as many fields as the header (an empty cell keeps its comma); limits are the
+``MAX_*`` constants of `env.workload.table`.
 
 Example::
 
@@ -46,13 +49,16 @@ from env.profiles import PROFILES_ENV_VAR, AppProfile, packed_shape, restore_s
 from env.workload.pollux import check_applications, profiled_max_workers
 from env.workload.spec import JobSpec, Workload
 from env.workload.table import (
+    MAX_DURATION_S,
+    MAX_RESTORE_S,
+    MAX_SUBMIT_S,
     MIN_WORKERS,
     generic_max_workers,
     generic_work,
-    numeric,
     read_table,
     reject_beyond_cluster,
     reject_rows,
+    seconds,
     submit_order,
     whole_numbers,
 )
@@ -68,7 +74,7 @@ def load_canonical(
 ) -> Workload:
     """Load a canonical workload CSV; `profiles` is needed only if a row names an application."""
     path = Path(path)
-    df = read_table(path, CANONICAL_COLUMNS, "canonical")
+    df = read_table(path, CANONICAL_COLUMNS, "canonical", text=("job_id", "application"))
     for column in CANONICAL_OPTIONAL_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan
@@ -77,22 +83,12 @@ def load_canonical(
     ids = df["job_id"].astype(str).str.strip()
     reject_rows(path, df["job_id"].isna() | (ids == ""), "job_id is empty", "name every job")
     reject_rows(path, ids.duplicated(), "job_id repeats an earlier row's", "make job ids unique")
-    submit_s = numeric(df, "submit_s")
-    reject_rows(
-        path, np.isnan(submit_s) | (submit_s < 0), "submit_s must be seconds >= 0",
-        "fix the submit_s cell",
-    )
+    submit_s = seconds(path, df, "submit_s", MAX_SUBMIT_S)
     gpus = whole_numbers(path, df, "num_gpus", 1)
     reject_beyond_cluster(path, gpus, "num_gpus", total)
 
-    duration_s = numeric(df, "duration_s")
     duration_given = df["duration_s"].notna().to_numpy()
-    reject_rows(
-        path,
-        duration_given & ~(duration_s >= 0),
-        "duration_s must be a number of seconds >= 0",
-        "fix the duration_s cell",
-    )
+    duration_s = seconds(path, df, "duration_s", MAX_DURATION_S, where=duration_given)
     app_given = df["application"].notna().to_numpy()
     reject_rows(
         path,
@@ -132,13 +128,8 @@ def load_canonical(
         "fix the elastic range",
     )
     reject_beyond_cluster(path, max_gpus, "max_gpus", total)
-    restore = numeric(df, "restore_s")
-    reject_rows(
-        path,
-        df["restore_s"].notna().to_numpy() & ~(restore >= 0),
-        "restore_s must be seconds >= 0",
-        "fix the restore_s cell",
-    )
+    restore = seconds(path, df, "restore_s", MAX_RESTORE_S,
+                      where=df["restore_s"].notna().to_numpy())
 
     work = np.where(duration_given, generic_work(np.nan_to_num(duration_s), gpus,
                                                  cluster.max_gpus_per_node), 0.0)

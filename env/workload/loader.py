@@ -21,6 +21,7 @@ from env.workload.philly import PHILLY_COLUMNS, load_philly
 from env.workload.pollux import POLLUX_COLUMNS, load_pollux
 from env.workload.spec import Workload
 from env.workload.synthetic import SyntheticConfig, generate
+from env.workload.table import require_columns
 
 SYNTHETIC = "synthetic"
 """Source name of the embedded generator (`env.workload.synthetic`)."""
@@ -28,6 +29,9 @@ EMBEDDED_DEFAULT = "synthetic:160:3:12"
 """The default workload of every command: 160 Philly-like jobs (the size of a Pollux workload)
 at offered load 3, so that queues form on a 16x4 cluster, with run times capped at 12 h so one
 replay takes about a second. Needs no data files."""
+_FORMATS = (("Philly", PHILLY_COLUMNS), ("Pollux", POLLUX_COLUMNS),
+            ("canonical", CANONICAL_COLUMNS))
+"""Workload formats by their required columns, in the order a header is matched against them."""
 _USAGE = (f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
           f"(e.g. {SYNTHETIC}:500:0.9:24)")
 
@@ -47,22 +51,33 @@ def load_workload(
     if not path.is_file():
         raise UserError(f"{source}: no such workload file; {_USAGE}")
     header = _header(path)
-    if set(PHILLY_COLUMNS) <= header:
+    fmt = _format_of(path, header)
+    if fmt == "Philly":
         return load_philly(path, cluster)
-    if set(POLLUX_COLUMNS) <= header:
+    if fmt == "Pollux":
         return load_pollux(path, cluster, _profiles(profiles_root, path, required=True))
-    if set(CANONICAL_COLUMNS) <= header:
-        needs_profiles = "application" in header
-        profiles = _profiles(profiles_root, path, required=False) if needs_profiles else None
-        return load_canonical(path, cluster, profiles)
-    raise UserError(
-        f"{path}: header matches no workload format; start the file with "
-        f"{','.join(CANONICAL_COLUMNS)} (canonical), {','.join(POLLUX_COLUMNS)} (Pollux) or "
-        f"{','.join(PHILLY_COLUMNS)} (Philly); see docs/workloads.md"
-    )
+    needs_profiles = "application" in header
+    profiles = _profiles(profiles_root, path, required=False) if needs_profiles else None
+    return load_canonical(path, cluster, profiles)
+
+
+def _format_of(path: Path, header: set[str]) -> str:
+    """The format whose required columns `header` holds, else the one it shares the most
+    columns with, whose missing columns the error names: a forgotten column is far more
+    common than a file of another format. Ties go to the earlier of `_FORMATS`."""
+    fmt, required = max(_FORMATS, key=lambda f: (set(f[1]) <= header, len(header & set(f[1]))))
+    if not header & set(required):
+        formats = ", ".join(f"{','.join(columns)} ({name})" for name, columns in _FORMATS)
+        problem = "the file is empty" if not header - {""} else "header matches no workload format"
+        raise UserError(f"{path}: {problem}; start the file with a header line, one of "
+                        f"{formats}; see docs/workloads.md")
+    require_columns(path, header, required, fmt)
+    return fmt
 
 
 def _synthetic_config(source: str, seed: int) -> SyntheticConfig:
+    """The generator's config from ``synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]``; the ranges are
+    checked by `SyntheticConfig` itself."""
     parts = source.split(":")[1:]
     if len(parts) > 3:
         raise UserError(f"workload {source!r}: too many fields; {_USAGE}")
@@ -74,15 +89,17 @@ def _synthetic_config(source: str, seed: int) -> SyntheticConfig:
         raise UserError(f"workload {source!r}: NUM_JOBS must be an integer, LOAD and MAX_HOURS "
                         f"numbers; {_USAGE}") from err
     return SyntheticConfig(num_jobs=num_jobs, load=load, seed=seed,
-                           max_duration_s=max_hours * 3600.0 if max_hours else None)
+                           max_duration_s=None if max_hours is None else max_hours * 3600.0)
 
 
 def _header(path: Path) -> set[str]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             first = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read ({err.__class__.__name__}); check the file") from err
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text; save the workload as a UTF-8 CSV") from err
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror}); check the file") from err
     return {column.strip() for column in first}
 
 

@@ -18,7 +18,10 @@ from env.cluster import ClusterSpec
 from env.profiles import GENERIC_RESTORE_S
 from env.workload.spec import JobSpec, Workload
 from env.workload.table import (
+    MAX_DURATION_S,
+    MAX_SUBMIT_S,
     MIN_WORKERS,
+    SECONDS_PER_DAY,
     generic_max_workers,
     generic_work,
     read_table,
@@ -46,11 +49,14 @@ def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
     path = Path(path)
     df = read_table(path, PHILLY_COLUMNS, "Philly")
     stamps = submit_timestamps(path, df)
-    duration_s = seconds(path, df, "duration")
+    duration_s = seconds(path, df, "duration", MAX_DURATION_S)
     gpus = whole_numbers(path, df, "num_gpus", 1)
     reject_beyond_cluster(path, gpus, "num_gpus", cluster.total_gpus)
 
     submit_s = (stamps - stamps.min()).dt.total_seconds().to_numpy()
+    reject_rows(path, submit_s > MAX_SUBMIT_S,
+                f"timestamp is more than {MAX_SUBMIT_S / SECONDS_PER_DAY:g} days after the "
+                "earliest", "fix the timestamp or split the trace")
     order = submit_order(submit_s)
     work = generic_work(duration_s, gpus, cluster.max_gpus_per_node)
     max_workers = generic_max_workers(gpus, cluster.total_gpus)

@@ -17,6 +17,7 @@ from env.cluster import ClusterSpec
 from env.profiles import AppProfile, restore_s
 from env.workload.spec import JobSpec, Workload
 from env.workload.table import (
+    MAX_SUBMIT_S,
     MIN_WORKERS,
     read_table,
     reject_beyond_cluster,
@@ -70,7 +71,7 @@ def load_pollux(
 ) -> Workload:
     """Load a Pollux workload CSV against the application `profiles`."""
     path = Path(path)
-    df = read_table(path, POLLUX_COLUMNS, "Pollux")
+    df = read_table(path, POLLUX_COLUMNS, "Pollux", text=("name", "application"))
     names = df["name"].astype(str).str.strip().to_numpy()
     reject_rows(
         path, df["name"].isna().to_numpy() | (names == ""), "name is empty", "name every job"
@@ -79,7 +80,7 @@ def load_pollux(
         path, df["name"].duplicated().to_numpy(), "name repeats an earlier job's",
         "make job names unique",
     )
-    submit_s = seconds(path, df, "time")
+    submit_s = seconds(path, df, "time", MAX_SUBMIT_S)
     gpus = whole_numbers(path, df, "num_replicas", 1)
     reject_beyond_cluster(path, gpus, "num_replicas", cluster.total_gpus)
     batch_size = whole_numbers(path, df, "batch_size", 1)

@@ -21,6 +21,7 @@ gives a different workload from the same distribution.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from env.errors import UserError
 from env.profiles import AppProfile, packed_shape
 from env.workload.philly import PHILLY_COLUMNS, submit_timestamps
 from env.workload.pollux import POLLUX_COLUMNS
-from env.workload.table import read_table, seconds
+from env.workload.table import MAX_DURATION_S, read_table, seconds
 
 WORKER_COUNTS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """Worker counts a configuration may ask for (the artifact's list)."""
@@ -84,8 +85,9 @@ def read_philly_pool(path: Path) -> pd.DataFrame:
     path = Path(path)
     df = read_table(path, (*PHILLY_COLUMNS, "gpu_time"), "Philly")
     stamps = submit_timestamps(path, df)
-    numbers = pd.DataFrame({"duration": seconds(path, df, "duration"),
-                            "gpu_time": seconds(path, df, "gpu_time")})
+    # gpu_time needs no bound of its own: jobs over 1,000 GPU-hours are left out below
+    numbers = pd.DataFrame({"duration": seconds(path, df, "duration", MAX_DURATION_S),
+                            "gpu_time": seconds(path, df, "gpu_time", math.inf)})
     keep = (numbers["duration"] >= 60) & (numbers["gpu_time"] < 1000 * 3600)
     stamps = stamps[keep]
     time_of_day_s = stamps.dt.hour * 3600 + stamps.dt.minute * 60 + stamps.dt.second

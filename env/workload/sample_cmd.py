@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 from env.errors import UserError
@@ -51,6 +52,10 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or min(seeds) < 0:
         raise UserError(f"--seeds {text!r}: give S, S1,S2,... or FIRST-LAST with seeds >= 0 "
                         "and FIRST <= LAST")
+    repeated = sorted(seed for seed, count in Counter(seeds).items() if count > 1)
+    if repeated:
+        raise UserError(f"--seeds {text!r}: {', '.join(map(str, repeated))} given more than "
+                        "once; name each seed once (a seed always draws the same workload)")
     return seeds
 
 

@@ -30,7 +30,7 @@ from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.profiles import GENERIC_RESTORE_S
 from env.workload.spec import JobSpec, Workload
-from env.workload.table import MIN_WORKERS, generic_max_workers, generic_work
+from env.workload.table import MAX_DURATION_S, MIN_WORKERS, generic_max_workers, generic_work
 
 PHILLY_GPU_MIX: tuple[tuple[int, int], ...] = (
     (1, 76627),
@@ -53,6 +53,14 @@ PHILLY_HOURLY_FACTORS: tuple[float, ...] = (
 from the 82,247 timestamps of shared/data/traces/pollux/philly.csv (trace clock, 2017-09-04 to
 2017-12-22); the peak at hours 6-7 is twice the mean, the trough at 14-15 two thirds of it."""
 SECONDS_PER_HOUR = 3600.0
+MAX_JOBS = 100_000
+"""Most jobs one generated workload may have (Philly has 82,247)."""
+LOAD_RANGE = (0.01, 100.0)
+"""Offered loads accepted. Below 0.01 the arrival span (and the hourly rate table over it)
+grows without use; above 100 every job arrives at once anyway."""
+MIN_MAX_DURATION_S = 0.1 * SECONDS_PER_HOUR
+"""Smallest run-time cap: 6 minutes, under which 30 % of draws still fall; a cap far below the
+median (1,144 s) would have the redraw loop spin for ever."""
 
 
 @dataclass(frozen=True)
@@ -79,14 +87,23 @@ class SyntheticConfig:
     """24 relative arrival rates, hour 0 first; the workload starts at hour 0."""
 
     def __post_init__(self) -> None:
-        if self.num_jobs < 1:
-            raise UserError(f"synthetic workload: num_jobs must be at least 1, not {self.num_jobs}")
-        if not self.load > 0:
-            raise UserError(f"synthetic workload: load must be > 0, not {self.load}")
+        """Reject configurations that cannot be generated, or not in reasonable time; the
+        messages use the names of ``synthetic:NUM_JOBS:LOAD:MAX_HOURS``, the way users set
+        them (NaN and infinities fail every range check)."""
+        if not 1 <= self.num_jobs <= MAX_JOBS:
+            raise UserError(f"synthetic workload: NUM_JOBS must be 1..{MAX_JOBS:,}, "
+                            f"not {self.num_jobs}")
+        low, high = LOAD_RANGE
+        if not low <= self.load <= high:
+            raise UserError(f"synthetic workload: LOAD (offered load) must be in "
+                            f"[{low:g}, {high:g}], not {self.load:g}")
         if not self.mean_duration_s > self.median_duration_s > 0:
             raise UserError("synthetic workload: need mean_duration_s > median_duration_s > 0")
-        if self.max_duration_s is not None and not self.max_duration_s > 0:
-            raise UserError("synthetic workload: max_duration_s must be > 0")
+        cap_s = self.max_duration_s
+        if cap_s is not None and not MIN_MAX_DURATION_S <= cap_s <= MAX_DURATION_S:
+            low_h, high_h = MIN_MAX_DURATION_S / SECONDS_PER_HOUR, MAX_DURATION_S / SECONDS_PER_HOUR
+            raise UserError(f"synthetic workload: MAX_HOURS (the run-time cap) must be in "
+                            f"[{low_h:g}, {high_h:g}] hours, not {cap_s / SECONDS_PER_HOUR:g}")
         if len(self.hourly_factors) != 24 or min(self.hourly_factors) < 0:
             raise UserError("synthetic workload: hourly_factors needs 24 values >= 0")
 

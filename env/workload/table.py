@@ -6,6 +6,8 @@ the file line next to them so an editor can jump there.
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +25,28 @@ cluster): its real batch-size limit is unknown, and 4x keeps growth within the r
 Pollux profiles were measured over (1 to 16 GPUs for jobs asking 1 to 4)."""
 
 
-def read_table(path: Path, required: tuple[str, ...], fmt: str) -> pd.DataFrame:
-    """Read `path` as CSV and check `required` columns are present; `fmt` names the format."""
+SECONDS_PER_DAY = 86_400.0
+MAX_SUBMIT_S = 365 * SECONDS_PER_DAY
+"""Latest submit offset a workload may have: a year (Philly spans 109 days). A later one is a
+unit or typing mistake, and a simulation's time limit grows with the arrival span."""
+MAX_DURATION_S = 365 * SECONDS_PER_DAY
+"""Longest run time a job may have: a year (Philly's longest job ran 53 days). Beyond it is a
+unit mistake or a placeholder such as 1e308, which the simulator would replay for ever."""
+MAX_RESTORE_S = SECONDS_PER_DAY
+"""Longest checkpoint-restore time: a day (the measured ones are 15-250 s, see `RESTORE_S`)."""
+MAX_COUNT = 1_000_000_000
+"""Largest GPU count or batch size read: more than any cluster or batch holds, and small enough
+to stay exact in the simulator's integer columns."""
+
+
+def read_table(
+    path: Path, required: tuple[str, ...], fmt: str, text: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """Read `path` as CSV and check `required` columns are present; `fmt` names the format.
+    Columns in `text` stay strings (job ids such as ``01``, which as numbers would equal ``1``)."""
+    reject_ragged_rows(path)
     try:
-        df = pd.read_csv(path, skipinitialspace=True)
+        df = pd.read_csv(path, skipinitialspace=True, dtype=dict.fromkeys(text, str))
     except FileNotFoundError as err:
         raise UserError(f"{path}: no such file; check the path") from err
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
@@ -34,15 +54,52 @@ def read_table(path: Path, required: tuple[str, ...], fmt: str) -> pd.DataFrame:
             f"{path}: cannot read as CSV ({err.__class__.__name__}); fix or re-export the file"
         ) from err
     df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in required if c not in df.columns]
+    require_columns(path, set(df.columns), required, fmt)
+    if df.empty:
+        raise UserError(f"{path}: {fmt} workload has a header but no jobs; add rows")
+    return df
+
+
+def require_columns(path: Path, header: set[str], required: tuple[str, ...], fmt: str) -> None:
+    """One-line `UserError` naming the `required` columns of format `fmt` that `header` lacks."""
+    missing = [c for c in required if c not in header]
     if missing:
         raise UserError(
             f"{path}: {fmt} workload is missing column(s) {', '.join(missing)}; "
             f"the header must include {','.join(required)} (see docs/workloads.md)"
         )
-    if df.empty:
-        raise UserError(f"{path}: {fmt} workload has a header but no jobs; add rows")
-    return df
+
+
+def reject_ragged_rows(path: Path) -> None:
+    """Reject a row with more or fewer fields than the header. pandas would take one extra
+    field in every row as the index and shift each value one column left, and fill a short
+    row with empty cells, so either would load as a different job than the file says."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            rows = csv.reader(handle, skipinitialspace=True)
+            header = next(rows, [])
+            row = 0
+            for fields in rows:
+                if not any(field.strip() for field in fields):
+                    continue  # a blank line, which pandas skips too
+                row += 1
+                if len(fields) != len(header):
+                    _reject_field_count(path, row, rows.line_num, len(fields), len(header))
+    except FileNotFoundError as err:
+        raise UserError(f"{path}: no such file; check the path") from err
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise UserError(
+            f"{path}: cannot read as CSV ({err.__class__.__name__}); fix or re-export the file"
+        ) from err
+
+
+def _reject_field_count(path: Path, row: int, line: int, fields: int, expected: int) -> None:
+    """The one-line error for a row of `fields` fields under a header of `expected`."""
+    fix = ("remove the extra field (a trailing comma adds one) or quote a value that contains "
+           "a comma" if fields > expected else
+           "add the missing cells (an empty cell still needs its comma)")
+    raise UserError(f"{path}: row {row} (line {line}): {fields} fields where the header has "
+                    f"{expected}; {fix}")
 
 
 def reject_rows(path: Path, bad: np.ndarray | pd.Series, problem: str, fix: str) -> None:
@@ -61,28 +118,39 @@ def numeric(df: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
 
 
-def seconds(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
-    """`column` as seconds; every row must hold a number >= 0 (else one-line `UserError`)."""
+def seconds(
+    path: Path, df: pd.DataFrame, column: str, maximum_s: float,
+    where: np.ndarray | None = None,
+) -> np.ndarray:
+    """`column` as seconds: a finite number from 0 to `maximum_s` in every row (with `where`,
+    in those rows only: an optional column's given cells), else a one-line `UserError`."""
     values = numeric(df, column)
-    reject_rows(path, np.isnan(values) | (values < 0),
+    checked = np.ones(len(values), dtype=bool) if where is None else where
+    reject_rows(path, checked & ~(values >= 0),
                 f"{column} must be a number of seconds >= 0", f"fix the {column} cell")
+    days = maximum_s / SECONDS_PER_DAY
+    limit = (f"at most {maximum_s:,.0f} s ({days:g} day{'s' if days != 1 else ''})"
+             if math.isfinite(maximum_s) else "finite")
+    too_large = ~(np.isfinite(values) & (values <= maximum_s))
+    reject_rows(path, checked & too_large, f"{column} must be {limit}",
+                f"fix the {column} cell (is it in seconds?)")
     return values
 
 
 def whole_numbers(
     path: Path, df: pd.DataFrame, column: str, minimum: int, where: np.ndarray | None = None
 ) -> np.ndarray:
-    """`column` as int64, rejecting cells that are not whole numbers >= `minimum`; with `where`,
-    only those rows are checked and the others read as 0 (optional columns)."""
+    """`column` as int64, rejecting cells that are not whole numbers from `minimum` to
+    `MAX_COUNT`; with `where`, only those rows are checked and the others read as 0 (optional
+    columns)."""
     values = numeric(df, column)
-    bad = np.isnan(values) | (values != np.floor(values)) | (values < minimum)
-    if where is not None:
-        bad &= where
-        values = np.where(where, values, 0.0)
-    reject_rows(
-        path, bad, f"{column} must be a whole number >= {minimum}", f"fix the {column} cell"
-    )
-    return values.astype(np.int64)
+    checked = np.ones(len(values), dtype=bool) if where is None else where
+    bad = ~np.isfinite(values) | (values != np.floor(values)) | (values < minimum)
+    reject_rows(path, checked & bad, f"{column} must be a whole number >= {minimum}",
+                f"fix the {column} cell")
+    reject_rows(path, checked & (values > MAX_COUNT), f"{column} must be at most {MAX_COUNT:,}",
+                f"fix the {column} cell")
+    return np.where(checked, values, 0.0).astype(np.int64)
 
 
 def reject_beyond_cluster(path: Path, gpus: np.ndarray, column: str, total_gpus: int) -> None:

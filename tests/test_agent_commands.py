@@ -1,0 +1,146 @@
+"""The agent commands (train, evaluate, headroom) refuse bad input before any work, and never
+mix one run's files with another's: --force replaces a whole run, a refused run leaves the
+earlier one exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from agent import training
+from agent.training import TrainConfig, train
+from env.cli import main
+from env.errors import UserError
+
+torch.set_num_threads(1)
+TINY = ("synthetic:12:1.5",)
+CONFIG = TrainConfig(workloads=TINY, cluster="2x4", timesteps=128, n_envs=1, n_steps=128,
+                     batch_size=64, warm_start="elastic", dagger_rounds=0, bc_epochs=2,
+                     eval_every=128, net_arch=(32,))
+TRAIN = ["train", "--workload", TINY[0], "--cluster", "2x4", "--n-envs", "1", "--n-steps",
+         "128", "--batch-size", "64", "--dagger-rounds", "0", "--timesteps", "128"]
+"""A tiny `rlalloc train` command line; a bad flag added after it overrides its value."""
+EVALUATE = ["evaluate", "--workload", "synthetic:8:1.0", "--cluster", "2x4", "--seeds", "1",
+            "--jobs", "1", "--failures", "none"]
+
+
+def quiet(_: str) -> None:
+    """A `train` log that prints nothing."""
+
+
+def files(directory) -> dict[str, bytes]:
+    """Every file under `directory` (relative path -> bytes)."""
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, float]:
+    """Exit code, the one stderr line and wall seconds of `rlalloc ARGV` run in this process
+    (flag errors included: `env.cli` turns argparse's into one line too)."""
+    started = time.perf_counter()
+    code = main(argv)
+    elapsed = time.perf_counter() - started
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return code, lines[-1], elapsed
+
+
+def test_force_starts_a_clean_run_that_resume_then_continues(tmp_path):
+    """The replaced run's checkpoints and TensorBoard logs go: a resume continues the new run,
+    from its own last step; each step is evaluated once."""
+    out = tmp_path / "model"
+    train(replace(CONFIG, timesteps=256), out, log=quiet)
+    forced = train(CONFIG, out, force=True, log=quiet)
+    assert [e["timesteps"] for e in forced["evaluations"]] == [0, 128]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "last.zip", "step_128_steps.zip"]
+    assert [p.name for p in (out / "tb").iterdir()] == ["ppo_1"]
+    resumed = train(replace(CONFIG, timesteps=384), out, resume=True, log=quiet)
+    assert resumed["timesteps"] == 384
+    assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256, 384]
+
+
+@pytest.mark.parametrize("earlier", ["checkpoints/last.zip", "card.json", "card.md",
+                                     "train_config.json", "tb/ppo_1/events"])
+def test_a_new_run_refuses_every_file_of_an_earlier_one(tmp_path, earlier):
+    (tmp_path / earlier).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / earlier).write_text("earlier run")
+    with pytest.raises(UserError, match="--force"):
+        train(CONFIG, tmp_path, log=quiet)
+    assert files(tmp_path) == {earlier: b"earlier run"}
+
+
+def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(training, "evaluate_jct", lambda *args, **kwargs: float("inf"))
+    with pytest.raises(UserError, match="no evaluation finished every job"):
+        train(CONFIG, tmp_path, log=quiet)
+    assert not (tmp_path / "policy.json").exists()
+    assert json.loads((tmp_path / "card.json").read_text())["exported_timesteps"] is None
+    assert (tmp_path / "checkpoints" / "last.zip").is_file()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A model directory from a run without RL steps."""
+    out = tmp_path_factory.mktemp("trained") / "model"
+    train(replace(CONFIG, timesteps=0), out, log=quiet)
+    return out
+
+
+@pytest.mark.parametrize("change, named", [({"cluster": "0x4"}, "0x4"),
+                                           ({"eval_workloads": ("/no/such.csv",)},
+                                            "/no/such.csv"),
+                                           ({"algo": "dqn"}, "--algo ppo")])
+def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
+    before = files(trained)
+    with pytest.raises(UserError, match=named):
+        train(replace(CONFIG, timesteps=256, **change), trained, resume=True, log=quiet)
+    assert files(trained) == before
+
+
+@pytest.mark.parametrize("argv, named", [
+    ([*TRAIN, "--eval-every", "0"], "--eval-every"),
+    ([*TRAIN, "--eval-every", "-5"], "--eval-every"),
+    ([*TRAIN, "--timesteps", "-5"], "--timesteps"),
+    ([*TRAIN, "--batch-size", "0"], "--batch-size"),
+    ([*TRAIN, "--n-steps", "0"], "--n-steps"),
+    ([*TRAIN, "--n-steps", "1"], "--n-steps 1 x --n-envs 1"),
+    ([*TRAIN, "--n-envs", "0"], "--n-envs"),
+    ([*TRAIN, "--gamma", "2"], "--gamma"),
+    ([*TRAIN, "--learning-rate", "-1"], "--learning-rate"),
+    ([*TRAIN, "--seed", "-1"], "--seed"),
+    ([*TRAIN, "--eval-workload", "/no/such.csv"], "/no/such.csv"),
+    ([*TRAIN, "--cluster", "0x4"], "0x4"),
+    ([*TRAIN, "--warm-start", "nope"], "nope"),
+    ([*TRAIN, "--residual", "elastic", "--residual-veto-p", "0"], "--residual-veto-p"),
+    ([*EVALUATE, "--jobs", "0"], "--jobs"),
+    ([*EVALUATE, "--jobs", "-2"], "--jobs"),
+    ([*EVALUATE, "--seeds", "0"], "--seeds"),
+    ([*EVALUATE, "--policies", "static,static"], "static twice"),
+    (["headroom", "--seed", "-1"], "--seed"),
+    (["headroom", "--jobs", "0"], "--jobs"),
+    (["headroom", "--futures", "none,none"], "none twice"),
+])
+def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, argv, named):
+    out = tmp_path / "out"
+    code, error, elapsed = run_cli([*argv, "--out", str(out)], capsys)
+    assert code == 2 and "error:" in error and named in error, error
+    assert elapsed < 8.0  # checked, not trained or simulated (that takes longer)
+    assert not out.exists()  # a refused run leaves no directory behind
+
+
+def test_evaluate_force_leaves_no_output_of_the_replaced_run(tmp_path, capsys):
+    """A re-run with one policy has no paired plot: the replaced run's must not pass for its;
+    with one run per policy the CIs read n/a, and no change against static is announced."""
+    assert main([*EVALUATE, "--policies", "static,elastic", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "paired_avg_jct.png").is_file()
+    assert main([*EVALUATE, "--policies", "elastic", "--out", str(tmp_path), "--force"]) == 0
+    assert not (tmp_path / "paired_avg_jct.png").exists()
+    results = (tmp_path / "results.md").read_text()
+    assert "± n/a" in results and "± 0 " not in results and "in brackets" not in results
+    capsys.readouterr()
