@@ -23,7 +23,7 @@ from actuator.guardrails import DecisionHistory, Policy, decide
 from actuator.main import load_policy
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
-from env.errors import UserError
+from env.argtypes import POSITIVE_INT, SEED, at_least
 from env.failures import NODE_FEATURE_NAMES
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.signals import load_signals
@@ -32,17 +32,17 @@ from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench actuator`."""
-    parser.add_argument("--nodes", type=int, default=500, help="nodes (8 GPUs each)")
-    parser.add_argument("--jobs", type=int, default=1000, help="jobs in the system")
+    parser.add_argument("--nodes", type=POSITIVE_INT, default=500, help="nodes (8 GPUs each)")
+    parser.add_argument("--jobs", type=at_least(0), default=1000, help="jobs in the system")
     parser.add_argument("--policy", default="elastic", help="policy name (agent.registry)")
-    parser.add_argument("--repeats", type=int, default=5, help="cycles timed (median reported)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic cluster")
+    parser.add_argument("--repeats", type=POSITIVE_INT, default=5,
+                        help="cycles timed (median reported)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the synthetic cluster")
     add_bench_out_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Time the cycle and print (and optionally save) the figures."""
-    _check_sizes(args)
     prepare_out_file(args.out, args.force)
     result = measure(load_policy(args.policy), args.nodes, args.jobs, args.repeats, args.seed)
     result["policy"] = args.policy
@@ -50,14 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json(args.out, result)
     return 0
-
-
-def _check_sizes(args: argparse.Namespace) -> None:
-    """Refuse sizes no cluster or median can have, before any policy is loaded."""
-    for flag, value, least in (("--nodes", args.nodes, 1), ("--jobs", args.jobs, 0),
-                               ("--repeats", args.repeats, 1)):
-        if value < least:
-            raise UserError(f"{flag} {value}: must be at least {least}")
 
 
 def synthetic_state(n_nodes: int, n_jobs: int, seed: int) -> ClusterState:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from env.argtypes import SEED, above, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS, FailureParams
@@ -28,26 +29,32 @@ if TYPE_CHECKING:
     from actuator.twin.runtime import ScriptedFailure
 
 
+_PORT = within(0, 65535, int)
+"""A TCP port to listen on; 0 lets the system pick a free one."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
                         help="workload CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
                              "(default %(default)s)")
     parser.add_argument("--cluster", default="8x4", help="NODESxGPUS or a cluster YAML file")
-    parser.add_argument("--seed", type=int, default=0, help="seed of workload and failures")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of workload and failures")
     parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
                         help="node failure rate preset (default %(default)s: a few per day, "
                              "half of them announced by XID/ECC warnings)")
-    parser.add_argument("--speed", type=float, default=60.0,
+    parser.add_argument("--speed", type=above(0.0), default=60.0,
                         help="simulated seconds per wall second (default %(default)s)")
-    parser.add_argument("--tick-s", type=float, default=0.25, help="wall seconds per step")
+    parser.add_argument("--tick-s", type=above(0.0), default=0.25, help="wall seconds per step")
     parser.add_argument("--namespace", default="default", help="namespace of the jobs")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
-    parser.add_argument("--kube-port", type=int, default=8001, help="Kubernetes API port")
-    parser.add_argument("--metrics-port", type=int, default=9400, help="exporter port")
+    parser.add_argument("--kube-port", type=_PORT, default=8001,
+                        help="Kubernetes API port (0: any free one)")
+    parser.add_argument("--metrics-port", type=_PORT, default=9400,
+                        help="exporter port (0: any free one)")
     parser.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
                         help="where your Prometheus will listen (goes into the actuator config)")
-    parser.add_argument("--scrape-interval-s", type=float, default=1.0,
+    parser.add_argument("--scrape-interval-s", type=above(0.0), default=1.0,
                         help="Prometheus scrape interval to configure, seconds > 0 "
                              "(default %(default)s)")
     parser.add_argument("--out-dir", type=Path, default=Path("twin"),
@@ -66,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
         from actuator.twin.kube_api import dump_kubeconfig
     except ImportError as err:
         raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
-    _check_flags(args)
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
     _check_failing_nodes(failures, scenario.cluster)
@@ -111,18 +117,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         running.stop()
     return 0
-
-
-def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse numbers the twin cannot run with, before it builds anything."""
-    if args.speed <= 0 or args.tick_s <= 0:
-        raise UserError("--speed and --tick-s must be positive")
-    if not args.scrape_interval_s > 0:
-        raise UserError(f"--scrape-interval-s {args.scrape_interval_s:g}: must be > 0 (the "
-                        "seconds between Prometheus scrapes, e.g. 1 or 0.5)")
-    for flag, port in (("--kube-port", args.kube_port), ("--metrics-port", args.metrics_port)):
-        if not 0 <= port <= 65535:
-            raise UserError(f"{flag} {port}: not a TCP port; use 1-65535, or 0 for any free one")
 
 
 def _failure(text: str) -> ScriptedFailure:

@@ -11,48 +11,40 @@ import math
 from collections.abc import Callable
 
 
-def _number(kind: Callable[[str], float], text: str) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+def _bounded(kind: Callable[[str], float], accept: Callable[[float], bool], rule: str,
+             ) -> Callable[[str], float]:
+    """A flag type: a finite number of `kind` (int or float) that `accept`s, else argparse's
+    error saying `rule` ("must be at least 1")."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{text}: {rule}")
+        return value
+    parse.__name__ = f"{kind.__name__} that {rule.removeprefix('must ')}"
+    return parse
 
 
 def at_least(minimum: float, kind: Callable[[str], float] = int) -> Callable[[str], float]:
-    """A flag type: a number of `kind` (int or float), finite and >= `minimum`."""
-    def parse(text: str) -> float:
-        value = _number(kind, text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text} is below {minimum:g}")
-        return value
-    parse.__name__ = f"{kind.__name__} >= {minimum:g}"
-    return parse
+    """A flag type: a number of `kind`, finite and >= `minimum`."""
+    return _bounded(kind, lambda value: value >= minimum, f"must be at least {minimum:g}")
 
 
 def above(minimum: float, kind: Callable[[str], float] = float) -> Callable[[str], float]:
     """A flag type: a number of `kind`, finite and > `minimum`."""
-    def parse(text: str) -> float:
-        value = _number(kind, text)
-        if value <= minimum:
-            raise argparse.ArgumentTypeError(f"{text} must be above {minimum:g}")
-        return value
-    parse.__name__ = f"{kind.__name__} > {minimum:g}"
-    return parse
+    return _bounded(kind, lambda value: value > minimum, f"must be > {minimum:g}")
 
 
-def within(low: float, high: float) -> Callable[[str], float]:
-    """A flag type: a finite float in [low, high]."""
-    def parse(text: str) -> float:
-        value = _number(float, text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is outside [{low:g}, {high:g}]")
-        return value
-    parse.__name__ = f"float in [{low:g}, {high:g}]"
-    return parse
+def within(low: float, high: float, kind: Callable[[str], float] = float,
+           ) -> Callable[[str], float]:
+    """A flag type: a number of `kind`, finite and in [low, high]."""
+    return _bounded(kind, lambda value: low <= value <= high,
+                    f"must be within [{low:g}, {high:g}]")
 
 
 SEED = at_least(0)

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from env.argtypes import POSITIVE_INT
 from env.errors import UserError
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from forecaster.artifacts import read_card
 from forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.series import load_demand_series
 from forecaster.standin import load_standin
-from forecaster.train_cmd import TORCH_THREADS, check_at_least
+from forecaster.train_cmd import TORCH_THREADS
 
 LATENCY_CALLS = 300
 
@@ -36,14 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bench_out_flags(parser)
     parser.add_argument("--series", nargs="+", type=Path, default=None,
                         help="training series (default: those in the shipped model's card)")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
                         help="train fewer epochs than the shipped config (time scales linearly)")
     parser.add_argument("--skip-training", action="store_true", help="measure latency only")
 
 
 def run(args: argparse.Namespace) -> int:
     """Measure and print; write JSON when asked."""
-    check_at_least("--epochs", args.epochs, 1)
     prepare_out_file(args.out, args.force)
     torch.set_num_threads(TORCH_THREADS)
     result: dict[str, object] = {"torch_threads": TORCH_THREADS}

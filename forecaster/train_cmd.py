@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from env.argtypes import POSITIVE_INT, SEED
 from env.errors import UserError
 from forecaster.artifacts import (
     BASELINES_FILE,
@@ -48,15 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory to write the model to")
     parser.add_argument("--force", action="store_true",
                         help="replace a model already in --out (otherwise refused)")
-    parser.add_argument("--epochs", type=int, default=None, help="override the epoch count")
-    parser.add_argument("--seed", type=int, default=None, help="override the seed")
+    parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
+                        help="override the epoch count")
+    parser.add_argument("--seed", type=SEED, default=None, help="override the seed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     """Check every flag, train, save, and print where the model went."""
-    check_at_least("--epochs", args.epochs, 1)
-    check_at_least("--seed", args.seed, 0)
     torch.set_num_threads(TORCH_THREADS)
     if args.model == "risk":
         if args.series:
@@ -64,15 +64,6 @@ def run(args: argparse.Namespace) -> int:
                             "demand series; drop --series or pass --model demand")
         return _train_risk(args)
     return _train_demand(args)
-
-
-def check_at_least(flag: str, value: int | None, minimum: int) -> None:
-    """A one-line `UserError` for an integer flag below ``minimum`` (``None``: not given, the
-    config's default holds): zero epochs would save an untrained model, and numpy refuses
-    negative seeds only after the data is loaded."""
-    if value is not None and value < minimum:
-        raise UserError(f"{flag} {value}: must be {minimum} or more; pass a larger value or "
-                        "leave the flag out for the default")
 
 
 def _train_demand(args: argparse.Namespace) -> int:

@@ -478,16 +478,16 @@ def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["twin", "--scrape-interval-s", "0"], "--scrape-interval-s 0: must be > 0"),
-    (["twin", "--metrics-port", "70000"], "--metrics-port 70000: not a TCP port"),
+    (["twin", "--scrape-interval-s", "0"], "argument --scrape-interval-s: 0: must be > 0"),
+    (["twin", "--metrics-port", "70000"], "argument --metrics-port: 70000: must be within [0, 65535]"),
     (["twin", "--cluster", "3x4", "--fail-node", "node-9999:60:120"],
      "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
      "node-0001, node-0002"),
     (["twin", "--fail-node", "node-9999:60:120"], "its nodes are node-0000 ... node-0007"),
-    (["bench", "actuator", "--nodes", "0"], "--nodes 0: must be at least 1"),
-    (["bench", "actuator", "--nodes", "-3"], "--nodes -3: must be at least 1"),
-    (["bench", "actuator", "--repeats", "0"], "--repeats 0: must be at least 1"),
-    (["bench", "actuator", "--jobs", "-5"], "--jobs -5: must be at least 0"),
+    (["bench", "actuator", "--nodes", "0"], "argument --nodes: 0: must be at least 1"),
+    (["bench", "actuator", "--nodes", "-3"], "argument --nodes: -3: must be at least 1"),
+    (["bench", "actuator", "--repeats", "0"], "argument --repeats: 0: must be at least 1"),
+    (["bench", "actuator", "--jobs", "-5"], "argument --jobs: -5: must be at least 0"),
 ])
 def test_bad_twin_and_bench_flags_are_one_line(tmp_path, capsys, argv, expected):
     # a twin that wrongly accepts its flags stops after a second instead of running on

@@ -150,7 +150,7 @@ def test_train_out_that_is_a_file_is_refused_before_training(trained_dir, tmp_pa
 def test_epochs_and_seed_below_minimum_are_one_line_errors(argv, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([*argv, "--out", str(out)]) == 2
-    one_line_error(capsys, argv[-2], "or more")
+    one_line_error(capsys, argv[-2], "must be at least")
     assert not out.exists()
 
 
