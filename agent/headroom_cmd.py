@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.heuristics import ElasticPolicy, RemainingWork
+from agent.job_sizes import JobSizeHistory, told_sizes
 from agent.lookahead import parse_future
 from env.argtypes import POSITIVE_INT, SEED, unique_names
 from env.efficiency import add_efficiency_flag
@@ -119,7 +119,6 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     """Worker: one run's average JCT, decisions contested and deviations, wall seconds."""
     from agent.distill import LookaheadRecorder
     from agent.evaluation import run_policy
-    from agent.job_sizes import JobSizeHistory
     from agent.lookahead import HistoryArrivals, LookaheadPolicy
     from agent.registry import load_policy
     from agent.residual import residual_featurizer
@@ -134,13 +133,13 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     base = load_policy(spec.base)
     policy, lookahead, recorder = base, None, None
     if spec.sizes == "known":
-        policy = told_sizes(base, lambda state, rows: sim.remaining_work_s(
-            [state.jobs.job_id[row] for row in rows.tolist()]), spec.sizes)
+        policy = told_sizes(spec.base, lambda state, rows: sim.remaining_work_s(
+            [state.jobs.job_id[row] for row in rows.tolist()]), f"{spec.base}, sizes known")
     elif spec.sizes == "learned":
         sizes = JobSizeHistory.fit([build_scenario(w, spec.cluster, seed=spec.seed,
                                                    efficiency=spec.efficiency)
                                     for w in history_for(spec.workload, spec.history)])
-        policy = told_sizes(base, sizes.remaining_work, spec.sizes)
+        policy = told_sizes(spec.base, sizes.remaining_work, f"{spec.base}, sizes learned")
     elif spec.future is not None:
         future = parse_future(spec.future)
         history = HistoryArrivals(
@@ -192,10 +191,12 @@ def run(args: argparse.Namespace) -> int:
                             "workloads to draw from with --history W (repeatable)")
     for name in (args.base, *alternatives):
         load_policy(name)  # fails fast with the list of valid names
-    if sizes and not isinstance(load_policy(args.base), ElasticPolicy):
-        raise UserError(f"--sizes {','.join(sizes)}: --base {args.base} does not estimate job "
-                        "sizes; use an elastic base such as elastic-srpt-0.25, or leave out "
-                        "--sizes")
+    if sizes:
+        try:
+            told_sizes(args.base, None, args.base)
+        except UserError as err:
+            raise UserError(f"--sizes {','.join(sizes)}: --base {err}, or leave out "
+                            "--sizes") from None
     if "learned" in sizes and not args.history:
         raise UserError("--sizes learned predicts sizes from past jobs; give the workloads "
                         "to learn from with --history W (repeatable)")
@@ -240,11 +241,6 @@ def run(args: argparse.Namespace) -> int:
 def sizes_column(sizes: str) -> str:
     """The report's column for the base told job sizes by `sizes` (`SIZES`)."""
     return f"sizes-{sizes}"
-
-
-def told_sizes(policy: ElasticPolicy, remaining_work: RemainingWork, sizes: str) -> ElasticPolicy:
-    """`policy` reading jobs' remaining work from `remaining_work` instead of estimating it."""
-    return ElasticPolicy(policy.config, f"{policy.name}, sizes {sizes}", remaining_work)
 
 
 def recording_path(out: Path, workload: str, future: str) -> Path:

@@ -30,6 +30,7 @@ from env.errors import UserError
 from env.state import ClusterState
 
 if TYPE_CHECKING:
+    from agent.heuristics import ElasticPolicy, RemainingWork
     from agent.policy import Policy
     from env.scenario import Scenario
 
@@ -110,11 +111,22 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
         "|---|---|---|---|---|", *rows, ""]))
 
 
+def told_sizes(base: str, remaining_work: RemainingWork | None, name: str) -> ElasticPolicy:
+    """The elastic heuristic `base` (by name) told jobs' remaining work by `remaining_work`
+    (None: only check that `base` is one that uses sizes); a one-line `UserError` naming
+    `base` when it does not estimate sizes (static, tiresias, a learned policy)."""
+    from agent.heuristics import ElasticPolicy
+    from agent.registry import load_policy
+
+    policy = load_policy(base)
+    if not isinstance(policy, ElasticPolicy):
+        raise UserError(f"{base} does not estimate job sizes; use an elastic heuristic such "
+                        "as elastic-srpt-0.25")
+    return ElasticPolicy(policy.config, name, remaining_work)
+
+
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`."""
-    from agent.heuristics import ElasticPolicy
-    from agent.registry import HEURISTICS
-
     path = Path(directory) / SIZES_FILE
     try:
         raw = json.loads(path.read_text())
@@ -122,13 +134,13 @@ def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
             raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
                             f"rlalloc reads {FORMAT_VERSION}; fit it again with "
                             "`rlalloc sizes fit`")
-        base = HEURISTICS[raw["base"]]()
+        base = str(raw["base"])
         sizes = JobSizeHistory.from_json(raw["curves"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{path}: damaged size table ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0][:120]}); fit it again with "
                         "`rlalloc sizes fit`") from err
-    if not isinstance(base, ElasticPolicy):
-        raise UserError(f"{path}: base {raw['base']!r} does not estimate job sizes; fit it "
-                        "again with an elastic --base")
-    return ElasticPolicy(base.config, name or Path(directory).name, sizes.remaining_work)
+    try:
+        return told_sizes(base, sizes.remaining_work, name or Path(directory).name)
+    except UserError as err:
+        raise UserError(f"{path}: base {err}; fit it again with `rlalloc sizes fit`") from err

@@ -34,14 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
-    from agent.heuristics import ElasticPolicy
-    from agent.job_sizes import JobSizeHistory, save_sized_policy
-    from agent.registry import load_policy
+    from agent.job_sizes import JobSizeHistory, save_sized_policy, told_sizes
     from env.scenario import build_scenario
 
-    if not isinstance(load_policy(args.base), ElasticPolicy):
-        raise UserError(f"--base {args.base}: does not estimate job sizes; use an elastic "
-                        "heuristic such as elastic-srpt-0.25")
+    try:
+        told_sizes(args.base, None, args.base)
+    except UserError as err:
+        raise UserError(f"--base {err}") from None
     sizes = JobSizeHistory.fit([build_scenario(w, args.cluster) for w in args.workloads])
     if len(sizes.work_s) < 2:
         raise UserError(f"--workload {' '.join(args.workloads)}: every job has the same speed "
