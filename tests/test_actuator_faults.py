@@ -479,7 +479,8 @@ def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
 
 @pytest.mark.parametrize("argv, expected", [
     (["twin", "--scrape-interval-s", "0"], "argument --scrape-interval-s: 0: must be > 0"),
-    (["twin", "--metrics-port", "70000"], "argument --metrics-port: 70000: must be within [0, 65535]"),
+    (["twin", "--metrics-port", "70000"],
+     "argument --metrics-port: 70000: must be within [0, 65535]"),
     (["twin", "--cluster", "3x4", "--fail-node", "node-9999:60:120"],
      "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
      "node-0001, node-0002"),
