@@ -7,7 +7,8 @@ A saved model directory holds
 - ``policy.json``: `ExportMeta` (format version, algorithm, layer sizes, activation, the
   `FeatureSpec` the observation and action layout come from, observation-normalisation
   statistics if training used them, whether the action mask applies, and, for a residual
-  policy, the heuristics its extra "follow" actions defer to: see `agent.residual`).
+  policy, the heuristics its extra "follow" actions defer to and the job-size table they are
+  told, if any: see `agent.residual`).
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
 break across Python versions) never enters the cluster. `agent.export` writes it from a
@@ -24,14 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from agent.job_sizes import JobSizeHistory
 from env.errors import UserError
 from env.featurizer import FeatureSpec, Featurizer
 from env.state import Action, ClusterState, Strategy
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Bumped whenever `policy.json` or the network layout changes incompatibly (2 added
-`residual`)."""
-READABLE_VERSIONS = (1, 2)
+`residual`, 3 `job_sizes`)."""
+READABLE_VERSIONS = (1, 2, 3)
 """Versions this rlalloc loads (a version-1 file is a policy over the raw actions)."""
 WEIGHTS_FILE = "policy.pt"
 META_FILE = "policy.json"
@@ -65,6 +67,9 @@ class ExportMeta:
     obs_norm: ObsNormalization | None = None
     residual: tuple[str, ...] = ()
     """Heuristics behind the extra last actions, "follow its proposal" (none: raw actions)."""
+    job_sizes: tuple[dict, ...] | None = None
+    """Residual only: the job-size table (`JobSizeHistory.to_json`) the heuristics are told and
+    the observation shows (`rlalloc train --learn-sizes`); None: not told."""
     format_version: int = FORMAT_VERSION
 
     def spec(self) -> FeatureSpec:
@@ -80,13 +85,19 @@ class ExportMeta:
             return Featurizer(self.spec())
         from agent.residual import residual_featurizer  # needs the heuristics, not SB3
 
-        return residual_featurizer(self.spec(), self.residual)
+        return residual_featurizer(self.spec(), self.residual, self.sizes())
+
+    def sizes(self) -> JobSizeHistory | None:
+        """The job-size table of `job_sizes` (None if the model is not told sizes)."""
+        return None if self.job_sizes is None else JobSizeHistory.from_json(list(self.job_sizes))
 
     def expected_obs_size(self) -> int:
         """Observation length of this rlalloc's `featurizer()` for the model."""
-        from agent.residual import PROPOSAL_FEATURES
+        if not self.residual:
+            return self.spec().obs_size
+        from agent.residual import residual_obs_size
 
-        return self.spec().obs_size + PROPOSAL_FEATURES * len(self.residual)
+        return residual_obs_size(self.spec(), len(self.residual), self.job_sizes is not None)
 
     @staticmethod
     def spec_fields(spec: FeatureSpec) -> dict:
@@ -172,6 +183,9 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
         norm = raw.pop("obs_norm", None)
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
         raw["residual"] = tuple(raw.get("residual", ()))
+        if raw.get("job_sizes") is not None:
+            raw["job_sizes"] = tuple(raw["job_sizes"])
+            JobSizeHistory.from_json(list(raw["job_sizes"]))  # damaged entries fail here
         meta = ExportMeta(**raw, obs_norm=None if norm is None else ObsNormalization(
             tuple(norm["mean"]), tuple(norm["var"]), norm["clip"], norm["epsilon"]))
         net = PolicyNet(meta.obs_size, meta.hidden_sizes, meta.num_actions, meta.activation)

@@ -2,8 +2,9 @@
 
 Only the parts inference needs are kept: the policy MLP (PPO: the actor's hidden layers and
 action head; DQN: the Q-network), the layer sizes, the feature spec and the observation
-normalisation, if any, and the heuristic behind a residual policy's "follow" action
-(`agent.residual`). The value network, optimizer and replay buffer stay behind.
+normalisation, if any, and the heuristics behind a residual policy's "follow" actions
+with the job-size table they are told (`agent.residual`). The value network, optimizer and
+replay buffer stay behind.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agent.deployed import (
     PolicyNet,
     save_deployed,
 )
+from agent.job_sizes import JobSizeHistory
 from env.featurizer import FeatureSpec
 
 
@@ -47,28 +49,32 @@ def deployed_net(model: object, algo: str) -> tuple[PolicyNet, str]:
 
 
 def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
-          obs_norm: ObsNormalization | None, residual: tuple[str, ...]) -> ExportMeta:
+          obs_norm: ObsNormalization | None, residual: tuple[str, ...],
+          sizes: JobSizeHistory | None) -> ExportMeta:
     linears = [m for m in net.layers if isinstance(m, nn.Linear)]
     return ExportMeta(
         algo=algo, obs_size=linears[0].in_features, num_actions=linears[-1].out_features,
         hidden_sizes=tuple(m.out_features for m in linears[:-1]), activation=activation,
         feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm,
-        residual=residual)
+        residual=residual, job_sizes=None if sizes is None else tuple(sizes.to_json()))
 
 
 def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec, activation: str = "tanh",
-                     residual: tuple[str, ...] = ()) -> LearnedPolicy:
+                     residual: tuple[str, ...] = (),
+                     sizes: JobSizeHistory | None = None) -> LearnedPolicy:
     """The deployed policy for `net` without a round trip through files (for evaluations
     during training)."""
-    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual), net)
+    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual, sizes), net)
 
 
 def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
                  obs_norm: ObsNormalization | None = None,
-                 residual: tuple[str, ...] = ()) -> ExportMeta:
+                 residual: tuple[str, ...] = (),
+                 sizes: JobSizeHistory | None = None) -> ExportMeta:
     """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`; `residual` names
-    the heuristics of the model's extra "follow" actions (none: the raw action space)."""
+    the heuristics of the model's extra "follow" actions (none: the raw action space), and
+    `sizes` the job-size table they are told (None: not told)."""
     net, activation = deployed_net(model, algo)
-    meta = _meta(net, algo, activation, spec, obs_norm, residual)
+    meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes)
     save_deployed(Path(directory), meta, net.state_dict())
     return meta

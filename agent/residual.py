@@ -16,6 +16,12 @@ whose mask has one more entry per heuristic (valid exactly when that heuristic p
 change, so "follow" and "no-op" never mean the same thing), and whose `decode` returns the
 proposal for a follow index. The gym environment, the evaluation and the deployed policy all
 go through the featurizer, so they all see the same residual policy.
+
+Told job sizes (`JobSizeHistory`, `rlalloc train --learn-sizes`), every heuristic ranks jobs by
+the sizes of past jobs of the same kind instead of extrapolating from progress (on the Pollux
+held-out set that alone is 9.3 % faster than elastic-srpt-0.25, `agent.job_sizes`), and the
+observation shows each slot's predicted remaining work, so that a deviation can depend on it.
+The table travels inside the exported model (`ExportMeta.job_sizes`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from agent.job_sizes import JobSizeHistory, told_sizes
 from agent.policy import Policy
 from agent.registry import HEURISTICS
 from env.errors import UserError
@@ -38,20 +45,28 @@ if TYPE_CHECKING:
 
 PROPOSAL_FEATURES = 10
 """Observation entries appended per heuristic (see `ResidualFeaturizer.observe`)."""
+SIZE_FEATURES = 2
+"""Observation entries appended per job slot when told job sizes (see `size_features`)."""
 _LOG_WORKERS = math.log2(1 + 16)
+_LOG_MINUTES = math.log2(1 + 60 * 24 * 7)
+"""Remaining work is shown as log2(1 + minutes on one GPU), a week = 1."""
 
 
 class ResidualFeaturizer(Featurizer):
     """The featurizer of the residual action space (see module docstring)."""
 
-    def __init__(self, spec: FeatureSpec, teachers: tuple[Policy, ...]) -> None:
+    def __init__(self, spec: FeatureSpec, teachers: tuple[Policy, ...],
+                 sizes: JobSizeHistory | None = None) -> None:
+        """`sizes`: the job-size table the teachers are told (None: not told), shown per slot
+        in the observation too."""
         super().__init__(spec)
         self.teachers = teachers
+        self.sizes = sizes
         self.follow_index = spec.num_actions
         """The "do what the first heuristic proposes" action, one past the raw actions; the
         other heuristics' follow actions come right after it."""
         self.num_actions = spec.num_actions + len(teachers)
-        self.obs_size = spec.obs_size + PROPOSAL_FEATURES * len(teachers)
+        self.obs_size = residual_obs_size(spec, len(teachers), sizes is not None)
         self._proposals: tuple[ClusterState, tuple[Action, ...]] | None = None
 
     def proposals(self, state: ClusterState) -> tuple[Action, ...]:
@@ -62,9 +77,27 @@ class ResidualFeaturizer(Featurizer):
         return self._proposals[1]
 
     def observe(self, state: ClusterState) -> np.ndarray:
-        """The featurizer's observation, then `proposal_features` of each proposal."""
-        return np.concatenate([super().observe(state),
-                               *(proposal_features(state, a) for a in self.proposals(state))])
+        """The featurizer's observation, `proposal_features` of each proposal, then (told
+        sizes) `size_features` of each slot."""
+        parts = [super().observe(state),
+                 *(proposal_features(state, a) for a in self.proposals(state))]
+        if self.sizes is not None:
+            parts.append(self.size_features(state))
+        return np.concatenate(parts)
+
+    def size_features(self, state: ClusterState) -> np.ndarray:
+        """Per job slot (in slot order, empty slots 0): whether the size table knows the job's
+        kind, and its predicted remaining work as log2(1 + minutes on one GPU) / a week's."""
+        assert self.sizes is not None
+        extra = np.zeros((self.spec.top_k, SIZE_FEATURES), dtype=np.float32)
+        rows = np.asarray(self._view(state).rows, dtype=np.int64)
+        if len(rows):
+            work_s = self.sizes.remaining_work(state, rows)
+            known = ~np.isnan(work_s)
+            extra[: len(rows), 0] = known
+            extra[: len(rows), 1] = np.where(
+                known, np.log2(1.0 + np.nan_to_num(work_s) / 60.0) / _LOG_MINUTES, 0.0)
+        return extra.ravel()
 
     def action_mask(self, state: ClusterState) -> np.ndarray:
         """The raw mask, then one entry per heuristic: valid when it proposes a change."""
@@ -104,22 +137,43 @@ def proposal_features(state: ClusterState, action: Action) -> np.ndarray:
     return extra
 
 
-def residual_featurizer(spec: FeatureSpec, teachers: tuple[str, ...]) -> ResidualFeaturizer:
-    """The residual featurizer following built-in heuristics `teachers` (UserError if one is
-    not a built-in heuristic)."""
+def residual_obs_size(spec: FeatureSpec, num_teachers: int, told_sizes: bool) -> int:
+    """Observation length of a residual policy over `num_teachers` heuristics."""
+    return (spec.obs_size + PROPOSAL_FEATURES * num_teachers
+            + (SIZE_FEATURES * spec.top_k if told_sizes else 0))
+
+
+def residual_teachers(teachers: tuple[str, ...],
+                      sizes: JobSizeHistory | None = None) -> tuple[Policy, ...]:
+    """The built-in heuristics `teachers`, told job sizes by `sizes` if given; a one-line
+    UserError if one is not a built-in heuristic, or (told sizes) not one that ranks by them."""
     unknown = [name for name in teachers if name not in HEURISTICS]
     if unknown or not teachers:
         raise UserError(f"residual heuristics {','.join(teachers)!r}: give one or more of "
                         f"{', '.join(HEURISTICS)}")
-    return ResidualFeaturizer(spec, tuple(HEURISTICS[name]() for name in teachers))
+    if sizes is None:
+        return tuple(HEURISTICS[name]() for name in teachers)
+    try:
+        return tuple(told_sizes(name, sizes.remaining_work, name) for name in teachers)
+    except UserError as err:
+        raise UserError(f"--learn-sizes: residual heuristic {err}") from None
 
 
-def make_residual(env: ClusterAllocEnv, teachers: tuple[str, ...]) -> ClusterAllocEnv:
+def residual_featurizer(spec: FeatureSpec, teachers: tuple[str, ...],
+                        sizes: JobSizeHistory | None = None) -> ResidualFeaturizer:
+    """The residual featurizer following built-in heuristics `teachers`, told job sizes by
+    `sizes` if given (see `residual_teachers` for the errors)."""
+    return ResidualFeaturizer(spec, residual_teachers(teachers, sizes), sizes)
+
+
+def make_residual(env: ClusterAllocEnv, teachers: tuple[str, ...],
+                  sizes: JobSizeHistory | None = None) -> ClusterAllocEnv:
     """`env` with the residual action space and observation, in place (the environment reads
-    observations, masks and actions through its featurizer)."""
+    observations, masks and actions through its featurizer); `sizes` as in
+    `residual_featurizer`."""
     import gymnasium as gym
 
-    featurizer = residual_featurizer(env.featurizer.spec, teachers)
+    featurizer = residual_featurizer(env.featurizer.spec, teachers, sizes)
     low, high = env.observation_space.low.flat[0], env.observation_space.high.flat[0]
     env.featurizer = featurizer
     env.observation_space = gym.spaces.Box(low, high, (featurizer.obs_size,), np.float32)

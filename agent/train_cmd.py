@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--residual", default="", metavar="H1[,H2...]",
                         help="add a 'follow H' action per heuristic and start as H1 (ppo only;"
                              " replaces --warm-start; see agent.residual)")
+    parser.add_argument("--learn-sizes", action="store_true",
+                        help="residual: tell the heuristics and the policy job sizes learnt "
+                             "from the training workloads (agent.job_sizes; saved in the "
+                             "model)")
     parser.add_argument("--imitate", action="append", default=[], metavar="NPZ",
                         help="residual: fit the actor to these lookahead recordings first "
                              "(`rlalloc headroom --record`; repeatable; recorded with --base "
@@ -101,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         gae_lambda=args.gae_lambda, learning_rate=learning_rate, warm_start=args.warm_start,
         dagger_rounds=args.dagger_rounds,
         residual=tuple(name for name in args.residual.split(",") if name),
+        learn_sizes=args.learn_sizes,
         imitate=tuple(args.imitate), imitate_margin=args.imitate_margin,
         residual_veto_p=args.residual_veto_p,
         residual_raw_p=args.residual_raw_p, residual_switch_p=args.residual_switch_p,

@@ -6,7 +6,9 @@ to its returns), then fine-tune with RL at a small learning rate, keeping the de
 of whichever policy scored best on the training workloads during the periodic evaluations.
 With `residual` set the heuristics are instead extra actions of the policy (`agent.residual`):
 the actor is initialised to follow the first, only the critic is fitted to its returns, and
-RL learns where to deviate.
+RL learns where to deviate. With `learn_sizes` those heuristics (and the observation) are told
+job sizes learnt from the training workloads (`agent.job_sizes`), so the policy starts at the
+size-told heuristic rather than at the heuristic alone.
 Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
 critic's warm start and the RL returns are on the same scale.
 """
@@ -33,8 +35,9 @@ from agent.distill import Recording, fit_advantages, load_recordings, prefer_bas
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
+from agent.job_sizes import JobSizeHistory
 from agent.registry import load_policy
-from agent.residual import follow_first, init_follow_head, make_residual
+from agent.residual import follow_first, init_follow_head, make_residual, residual_teachers
 from env.errors import UserError
 from env.failures import FailureParams, parse_failure_rate
 from env.gym_env import ClusterAllocEnv, RewardWeights
@@ -105,6 +108,9 @@ class TrainConfig:
     residual: tuple[str, ...] = ()
     """Heuristics behind extra "follow its proposal" actions (`agent.residual`; PPO only);
     none for the raw action space. Replaces the warm start by `_residual_start`."""
+    learn_sizes: bool = False
+    """Residual only: fit a job-size table on the training workloads (`JobSizeHistory`), tell
+    it to the residual heuristics and show it in the observation; it is saved in the model."""
     imitate: tuple[str, ...] = ()
     """Lookahead recordings (`rlalloc headroom --record`) the residual actor is fitted to
     before RL (`agent.distill`); none: the actor starts as the first heuristic."""
@@ -168,14 +174,25 @@ class ScaledReward(gym.Wrapper):
         return self.env.action_masks()
 
 
-def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None) -> ClusterAllocEnv:
+def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
+             sizes: JobSizeHistory | None = None) -> ClusterAllocEnv:
     """A training environment over `workloads` (default: the config's), residual if the
-    config says so."""
+    config says so, its heuristics told job sizes by `sizes` (`training_sizes`) if given."""
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
                           params=config.sim_params(),
                           reward=RewardWeights(time_discount_s=config.time_discount_s),
                           efficiency=config.efficiency)
-    return make_residual(env, config.residual) if config.residual else env
+    return make_residual(env, config.residual, sizes) if config.residual else env
+
+
+def training_sizes(config: TrainConfig) -> JobSizeHistory | None:
+    """The job-size table of a `learn_sizes` run, fitted on its training workloads (each
+    built once more: a second or two); None for other runs."""
+    if not config.learn_sizes:
+        return None
+    return JobSizeHistory.fit([build_scenario(workload, config.cluster,
+                                              efficiency=config.efficiency)
+                               for workload in config.workloads])
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
@@ -248,8 +265,10 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     eval_jobs = _check_workloads(config, eval_workloads)
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
+    sizes = training_sizes(config)
     vec_env = VecMonitor(DummyVecEnv([
-        (lambda: ScaledReward(make_env(config), config.reward_scale, config.action_cost))
+        (lambda: ScaledReward(make_env(config, sizes=sizes), config.reward_scale,
+                              config.action_cost))
         for _ in range(config.n_envs)]))
     vec_env.seed(config.seed)
     spec = vec_env.envs[0].unwrapped.featurizer.spec
@@ -266,13 +285,14 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             started -= _resume_summary(summary, out)
         else:
             model = _build_model(config, vec_env, out / TB_DIR)
-            summary["warm_start"] = _start(config, model, log, progress, recordings)
+            summary["warm_start"] = _start(config, model, log, progress, recordings, sizes)
         best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
 
         def evaluate_now(step: int) -> float:
             nonlocal best
             net, _ = deployed_net(model, config.algo)
-            policy = in_memory_policy(net, config.algo, spec, residual=config.residual)
+            policy = in_memory_policy(net, config.algo, spec, residual=config.residual,
+                                      sizes=sizes)
             with _task(progress, f"evaluate step {step:,}", eval_jobs) as advance:
                 jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance)
             summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
@@ -280,7 +300,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             write_json(out / CARD_FILE, summary)  # kept if killed
             if jct < best:
                 best = jct
-                export_model(model, config.algo, spec, out, residual=config.residual)
+                export_model(model, config.algo, spec, out, residual=config.residual,
+                             sizes=sizes)
             log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training "
                 f"workload(s) (best {best:,.0f} s)")
             return jct
@@ -316,10 +337,13 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         summary["best_avg_jct_s"] = best
         summary["exported_timesteps"] = exported_step(summary["evaluations"])
         summary["heuristic_avg_jct_s"] = {}
-        for name in dict.fromkeys((*config.residual, config.warm_start or "elastic", "static")):
+        told = () if sizes is None else tuple(
+            (f"{t.name}, sizes learned", t) for t in residual_teachers(config.residual, sizes))
+        plain = dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))
+        for name, policy in (*told, *((n, load_policy(n)) for n in plain)):
             with _task(progress, f"evaluate {name}", eval_jobs) as advance:
                 summary["heuristic_avg_jct_s"][name] = evaluate_jct(
-                    load_policy(name).act, config, eval_workloads, on_progress=advance)
+                    policy.act, config, eval_workloads, on_progress=advance)
     write_json(out / CARD_FILE, summary)
     write_atomic(out / CARD_MD_FILE, card_markdown(summary))
     if summary["exported_timesteps"] is None:
@@ -337,6 +361,15 @@ def check_config(config: TrainConfig) -> None:
     if config.residual and config.algo != "ppo":
         raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
                         "follow action is masked when the heuristic proposes nothing)")
+    if config.learn_sizes:
+        if not config.residual:
+            raise UserError("--learn-sizes tells the residual heuristics job sizes; give "
+                            "--residual too, e.g. elastic-srpt-0.25,elastic-srpt,elastic")
+        if config.efficiency != "none":
+            raise UserError(f"--learn-sizes needs --efficiency none: under {config.efficiency} "
+                            "a job's speed curve changes every epoch, so a size table keyed "
+                            "by it recognises no job")
+        residual_teachers(config.residual, JobSizeHistory({}, {}))  # elastic ones only
     if config.imitate and not config.residual:
         raise UserError("--imitate fits a residual policy; give --residual with the "
                         "recording's base and alternatives, e.g. "
@@ -373,9 +406,11 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
     saved = out / CONFIG_FILE
     previous = json.loads(saved.read_text()) if saved.is_file() else {}
     algo, residual = previous.get("algo", config.algo), tuple(previous.get("residual", ()))
-    if (algo, residual) != (config.algo, config.residual):
+    learn_sizes = previous.get("learn_sizes", False)
+    if (algo, residual, learn_sizes) != (config.algo, config.residual, config.learn_sizes):
+        flag = " --learn-sizes" if learn_sizes else ""
         raise UserError(f"--resume: {out} was trained with --algo {algo} --residual "
-                        f"'{','.join(residual)}'; resume it with the same (they fix the "
+                        f"'{','.join(residual)}'{flag}; resume it with the same (they fix the "
                         "network), or start a new run in another --out")
     return checkpoint
 
@@ -412,13 +447,13 @@ def _resume_summary(summary: dict, out: Path) -> float:
 
 
 def _start(config: TrainConfig, model: object, log: Callable[[str], None], progress: Progress,
-           recordings: Recording | None) -> dict | None:
+           recordings: Recording | None, sizes: JobSizeHistory | None) -> dict | None:
     """Where the policy starts before RL (described for the card): residual, cloned from
     the warm-start heuristic, or (None) SB3's initialisation."""
     workloads = len(config.workloads)
     if config.residual:
         with _task(progress, "residual start", workloads + 1 + (recordings is not None)) as step:
-            return _residual_start(config, model, log, step, recordings)
+            return _residual_start(config, model, log, step, recordings, sizes)
     if config.warm_start:
         with _task(progress, "warm start", (config.dagger_rounds + 1) * (workloads + 1)) as step:
             return _warm_start(config, model, log, step)
@@ -491,7 +526,10 @@ def _describe_warm_start(info: dict | None) -> str:
                 f"{fitted['advantage_mse']:.3f}), margin {fitted['margin']} job-hours; critic "
                 f"fitted to the first's returns on {info['samples']:,} steps")
     if "residual" in info:
-        return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}: actor "
+        told = info.get("job_sizes")
+        return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}"
+                + (f", told job sizes learnt from {told['jobs']:,} training jobs of "
+                   f"{told['curves']} kinds" if told else "") + ": actor "
                 f"initialised to follow the first (sampled veto {info['veto_p']}, raw action "
                 f"{info['raw_p']}, switch {info.get('switch_p', 0)}), critic fitted to its "
                 f"returns on {info['samples']:,} steps")
@@ -576,16 +614,17 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
 
 
 def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None],
-                    step: Callable[[float], None], recordings: Recording | None = None) -> dict:
+                    step: Callable[[float], None], recordings: Recording | None = None,
+                    sizes: JobSizeHistory | None = None) -> dict:
     """Start a residual policy as its first heuristic: fit the critic to the returns of
     rollouts that always follow it, then set the action head so that its argmax is that
     heuristic, exactly, and its samples deviate with small probabilities (cloning by
     cross-entropy would make it near-deterministic, leaving RL nothing to explore).
     With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
-    the advantages its forks measured instead (`agent.distill`). `step` is called after each
-    rollout and each fit."""
-    teacher = load_policy(config.residual[0])  # labels only: the driver follows it
-    envs = [make_env(config, (workload,)) for workload in config.workloads]
+    the advantages its forks measured instead (`agent.distill`). `sizes`: the table the
+    heuristics are told (`training_sizes`). `step` is called after each rollout and each fit."""
+    envs = [make_env(config, (workload,), sizes) for workload in config.workloads]
+    teacher = envs[0].featurizer.teachers[0]  # labels only: the driver follows it
     demos = concatenate([
         _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
                                               config.seed + 1000 * i, config.gamma,
@@ -598,6 +637,8 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     log(f"residual start: critic fitted on {len(demos.actions)} steps (loss {stats['loss']:.4f})")
     info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
+    if sizes is not None:
+        info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sum(sizes.jobs.values())}
     if recordings is None:
         init_follow_head(model.policy.action_net, len(config.residual), config.residual_veto_p,
                          config.residual_raw_p, config.residual_switch_p)

@@ -3,6 +3,8 @@ start that makes the policy the heuristic; and the deployed path against SB3's p
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,18 +13,22 @@ from agent.deployed import PolicyNet, load_deployed
 from agent.evaluation import run_policy
 from agent.export import export_model, in_memory_policy
 from agent.imitation import encode_action
+from agent.job_sizes import JobSizeHistory, told_sizes
 from agent.registry import load_policy
 from agent.residual import (
     PROPOSAL_FEATURES,
+    SIZE_FEATURES,
     follow_first,
     follow_logits,
     init_follow_head,
     make_residual,
+    residual_featurizer,
 )
 from agent.training import TrainConfig, train
 from env.errors import UserError
-from env.featurizer import FeatureSpec, Featurizer
+from env.featurizer import FeatureSpec, Featurizer, select_slots
 from env.gym_env import ClusterAllocEnv
+from env.profiles import DEFAULT_PROFILES_ROOT
 from env.scenario import build_scenario
 from env.state import ActionKind
 
@@ -168,3 +174,79 @@ def test_residual_starts_as_elastic_in_training(tmp_path):
     with pytest.raises(UserError, match="--residual needs --algo ppo"):
         train(TrainConfig(algo="dqn", workloads=(WORKLOAD,), cluster=CLUSTER,
                           residual=TEACHERS), tmp_path / "dqn", log=lambda _: None)
+
+
+POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
+needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+SIZED_TEACHERS = ("elastic-srpt-0.25", "elastic")
+
+
+def _pollux(n: int) -> str:
+    return str(POLLUX / f"workload-{n}.csv")
+
+
+@needs_pollux
+def test_size_features_show_the_tables_remaining_work_per_slot():
+    """Told sizes, the observation ends with (known, log remaining minutes) per slot, in slot
+    order, from the table: a kind the table lacks is shown as unknown."""
+    history = JobSizeHistory.fit([build_scenario(_pollux(1), "16x4")])
+    sim = build_scenario(_pollux(2), "16x4").simulator(seed=0)
+    run_policy(sim, told_sizes("elastic-srpt-0.25", history.remaining_work, "told").act,
+               limit_s=5 * 3600.0)
+    state = sim.state()
+    rows = select_slots(state, FeatureSpec().top_k)
+    assert len(rows) == FeatureSpec().top_k
+    for dropped in history.work_s:  # a table without the kind of some job in the slots
+        partial = JobSizeHistory({k: v for k, v in history.work_s.items() if k != dropped},
+                                 {k: v for k, v in history.jobs.items() if k != dropped})
+        work = partial.remaining_work(state, rows)
+        known = ~np.isnan(work)
+        if not known.all():
+            break
+    assert known.any() and not known.all()
+    featurizer = residual_featurizer(FeatureSpec(), SIZED_TEACHERS, partial)
+    plain = residual_featurizer(FeatureSpec(), SIZED_TEACHERS)
+    assert featurizer.obs_size == plain.obs_size + SIZE_FEATURES * FeatureSpec().top_k
+    obs = featurizer.observe(state)
+    assert len(obs) == featurizer.obs_size
+    assert (obs[:plain.obs_size] == plain.observe(state)).all()
+    shown = obs[plain.obs_size:].reshape(FeatureSpec().top_k, SIZE_FEATURES)
+    np.testing.assert_array_equal(shown[:, 0], known)
+    np.testing.assert_allclose(2 ** (shown[:, 1][known] * math.log2(1 + 60 * 24 * 7)) - 1,
+                               work[known] / 60.0, rtol=1e-4)
+    assert (shown[:, 1][~known] == 0).all()
+
+
+@needs_pollux
+def test_learn_sizes_starts_as_the_size_told_heuristic_and_ships_its_table(tmp_path):
+    """`train --residual ... --learn-sizes` exports, before any RL step, the size-told first
+    heuristic exactly (not the plain one), and the table travels in the model: loaded by
+    path, it runs that heuristic on a workload it was not trained on."""
+    config = TrainConfig(workloads=(_pollux(1),), cluster="16x4", timesteps=0, n_envs=1,
+                         residual=SIZED_TEACHERS, learn_sizes=True, bc_epochs=1,
+                         net_arch=(32,), failures="none")
+    summary = train(config, tmp_path / "model", log=lambda _: None)
+    told = summary["heuristic_avg_jct_s"]["elastic-srpt-0.25, sizes learned"]
+    assert summary["evaluations"][0]["avg_jct_s"] == pytest.approx(told, abs=1e-6)
+    assert abs(told - summary["heuristic_avg_jct_s"]["elastic-srpt-0.25"]) > 1.0
+    assert "told job sizes learnt from 160 training jobs" in (tmp_path / "model" /
+                                                                 "card.md").read_text()
+    policy = load_policy(str(tmp_path / "model"))
+    assert policy.meta.job_sizes is not None and policy.meta.format_version == 3
+    history = JobSizeHistory.fit([build_scenario(_pollux(1), "16x4")])
+    teacher = told_sizes("elastic-srpt-0.25", history.remaining_work, "told")
+    scores = [run_policy(build_scenario(_pollux(3), "16x4").simulator(seed=0), p.act,
+                         limit_s=6 * 3600.0).metrics["avg_jct_s"] for p in (policy, teacher)]
+    assert scores[0] == pytest.approx(scores[1], abs=1e-6)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({}, "--learn-sizes tells the residual heuristics"),
+    ({"residual": ("static",)}, "residual heuristic static does not estimate job sizes"),
+    ({"residual": SIZED_TEACHERS, "efficiency": "adaptive"}, "--learn-sizes needs --efficiency"),
+])
+def test_learn_sizes_refusals_are_one_line_and_write_nothing(tmp_path, settings, message):
+    config = TrainConfig(workloads=(WORKLOAD,), cluster=CLUSTER, learn_sizes=True, **settings)
+    with pytest.raises(UserError, match=message) as err:
+        train(config, tmp_path / "model", log=lambda _: None)
+    assert "\n" not in str(err.value) and not (tmp_path / "model").exists()

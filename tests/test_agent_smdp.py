@@ -66,12 +66,14 @@ def test_train_flags_reach_the_config_and_survive_json():
                               "--gae-lambda", "0.85", "--time-discount-s", "3600",
                               "--gamma", "1", "--residual", "elastic-srpt,elastic",
                               "--imitate", "a.npz", "--imitate", "b.npz",
-                              "--imitate-margin", "0.25"])
+                              "--imitate-margin", "0.25", "--learn-sizes"])
     config = config_from_args(args)
     assert (config.n_steps, config.batch_size, config.gae_lambda) == (8192, 512, 0.85)
     assert (config.time_discount_s, config.gamma) == (3600.0, 1.0)
     assert config.residual == ("elastic-srpt", "elastic")
     assert (config.imitate, config.imitate_margin) == (("a.npz", "b.npz"), 0.25)
+    assert config.learn_sizes
+    assert not config_from_args(parser.parse_args(["--out", "x"])).learn_sizes
     saved = json.loads(json.dumps(asdict(config)))
     restored = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
                               for k, v in saved.items()})
