@@ -286,7 +286,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         else:
             model = _build_model(config, vec_env, out / TB_DIR)
             summary["warm_start"] = _start(config, model, log, progress, recordings, sizes)
-        best = min((e["avg_jct_s"] for e in summary["evaluations"]), default=float("inf"))
+        best = min(map(_jct_read, summary["evaluations"]), default=math.inf)
 
         def evaluate_now(step: int) -> float:
             nonlocal best
@@ -295,7 +295,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
                                       sizes=sizes)
             with _task(progress, f"evaluate step {step:,}", eval_jobs) as advance:
                 jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance)
-            summary["evaluations"].append({"timesteps": step, "avg_jct_s": jct,
+            summary["evaluations"].append({"timesteps": step, "avg_jct_s": _jct_json(jct),
                                            "wall_s": time.perf_counter() - started})
             write_json(out / CARD_FILE, summary)  # kept if killed
             if jct < best:
@@ -334,7 +334,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
         summary["timesteps"] = int(model.num_timesteps)
         summary["wall_s"] = time.perf_counter() - started
-        summary["best_avg_jct_s"] = best
+        summary["best_avg_jct_s"] = _jct_json(best)
         summary["exported_timesteps"] = exported_step(summary["evaluations"])
         summary["heuristic_avg_jct_s"] = {}
         told = () if sizes is None else tuple(
@@ -342,8 +342,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         plain = dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))
         for name, policy in (*told, *((n, load_policy(n)) for n in plain)):
             with _task(progress, f"evaluate {name}", eval_jobs) as advance:
-                summary["heuristic_avg_jct_s"][name] = evaluate_jct(
-                    policy.act, config, eval_workloads, on_progress=advance)
+                summary["heuristic_avg_jct_s"][name] = _jct_json(evaluate_jct(
+                    policy.act, config, eval_workloads, on_progress=advance))
     write_json(out / CARD_FILE, summary)
     write_atomic(out / CARD_MD_FILE, card_markdown(summary))
     if summary["exported_timesteps"] is None:
@@ -474,8 +474,27 @@ def _task(progress: Progress, description: str, total: float) -> Iterator[Callab
 def exported_step(evaluations: list[dict]) -> int | None:
     """The step whose policy was exported: the first evaluation with the lowest finite average
     JCT (a later one must beat it to replace it); None if no evaluation finished every job."""
-    finished = [e for e in evaluations if math.isfinite(e["avg_jct_s"])]
-    return min(finished, key=lambda e: e["avg_jct_s"])["timesteps"] if finished else None
+    finished = [e for e in evaluations if math.isfinite(_jct_read(e))]
+    return min(finished, key=_jct_read)["timesteps"] if finished else None
+
+
+def _jct_json(jct: float) -> float | None:
+    """An average JCT as card.json holds it: None (null) for an evaluation that left jobs
+    unfinished, since JSON has no infinity (json.dumps would write the non-standard
+    `Infinity`)."""
+    return jct if math.isfinite(jct) else None
+
+
+def _jct_read(evaluation: dict) -> float:
+    """An evaluation's average JCT from card.json: infinite where it did not finish (null,
+    or `Infinity` in cards of older rlalloc versions)."""
+    jct = evaluation["avg_jct_s"]
+    return math.inf if jct is None else jct
+
+
+def _seconds(jct: float | None) -> str:
+    """An average JCT for the Markdown card."""
+    return "unfinished" if jct is None else f"{jct:,.0f} s"
 
 
 def _nothing_exported(out: Path, evaluations: list[dict]) -> str:
@@ -545,7 +564,7 @@ def _describe_export(summary: dict) -> str:
     if step is None:
         return "none, as no periodic evaluation finished every job"
     return (f"the best of the periodic evaluations (step {step:,}), avg JCT "
-            f"{summary['best_avg_jct_s']:,.0f} s")
+            f"{_seconds(summary['best_avg_jct_s'])}")
 
 
 def card_markdown(summary: dict) -> str:
@@ -564,11 +583,12 @@ def card_markdown(summary: dict) -> str:
         f"- exported policy: {_describe_export(summary)} on "
         f"{', '.join(Path(w).name for w in (config['eval_workloads'] or config['workloads'][:2]))}",
         "- same evaluation for the heuristics: " + ", ".join(
-            f"{k} {v:,.0f} s" for k, v in summary["heuristic_avg_jct_s"].items()),
+            f"{k} {_seconds(v)}" for k, v in summary["heuristic_avg_jct_s"].items()),
         "",
         "| timesteps | avg JCT (s) | wall (s) |",
         "|---|---|---|",
-        *(f"| {e['timesteps']:,} | {e['avg_jct_s']:,.0f} | {e['wall_s']:.0f} |"
+        *(f"| {e['timesteps']:,} | {_seconds(e['avg_jct_s']).removesuffix(' s')} | "
+          f"{e['wall_s']:.0f} |"
           for e in summary["evaluations"]),
         "",
         "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "

@@ -80,7 +80,11 @@ def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_pa
     with pytest.raises(UserError, match="no evaluation finished every job"):
         train(CONFIG, tmp_path, log=quiet)
     assert not (tmp_path / "policy.json").exists()
-    assert json.loads((tmp_path / "card.json").read_text())["exported_timesteps"] is None
+    card = json.loads((tmp_path / "card.json").read_text(),
+                      parse_constant=lambda name: pytest.fail(f"card.json holds {name}"))
+    assert card["exported_timesteps"] is None and card["best_avg_jct_s"] is None
+    assert all(e["avg_jct_s"] is None for e in card["evaluations"])
+    assert "| 0 | unfinished |" in (tmp_path / "card.md").read_text()
     assert (tmp_path / "checkpoints" / "last.zip").is_file()
 
 
