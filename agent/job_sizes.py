@@ -70,9 +70,13 @@ class JobSizeHistory:
         """Predicted remaining work (seconds on one GPU) of jobs `rows`: the rest of their
         curve's median size; NaN for a curve no past job had (`agent.heuristics.RemainingWork`)."""
         jobs = state.jobs
-        keys = zip(jobs.speed_1gpu[rows].tolist(), jobs.scaling_alpha[rows].tolist(),
-                   jobs.scaling_beta[rows].tolist(), strict=True)
-        total = np.array([self.work_s.get(_curve_key(*key), np.nan) for key in keys])
+        curves = np.stack([jobs.speed_1gpu[rows], jobs.scaling_alpha[rows],
+                           jobs.scaling_beta[rows]], axis=1)
+        # a few kinds among up to thousands of jobs: one key per kind, not per job
+        kinds, kind_of = np.unique(curves, axis=0, return_inverse=True)
+        work = np.array([self.work_s.get(_curve_key(*kind), np.nan) for kind in kinds.tolist()],
+                        dtype=np.float64)
+        total = work[kind_of.ravel()]
         return (1.0 - jobs.progress[rows].astype(np.float64)) * total
 
     def to_json(self) -> list[dict[str, float]]:
