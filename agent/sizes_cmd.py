@@ -34,19 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
-    from agent.job_sizes import JobSizeHistory, save_sized_policy, told_sizes
-    from env.scenario import build_scenario
+    from agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
 
     try:
         told_sizes(args.base, None, args.base)
     except UserError as err:
         raise UserError(f"--base {err}") from None
-    sizes = JobSizeHistory.fit([build_scenario(w, args.cluster) for w in args.workloads])
-    if len(sizes.work_s) < 2:
-        raise UserError(f"--workload {' '.join(args.workloads)}: every job has the same speed "
-                        "curve (no application and batch size columns, or one kind of job), "
-                        "so past sizes say nothing about a job; give workloads whose jobs "
-                        "name their application")
+    sizes = learn_sizes(args.workloads, args.cluster, "--workload")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     save_sized_policy(args.out, args.base, sizes, args.workloads, command)

@@ -35,7 +35,7 @@ from agent.distill import Recording, fit_advantages, load_recordings, prefer_bas
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
-from agent.job_sizes import JobSizeHistory
+from agent.job_sizes import JobSizeHistory, learn_sizes
 from agent.registry import load_policy
 from agent.residual import follow_first, init_follow_head, make_residual, residual_teachers
 from env.errors import UserError
@@ -187,12 +187,12 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
 
 def training_sizes(config: TrainConfig) -> JobSizeHistory | None:
     """The job-size table of a `learn_sizes` run, fitted on its training workloads (each
-    built once more: a second or two); None for other runs."""
+    built once more: a second or two; `learn_sizes` refuses workloads without kinds of job);
+    None for other runs."""
     if not config.learn_sizes:
         return None
-    return JobSizeHistory.fit([build_scenario(workload, config.cluster,
-                                              efficiency=config.efficiency)
-                               for workload in config.workloads])
+    return learn_sizes(config.workloads, config.cluster, "--learn-sizes: --workload",
+                       config.efficiency)
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],

@@ -244,6 +244,7 @@ def test_learn_sizes_starts_as_the_size_told_heuristic_and_ships_its_table(tmp_p
     ({}, "--learn-sizes tells the residual heuristics"),
     ({"residual": ("static",)}, "residual heuristic static does not estimate job sizes"),
     ({"residual": SIZED_TEACHERS, "efficiency": "adaptive"}, "--learn-sizes needs --efficiency"),
+    ({"residual": SIZED_TEACHERS}, "every job has the same speed curve"),  # synthetic: no kinds
 ])
 def test_learn_sizes_refusals_are_one_line_and_write_nothing(tmp_path, settings, message):
     config = TrainConfig(workloads=(WORKLOAD,), cluster=CLUSTER, learn_sizes=True, **settings)
