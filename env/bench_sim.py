@@ -3,9 +3,9 @@
 Two figures matter: the wall time to replay the full 82k-job Philly trace on a 128x8 cluster
 under static FIFO (target: under 30 s), and environment steps per second with random valid
 actions on a 16x4 cluster (target: well above 5,000, so PPO's update loop, not the simulator,
-bounds training). The third checks that claim directly: a short MaskablePPO run with the
-shipped training settings, timing how much of its wall time is spent inside the environment.
-Peak memory is the process's maximum resident set size.
+bounds training). The third checks that claim directly: a short MaskablePPO run over the
+raw actions with the `TrainConfig` defaults, timing how much of its wall time is spent inside
+the environment. Peak memory is the process's maximum resident set size.
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ class _TimedEnv(gym.Wrapper):
 
 
 def bench_ppo_share(cluster: str, steps: int, seed: int = 0) -> dict[str, float]:
-    """MaskablePPO steps per second with the shipped training settings (`TrainConfig`
-    defaults: 2 lock-step environments, 1,024 steps each per update, 128x128 MLP, 1 torch
+    """MaskablePPO steps per second over the raw actions with the `TrainConfig` defaults
+    (2 lock-step environments, 1,024 steps each per update, 128x128 MLP, 1 torch
     thread), and the share of that wall time spent inside the environment."""
     import torch
     from sb3_contrib import MaskablePPO
