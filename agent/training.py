@@ -492,9 +492,9 @@ def _jct_read(evaluation: dict) -> float:
     return math.inf if jct is None else jct
 
 
-def _seconds(jct: float | None) -> str:
+def _seconds(jct: float | None, unit: str = " s") -> str:
     """An average JCT for the Markdown card."""
-    return "unfinished" if jct is None else f"{jct:,.0f} s"
+    return "unfinished" if jct is None else f"{jct:,.0f}{unit}"
 
 
 def _nothing_exported(out: Path, evaluations: list[dict]) -> str:
@@ -587,8 +587,7 @@ def card_markdown(summary: dict) -> str:
         "",
         "| timesteps | avg JCT (s) | wall (s) |",
         "|---|---|---|",
-        *(f"| {e['timesteps']:,} | {_seconds(e['avg_jct_s']).removesuffix(' s')} | "
-          f"{e['wall_s']:.0f} |"
+        *(f"| {e['timesteps']:,} | {_seconds(e['avg_jct_s'], unit='')} | {e['wall_s']:.0f} |"
           for e in summary["evaluations"]),
         "",
         "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "
