@@ -94,21 +94,16 @@ class JobSizeHistory:
                               {k: int(e["jobs"]) for k, e in zip(keys, entries, strict=True)})
 
 
-def learn_sizes(workloads: Sequence[str], cluster: str, flag: str,
-                efficiency: str = "none") -> JobSizeHistory:
-    """`JobSizeHistory.fit` on the workloads named, each built on `cluster`; a one-line
-    `UserError` naming `flag` when they hold fewer than two kinds of job. A trace without
+def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
+    """`JobSizeHistory.fit` on `scenarios`; a one-line `UserError` naming `source` (the flag
+    and workloads they came from) when they hold fewer than two kinds of job. A trace without
     applications (Philly, ``synthetic``) gives every job the generic curve, and the median of
     its one entry would then stand for every job's size: worse than no table."""
-    from env.scenario import build_scenario
-
-    sizes = JobSizeHistory.fit([build_scenario(w, cluster, efficiency=efficiency)
-                                for w in workloads])
+    sizes = JobSizeHistory.fit(scenarios)
     if len(sizes.work_s) < 2:
-        raise UserError(f"{flag} {' '.join(workloads)}: every job has the same speed curve (no "
-                        "application and batch size columns, or one kind of job), so past "
-                        "sizes say nothing about a job; give workloads whose jobs name their "
-                        "application")
+        raise UserError(f"{source}: every job has the same speed curve (no application and "
+                        "batch size columns, or one kind of job), so past sizes say nothing "
+                        "about a job; give workloads whose jobs name their application")
     return sizes
 
 

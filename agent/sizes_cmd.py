@@ -35,12 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
     from agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
+    from env.scenario import build_scenario
 
     try:
         told_sizes(args.base, None, args.base)
     except UserError as err:
         raise UserError(f"--base {err}") from None
-    sizes = learn_sizes(args.workloads, args.cluster, "--workload")
+    sizes = learn_sizes([build_scenario(w, args.cluster) for w in args.workloads],
+                        f"--workload {' '.join(args.workloads)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     save_sized_policy(args.out, args.base, sizes, args.workloads, command)

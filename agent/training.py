@@ -44,7 +44,7 @@ from env.gym_env import ClusterAllocEnv, RewardWeights
 from env.output import prepare_out_dir, remove_outputs, write_atomic, write_json
 from env.params import SimParams
 from env.progress import progress_bar
-from env.scenario import build_scenario
+from env.scenario import Scenario, build_scenario
 
 T = TypeVar("T")
 CONFIG_FILE = "train_config.json"
@@ -185,14 +185,15 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
     return make_residual(env, config.residual, sizes) if config.residual else env
 
 
-def training_sizes(config: TrainConfig) -> JobSizeHistory | None:
-    """The job-size table of a `learn_sizes` run, fitted on its training workloads (each
-    built once more: a second or two; `learn_sizes` refuses workloads without kinds of job);
+def training_sizes(config: TrainConfig,
+                   scenarios: dict[str, Scenario]) -> JobSizeHistory | None:
+    """The job-size table of a `learn_sizes` run, fitted on its training workloads (built
+    already in `scenarios`, by name; `learn_sizes` refuses workloads without kinds of job);
     None for other runs."""
     if not config.learn_sizes:
         return None
-    return learn_sizes(config.workloads, config.cluster, "--learn-sizes: --workload",
-                       config.efficiency)
+    return learn_sizes([scenarios[w] for w in config.workloads],
+                       f"--learn-sizes: --workload {' '.join(config.workloads)}")
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
@@ -262,10 +263,11 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     check_config(config)
     checkpoint = _check_out(config, out, resume, force)
     eval_workloads = config.eval_workloads or config.workloads[:2]
-    eval_jobs = _check_workloads(config, eval_workloads)
+    scenarios = _check_workloads(config, eval_workloads)
+    eval_jobs = sum(len(scenarios[w].workload.jobs) for w in eval_workloads)
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
-    sizes = training_sizes(config)
+    sizes = training_sizes(config, scenarios)
     vec_env = VecMonitor(DummyVecEnv([
         (lambda: ScaledReward(make_env(config, sizes=sizes), config.reward_scale,
                               config.action_cost))
@@ -415,14 +417,14 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
     return checkpoint
 
 
-def _check_workloads(config: TrainConfig, eval_workloads: tuple[str, ...]) -> int:
+def _check_workloads(config: TrainConfig,
+                     eval_workloads: tuple[str, ...]) -> dict[str, Scenario]:
     """Build every training and evaluation workload on the cluster, so that a bad path,
-    workload spec or cluster fails now rather than after the warm start; return the jobs
-    one evaluation runs (the length of its progress bar)."""
-    jobs = {workload: len(build_scenario(workload, config.cluster,
-                                         efficiency=config.efficiency).workload.jobs)
+    workload spec or cluster fails now rather than after the warm start; return them by
+    name (the job counts size the evaluations' progress bars, the training ones the size
+    table of `training_sizes`)."""
+    return {workload: build_scenario(workload, config.cluster, efficiency=config.efficiency)
             for workload in dict.fromkeys((*config.workloads, *eval_workloads))}
-    return sum(jobs[workload] for workload in eval_workloads)
 
 
 def _start_run_dir(config: TrainConfig, out: Path, force: bool,
