@@ -123,7 +123,9 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
     policy whose actor is initialised as its teacher instead, see `agent.residual`).
     Q-networks (DQN) are fitted so that the demonstrated action has the highest Q-value (a
     cross-entropy on the Q-values as logits), which makes the greedy DQN policy start as the
-    heuristic. Returns the final training accuracy and loss.
+    heuristic; with `actor=False` every Q-value regresses on the return instead, a state value
+    that a residual start then turns into its teacher (`agent.residual.init_follow_q_head`).
+    Returns the final training accuracy and loss.
     """
     generator = torch.Generator().manual_seed(seed)
     obs = torch.as_tensor(demos.obs)
@@ -148,8 +150,11 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
                     values = policy.value_net(latent_vf).squeeze(-1)
                     loss = loss + 0.5 * nn.functional.mse_loss(values, returns[batch])
             else:
-                masked = policy.q_net(obs[batch]).masked_fill(~masks[batch], -1e8)
-                loss = nn.functional.cross_entropy(masked, actions[batch])
+                q_values = policy.q_net(obs[batch])
+                masked = q_values.masked_fill(~masks[batch], -1e8)
+                loss = (nn.functional.cross_entropy(masked, actions[batch]) if actor else
+                        nn.functional.mse_loss(q_values,
+                                               returns[batch, None].expand_as(q_values)))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dagger-rounds", type=at_least(0), default=_DEFAULTS.dagger_rounds,
                         help="rounds of DAgger after cloning the --warm-start heuristic")
     parser.add_argument("--residual", default="", metavar="H1[,H2...]",
-                        help="add a 'follow H' action per heuristic and start as H1 (ppo only;"
-                             " replaces --warm-start; see agent.residual)")
+                        help="add a 'follow H' action per heuristic and start as H1 (replaces "
+                             "--warm-start; see agent.residual)")
     parser.add_argument("--learn-sizes", action="store_true",
                         help="residual: tell the heuristics and the policy job sizes learnt "
                              "from the training workloads (agent.job_sizes; saved in the "
@@ -65,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --imitate: job-hours a deviation from H1 must be predicted "
                              "to save")
     parser.add_argument("--residual-veto-p", type=_FRACTION, default=_DEFAULTS.residual_veto_p,
-                        help="residual start: chance of sampling a veto of a proposal")
+                        help="residual PPO start: chance of sampling a veto of a proposal")
     parser.add_argument("--residual-raw-p", type=_FRACTION, default=_DEFAULTS.residual_raw_p,
-                        help="residual start: chance of sampling a raw action")
+                        help="residual PPO start: chance of sampling a raw action")
     parser.add_argument("--residual-switch-p", type=_FRACTION, default=_DEFAULTS.residual_switch_p,
-                        help="residual start: chance of following H2... where H1 is idle")
+                        help="residual PPO start: chance of following H2... where H1 is idle")
     parser.add_argument("--action-cost", type=_NON_NEGATIVE, default=_DEFAULTS.action_cost,
                         help="reward charged per applied action (rewards are scaled by 0.01)")
     parser.add_argument("--gamma", type=_FRACTION, default=_DEFAULTS.gamma,

@@ -37,7 +37,13 @@ from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.job_sizes import JobSizeHistory, learn_sizes
 from agent.registry import load_policy
-from agent.residual import follow_first, init_follow_head, make_residual, residual_teachers
+from agent.residual import (
+    follow_first,
+    init_follow_head,
+    init_follow_q_head,
+    make_residual,
+    residual_teachers,
+)
 from env.errors import UserError
 from env.failures import FailureParams, parse_failure_rate
 from env.gym_env import ClusterAllocEnv, RewardWeights
@@ -106,7 +112,7 @@ class TrainConfig:
     warm_start: str = "elastic"
     """Heuristic to behaviour-clone before RL ('' for none); unused with `residual`."""
     residual: tuple[str, ...] = ()
-    """Heuristics behind extra "follow its proposal" actions (`agent.residual`; PPO only);
+    """Heuristics behind extra "follow its proposal" actions (`agent.residual`);
     none for the raw action space. Replaces the warm start by `_residual_start`."""
     learn_sizes: bool = False
     """Residual only: fit a job-size table on the training workloads (`JobSizeHistory`), tell
@@ -354,15 +360,24 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     return summary
 
 
+DQN_FOLLOW_MARGIN = 1.0
+"""A residual DQN starts with the first follow action's Q-value this many standard deviations
+of the fitted returns above every other action's, so that the TD updates of actions tried
+elsewhere, which generalise across states, do not at once flip the greedy choice where nothing
+else was tried; a tried deviation's TD target carries the margin too, so one that pays can
+still overturn it. (Measured at 0.05 and 1.0: either way RL moved the greedy policy off the
+heuristic, for the worse, within 16-32k steps; docs/agent.md, "Residual DQN".)"""
+
+
 def check_config(config: TrainConfig) -> None:
     """Refuse settings that SB3, the residual start or the simulator would reject only after
     minutes of work (each flag's own range is checked where it is parsed, `agent.train_cmd`;
     these are the combinations, and the names)."""
     if config.time_discount_s > 0 and config.algo != "ppo":
         raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
-    if config.residual and config.algo != "ppo":
-        raise UserError("--residual needs --algo ppo (DQN ignores the action mask, and the "
-                        "follow action is masked when the heuristic proposes nothing)")
+    if config.imitate and config.algo != "ppo":
+        raise UserError("--imitate fits a PPO actor to the lookahead's advantages; use --algo "
+                        "ppo, or --residual without --imitate for DQN")
     if config.learn_sizes:
         if not config.residual:
             raise UserError("--learn-sizes tells the residual heuristics job sizes; give "
@@ -548,12 +563,14 @@ def _describe_warm_start(info: dict | None) -> str:
                 f"fitted to the first's returns on {info['samples']:,} steps")
     if "residual" in info:
         told = info.get("job_sizes")
+        start = (f"Q-values fitted to the first's returns on {info['samples']:,} steps, its "
+                 f"follow action preferred by {info['q_margin']:.3g}" if "q_margin" in info else
+                 f"actor initialised to follow the first (sampled veto {info['veto_p']}, raw "
+                 f"action {info['raw_p']}, switch {info.get('switch_p', 0)}), critic fitted to "
+                 f"its returns on {info['samples']:,} steps")
         return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}"
                 + (f", told job sizes learnt from {told['jobs']:,} training jobs of "
-                   f"{told['curves']} kinds" if told else "") + ": actor "
-                f"initialised to follow the first (sampled veto {info['veto_p']}, raw action "
-                f"{info['raw_p']}, switch {info.get('switch_p', 0)}), critic fitted to its "
-                f"returns on {info['samples']:,} steps")
+                   f"{told['curves']} kinds" if told else "") + ": " + start)
     rounds = info["rounds"]
     return (f"behaviour cloning of `{info['teacher']}` + {len(rounds) - 1} DAgger round(s); "
             f"training accuracy {rounds[0]['accuracy']:.3f} -> {rounds[-1]['accuracy']:.3f} on "
@@ -640,7 +657,9 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     """Start a residual policy as its first heuristic: fit the critic to the returns of
     rollouts that always follow it, then set the action head so that its argmax is that
     heuristic, exactly, and its samples deviate with small probabilities (cloning by
-    cross-entropy would make it near-deterministic, leaving RL nothing to explore).
+    cross-entropy would make it near-deterministic, leaving RL nothing to explore). A DQN's
+    Q-values are all fitted to those returns and its head then prefers the first follow
+    action by `DQN_FOLLOW_MARGIN` (`init_follow_q_head`); it explores by epsilon instead.
     With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
     the advantages its forks measured instead (`agent.distill`). `sizes`: the table the
     heuristics are told (`training_sizes`). `step` is called after each rollout and each fit."""
@@ -660,7 +679,12 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
             "critic_loss": stats["loss"]}
     if sizes is not None:
         info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sum(sizes.jobs.values())}
-    if recordings is None:
+    if config.algo == "dqn":
+        margin = DQN_FOLLOW_MARGIN * float(np.std(demos.returns))
+        init_follow_q_head(model.q_net.q_net[-1], len(config.residual), margin)
+        model.q_net_target.load_state_dict(model.q_net.state_dict())
+        info["q_margin"] = margin
+    elif recordings is None:
         init_follow_head(model.policy.action_net, len(config.residual), config.residual_veto_p,
                          config.residual_raw_p, config.residual_switch_p)
         info.update(veto_p=config.residual_veto_p, raw_p=config.residual_raw_p,

@@ -162,18 +162,30 @@ def test_residual_export_matches_sb3_predict(tmp_path):
     assert followed > 0
 
 
-def test_residual_starts_as_elastic_in_training(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_residual_starts_as_elastic_in_training(tmp_path, algo):
     """`rlalloc train --residual elastic` exports, before any RL step, a policy that scores
-    elastic's JCT exactly; DQN cannot be residual."""
-    config = TrainConfig(workloads=(WORKLOAD,), cluster=CLUSTER, timesteps=0, n_envs=1,
-                         residual=TEACHERS, bc_epochs=2, net_arch=(32,))
+    elastic's JCT exactly: PPO by its initialised action head, DQN by Q-values fitted to
+    elastic's returns with the follow action ahead (its greedy choice ignores the mask)."""
+    config = TrainConfig(algo=algo, workloads=(WORKLOAD,), cluster=CLUSTER, timesteps=0,
+                         n_envs=1, residual=TEACHERS, bc_epochs=2, net_arch=(32,))
     summary = train(config, tmp_path / "model", log=lambda _: None)
     assert summary["evaluations"][0]["avg_jct_s"] == pytest.approx(
         summary["heuristic_avg_jct_s"]["elastic"], abs=1e-6)
-    assert load_policy(str(tmp_path / "model")).meta.residual == TEACHERS
-    with pytest.raises(UserError, match="--residual needs --algo ppo"):
+    policy = load_policy(str(tmp_path / "model"))
+    assert policy.meta.residual == TEACHERS and policy.meta.masked == (algo == "ppo")
+    if algo == "dqn":
+        assert summary["warm_start"]["q_margin"] > 0
+        assert "Q-values fitted to the first's returns" in (tmp_path / "model" /
+                                                            "card.md").read_text()
+
+
+def test_residual_dqn_refuses_lookahead_recordings(tmp_path):
+    with pytest.raises(UserError, match="--imitate fits a PPO actor"):
         train(TrainConfig(algo="dqn", workloads=(WORKLOAD,), cluster=CLUSTER,
-                          residual=TEACHERS), tmp_path / "dqn", log=lambda _: None)
+                          residual=TEACHERS, imitate=("x.npz",)), tmp_path / "dqn",
+              log=lambda _: None)
+    assert not (tmp_path / "dqn").exists()
 
 
 POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
