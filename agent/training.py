@@ -674,7 +674,9 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     stats = _stepped(step, fit_policy(model.policy, demos, config.bc_epochs, 256,
                                       config.bc_learning_rate, config.seed, value=True,
                                       actor=False))
-    log(f"residual start: critic fitted on {len(demos.actions)} steps (loss {stats['loss']:.4f})")
+    fitted = "Q-values" if config.algo == "dqn" else "critic"
+    log(f"residual start: {fitted} fitted on {len(demos.actions)} steps "
+        f"(loss {stats['loss']:.4f})")
     info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
     if sizes is not None:
