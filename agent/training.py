@@ -6,7 +6,8 @@ to its returns), then fine-tune with RL at a small learning rate, keeping the de
 of whichever policy scored best on the training workloads during the periodic evaluations.
 With `residual` set the heuristics are instead extra actions of the policy (`agent.residual`):
 the actor is initialised to follow the first, only the critic is fitted to its returns, and
-RL learns where to deviate. With `learn_sizes` those heuristics (and the observation) are told
+RL learns where to deviate (a DQN's Q-values are fitted to those returns, the first follow
+action ahead by a margin). With `learn_sizes` those heuristics (and the observation) are told
 job sizes learnt from the training workloads (`agent.job_sizes`), so the policy starts at the
 size-told heuristic rather than at the heuristic alone.
 Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
@@ -65,6 +66,13 @@ RUN_FILES = (WEIGHTS_FILE, META_FILE, CONFIG_FILE, CARD_FILE, CARD_MD_FILE, CHEC
 without --force, and --force removes them all first: left behind, the replaced run's
 checkpoints would be what --resume continues, its curves would show in TensorBoard as this
 run's, and its policy would stand for this run's if this one exported none."""
+DQN_FOLLOW_MARGIN = 1.0
+"""A residual DQN starts with the first follow action's Q-value this many standard deviations
+of the fitted returns above every other action's, so that the TD updates of actions tried
+elsewhere, which generalise across states, do not at once flip the greedy choice where nothing
+else was tried; a tried deviation's TD target carries the margin too, so one that pays can
+still overturn it. (Measured at 0.05 and 1.0: either way RL moved the greedy policy off the
+heuristic, for the worse, within 16-32k steps; docs/agent.md, "Residual DQN".)"""
 
 
 @dataclass(frozen=True)
@@ -123,11 +131,11 @@ class TrainConfig:
     imitate_margin: float = 0.5
     """After `imitate`: job-hours a deviation must be predicted to save (`prefer_base`)."""
     residual_veto_p: float = 0.1
-    """Residual start: probability that the sampling policy vetoes the first heuristic."""
+    """Residual PPO start: probability that the sampling policy vetoes the first heuristic."""
     residual_raw_p: float = 0.02
-    """Residual start: probability that the sampling policy takes a raw action instead."""
+    """Residual PPO start: probability that the sampling policy takes a raw action instead."""
     residual_switch_p: float = 0.1
-    """Residual start: probability of following another heuristic where the first is idle."""
+    """Residual PPO start: probability of following another heuristic where the first is idle."""
     bc_episodes_per_workload: int = 1
     bc_epochs: int = 30
     bc_learning_rate: float = 1e-3
@@ -358,15 +366,6 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         raise UserError(_nothing_exported(out, summary["evaluations"]))
     load_deployed(out)  # the export must load
     return summary
-
-
-DQN_FOLLOW_MARGIN = 1.0
-"""A residual DQN starts with the first follow action's Q-value this many standard deviations
-of the fitted returns above every other action's, so that the TD updates of actions tried
-elsewhere, which generalise across states, do not at once flip the greedy choice where nothing
-else was tried; a tried deviation's TD target carries the margin too, so one that pays can
-still overturn it. (Measured at 0.05 and 1.0: either way RL moved the greedy policy off the
-heuristic, for the worse, within 16-32k steps; docs/agent.md, "Residual DQN".)"""
 
 
 def check_config(config: TrainConfig) -> None:
