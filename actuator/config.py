@@ -30,6 +30,7 @@ from env.telemetry_names import (
     DCGM_XID_ERRORS,
     KSM_NODE_CONDITION,
     MANAGED_LABEL,
+    TRAINER_LAST_CHECKPOINT_STEP,
     TRAINER_LAST_CHECKPOINT_TIME,
     TRAINER_SAMPLES_PER_S,
     TRAINER_STEP,
@@ -102,6 +103,8 @@ class Queries:
     """Steps each job is configured to run (progress = step / total)."""
     trainer_last_checkpoint: str = f"max by (namespace, job) ({TRAINER_LAST_CHECKPOINT_TIME})"
     """Unix time of each job's latest complete checkpoint."""
+    trainer_checkpoint_step: str = f"max by (namespace, job) ({TRAINER_LAST_CHECKPOINT_STEP})"
+    """Step in each job's latest complete checkpoint: where a job that lost a node resumes."""
     trainer_last_sample: str = f"max by (namespace, job) (timestamp({TRAINER_STEP}))"
     """Time of each job's newest trainer sample; older than `max_metric_age_s` = missing."""
     demand_history: str = (

@@ -17,9 +17,11 @@ same way the simulator accumulates it; it restarts from zero when the actuator r
 Stale or absent samples are *missing*: a node without fresh DCGM samples gets no telemetry (and
 `nodes_without_telemetry` names it so the guardrails keep new workers off it); a job without
 fresh trainer samples has no throughput and is not counted as running; its progress is the last
-one read (a suspended job exports nothing, and does not progress). A node without fresh telemetry
-gets the failure risk of a healthy node (no signal is not evidence); readings from `risk_lag_s`
-ago that were stale then count as zeros.
+one read (a suspended job exports nothing, and does not progress), unless a node it ran on became
+unreachable or vanished: then it is the progress in its latest checkpoint read, which it resumes
+from, as the simulator rolls a job hit by a node failure back to its checkpoint. A node without
+fresh telemetry gets the failure risk of a healthy node (no signal is not evidence); readings
+from `risk_lag_s` ago that were stale then count as zeros.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class JobRecord:
     progress: float = 0.0
     """Last progress read from the trainer (kept while the job holds no GPUs and exports
     nothing: a suspended job does not progress)."""
+    checkpointed: float | None = None
+    """Progress in the job's latest checkpoint read (None: its trainer exports none)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,8 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
                         ("namespace", config.trainer_job_label), config.max_metric_age_s)
     trainer = {name: _values(obs.metrics.get(name, []), ("namespace", config.trainer_job_label))
                for name in ("trainer_throughput", "trainer_step", "trainer_total_steps",
-                            "trainer_last_checkpoint")}
+                            "trainer_last_checkpoint", "trainer_checkpoint_step")}
+    gone = set(unreachable)
 
     managed, arrivals_1h = [], 0
     namespaces = set(config.namespaces)
@@ -205,13 +210,17 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             status = JobStatus.RESTARTING
         previous = ledger.jobs.get(job_id, JobRecord())
         held = len(previous.placement)
-        progress = min(step / total, 1.0) if total > 0 else previous.progress
+        lost_node = any(node in gone or node not in node_index for node in previous.placement)
+        progress, checkpointed = _progress(
+            previous, step, total,
+            trainer["trainer_checkpoint_step"].get(key) if fresh else None, lost_node)
         record = JobRecord(
             attained_gpu_s=previous.attained_gpu_s + held * dt,
             run_s=previous.run_s + (dt if held else 0.0),
             restarts=previous.restarts + int(bool(names) and names != previous.placement
                                               and previous.started),
-            placement=names, started=previous.started or bool(names), progress=progress)
+            placement=names, started=previous.started or bool(names), progress=progress,
+            checkpointed=checkpointed)
         records[job_id] = record
         min_w, max_w = _elastic_range(obj, replicas)
         annotations = obj["metadata"].get("annotations") or {}
@@ -243,6 +252,21 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     return BuiltState(state=state, ledger=Ledger(now, records), jobs=refs,
                       nodes_without_telemetry=frozenset(node_names) - fresh_names,
                       unreachable_nodes=frozenset(unreachable))
+
+
+def _progress(previous: JobRecord, step: float, total: float, checkpoint_step: float | None,
+              lost_node: bool) -> tuple[float, float | None]:
+    """(progress, checkpointed progress) of a job this cycle. A reporting trainer gives both.
+    A silent one keeps the last readings: a resize, move or suspension checkpoints on SIGTERM
+    and loses nothing, but a job that lost a node (`lost_node`) resumes from its latest
+    checkpoint, so its progress falls back to that one, as in the simulator."""
+    if total > 0:
+        checkpointed = (previous.checkpointed if checkpoint_step is None
+                        else min(checkpoint_step / total, 1.0))
+        return min(step / total, 1.0), checkpointed
+    if lost_node and previous.checkpointed is not None:
+        return previous.checkpointed, previous.checkpointed
+    return previous.progress, previous.checkpointed
 
 
 # ------------------------------------------------------------------------------------ signals

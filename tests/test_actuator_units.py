@@ -34,7 +34,13 @@ from actuator.twin.kube_api import (
     TwinKubeAPI,
     dump_kubeconfig,
 )
-from actuator.twin.render import cluster_objects, pod_object, query_results, telemetry_results
+from actuator.twin.render import (
+    TOTAL_STEPS,
+    cluster_objects,
+    pod_object,
+    query_results,
+    telemetry_results,
+)
 from env.errors import UserError
 from env.failures import NODE_FEATURE_NAMES
 from env.params import SimParams
@@ -187,6 +193,43 @@ def test_ledger_integrates_gpu_seconds_and_counts_restarts():
     third = _observe(moved, ledger=second.ledger)
     assert third.state.jobs.restarts.tolist() == [1, 0]
     assert third.state.jobs.attained_gpu_s.tolist() == [400.0, 0.0]
+
+
+def _stopped(world: ClusterState, node_a_ready: bool) -> ClusterState:
+    """`world` after "run" lost its workers, with node-a Ready or not."""
+    jobs = replace(world.jobs, status=world.jobs.status.copy(), workers=world.jobs.workers * 0,
+                   placement=((), ()), throughput=world.jobs.throughput * 0)
+    jobs.status[0] = JobStatus.QUEUED
+    nodes = replace(world.nodes, ready=world.nodes.ready & [node_a_ready, True],
+                    gpus_free=world.nodes.gpus_total.copy())
+    return replace(world, jobs=jobs, nodes=nodes)
+
+
+def test_a_job_that_lost_its_node_shows_its_checkpointed_progress():
+    """A silent trainer keeps its last progress after a resize or suspension (it checkpointed
+    on SIGTERM), but a job whose node became unreachable resumes from its latest checkpoint,
+    as the simulator rolls it back; a trainer that exports no checkpoint step keeps it too."""
+    world = _world(time_s=1000.0)
+    world = replace(world, jobs=replace(world.jobs, progress=np.array([0.6, 0.0], np.float32)))
+    names = {j: j for j in world.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(world, "ns", names)
+    results = query_results(world, "ns", names, 5000.0)
+    checkpoint = [{"metric": {"namespace": "ns", "job": "run"},
+                   "value": [5000.0, repr(0.5 * TOTAL_STEPS)]}]
+    running = {}
+    for exported in (checkpoint, []):
+        observed = {**results, "trainer_checkpoint_step": exported}
+        running[bool(exported)] = build_state(
+            Observation(1000.0, nodes, pods, jobs, observed), ActuatorConfig(), Ledger())
+        assert running[bool(exported)].state.jobs.progress[0] == pytest.approx(0.6)
+    shown = {}
+    for exported, ready in ((True, True), (True, False), (False, False)):
+        later = _stopped(_world(time_s=1100.0), node_a_ready=ready)
+        shown[exported, ready] = _observe(later, ledger=running[exported].ledger,
+                                          time_s=1100.0).state.jobs.progress[0]
+    assert shown[True, True] == pytest.approx(0.6)  # resized or suspended: nothing lost
+    assert shown[True, False] == pytest.approx(0.5)  # node gone: back to the checkpoint
+    assert shown[False, False] == pytest.approx(0.6)  # no checkpoint step exported
 
 
 def test_unreachable_nodes_are_not_ready_and_have_no_free_gpus():
