@@ -496,6 +496,16 @@ class Simulator:
             return float(self._done[row])
         return float(self._done[row] + self._rate[row] * (t - self._busy_from[row]))
 
+    def checkpointed_progress(self) -> np.ndarray:
+        """Progress in each job's latest checkpoint now, in `state()`'s job order: what a job
+        hit by a node failure resumes from (a trainer exports it as
+        `rlalloc_trainer_last_checkpoint_step`; so does the digital twin)."""
+        if self._snapshot_rows is None:
+            self._refresh_membership_columns()
+        rows = self._snapshot_rows
+        done = np.array([self._last_checkpoint(int(row), self.time_s)[0] for row in rows])
+        return np.minimum(done / self._work[rows], 1.0)
+
     def _last_checkpoint(self, row: int, t: float) -> tuple[float, float]:
         """(progress, time) of the job's latest checkpoint at time t."""
         if self._status[row] != _RUNNING:

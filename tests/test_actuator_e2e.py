@@ -64,6 +64,9 @@ def test_scales_up_when_gpus_free_and_down_when_the_queue_grows(tmp_path):
         ctl = controller(tmp_path, twin, twin_config(SPEED, prometheus.url), TinyElastic())
         thread = _run(ctl, stop)
         assert wait_until(lambda: _replicas(twin, "a") == 8, 90), "a was not grown to 8"
+        # the twin exports the checkpoint step a job resumes from after losing a node
+        prometheus.wait_for('rlalloc_trainer_last_checkpoint_step{job="a"} '
+                            '<= rlalloc_trainer_step{job="a"}')
         assert wait_until(lambda: _replicas(twin, "a") == 1 and _replicas(twin, "c") == 7
                           and _replicas(twin, "b") == 8, 120), "the queue did not shrink a"
         assert wait_until(lambda: twin.call(lambda: all(

@@ -76,13 +76,19 @@ def test_failure_loses_exactly_the_work_since_the_last_checkpoint():
     sim.schedule_failure("node-0000", 1500.0)
     sim.advance()
     assert sim.apply(fifo(sim.state()))  # packed: both workers on node-0000
+    rate = GENERIC.iterations_per_s((2,))
+    while sim.time_s < 900.0:
+        sim.advance()
+    # what the twin exports as the trainer's checkpoint step: at 900 s, the 600 s checkpoint
+    assert sim.checkpointed_progress()[0] == pytest.approx(600.0 * rate / 50_000.0, rel=1e-6)
+    assert sim.state().jobs.progress[0] == pytest.approx(900.0 * rate / 50_000.0, rel=1e-6)
     while sim.time_s < 1500.0:
         sim.advance()
     state = sim.state()
-    rate = GENERIC.iterations_per_s((2,))
     # checkpoints at 600 and 1200: 300 s of training lost, progress back to 1200 s worth
     assert state.jobs.status[0] == 0
     assert state.jobs.progress[0] == pytest.approx(1200.0 * rate / 50_000.0, rel=1e-6)
+    assert sim.checkpointed_progress()[0] == pytest.approx(state.jobs.progress[0], rel=1e-6)
     summary = sim.accounting.summary()
     assert summary["lost_gpu_hours"] == pytest.approx(2 * 300.0 / 3600.0)
     assert summary["failures"] == 1

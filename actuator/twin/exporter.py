@@ -27,6 +27,7 @@ from env.telemetry_names import (
     KSM_NODE_CONDITION,
     KSM_NODE_UNSCHEDULABLE,
     KSM_POD_PHASE,
+    TRAINER_LAST_CHECKPOINT_STEP,
     TRAINER_LAST_CHECKPOINT_TIME,
     TRAINER_SAMPLES_PER_S,
     TRAINER_STEP,
@@ -68,6 +69,8 @@ class JobTelemetry:
     total_steps: float
     world_size: int
     last_checkpoint_s: float
+    checkpoint_step: float
+    """Step in the latest complete checkpoint (where the job resumes after a node failure)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,8 @@ class TwinExporter:
             "last_checkpoint_s": GaugeMetricFamily(TRAINER_LAST_CHECKPOINT_TIME, "Unix time the "
                                                    "latest complete checkpoint was committed",
                                                    labels=labels),
+            "checkpoint_step": GaugeMetricFamily(TRAINER_LAST_CHECKPOINT_STEP, "Step stored in "
+                                                 "the latest complete checkpoint", labels=labels),
         }
         for job in frame.jobs:
             for key, family in families.items():

@@ -278,6 +278,7 @@ class Twin:
     # -------------------------------------------------------------------------- telemetry
     def _telemetry(self, state: ClusterState, cordoned: dict[str, bool]) -> TelemetryFrame:
         nodes, jobs = state.nodes, state.jobs
+        checkpointed = self.sim.checkpointed_progress()  # `state` is the simulator's now
         now = self.clock_s
         wall = time.monotonic()
         warned = {f.node for f in self._scripted if f.warn_at_s <= self.sim.time_s < f.fail_at_s}
@@ -316,7 +317,7 @@ class Twin:
             job_frames.append(JobTelemetry(
                 self.namespace, job.name, float(jobs.throughput[row]) if running else 0.0,
                 float(jobs.progress[row]) * TOTAL_STEPS, TOTAL_STEPS, int(jobs.workers[row]),
-                now - float(jobs.since_checkpoint_s[row])))
+                now - float(jobs.since_checkpoint_s[row]), float(checkpointed[row]) * TOTAL_STEPS))
         return TelemetryFrame(now, tuple(node_frames), tuple(job_frames), tuple(pod_frames))
 
 
