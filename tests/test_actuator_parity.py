@@ -237,8 +237,8 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
                                    rtol=1e-5, atol=1e-3, err_msg=column)
     # progress is exported by running trainers only; a stopped job keeps its last reading
     # (after a failure the simulator rolls back to the checkpoint; these rendered results
-    # carry no checkpoint step, without which the actuator cannot: test_actuator_units
-    # covers the rollback)
+    # carry no checkpoint step, without which the actuator cannot, and with one it rolls back
+    # to the last cycle's reading only: test_actuator_units covers the rollback)
     allocated = sim.jobs.workers > 0
     np.testing.assert_allclose(rebuilt.jobs.progress[allocated], sim.jobs.progress[allocated],
                                rtol=1e-5, atol=1e-6, err_msg="progress")

@@ -34,13 +34,7 @@ from actuator.twin.kube_api import (
     TwinKubeAPI,
     dump_kubeconfig,
 )
-from actuator.twin.render import (
-    TOTAL_STEPS,
-    cluster_objects,
-    pod_object,
-    query_results,
-    telemetry_results,
-)
+from actuator.twin.render import cluster_objects, pod_object, query_results, telemetry_results
 from env.errors import UserError
 from env.failures import NODE_FEATURE_NAMES
 from env.params import SimParams
@@ -213,15 +207,14 @@ def test_a_job_that_lost_its_node_shows_its_checkpointed_progress():
     world = replace(world, jobs=replace(world.jobs, progress=np.array([0.6, 0.0], np.float32)))
     names = {j: j for j in world.jobs.job_id}
     nodes, pods, jobs = cluster_objects(world, "ns", names)
-    results = query_results(world, "ns", names, 5000.0)
-    checkpoint = [{"metric": {"namespace": "ns", "job": "run"},
-                   "value": [5000.0, repr(0.5 * TOTAL_STEPS)]}]
     running = {}
-    for exported in (checkpoint, []):
-        observed = {**results, "trainer_checkpoint_step": exported}
-        running[bool(exported)] = build_state(
-            Observation(1000.0, nodes, pods, jobs, observed), ActuatorConfig(), Ledger())
-        assert running[bool(exported)].state.jobs.progress[0] == pytest.approx(0.6)
+    for exported in (True, False):
+        results = query_results(world, "ns", names, 5000.0,
+                                checkpointed=np.array([0.5, 0.0]) if exported else None)
+        assert ("trainer_checkpoint_step" in results) == exported
+        running[exported] = build_state(
+            Observation(1000.0, nodes, pods, jobs, results), ActuatorConfig(), Ledger())
+        assert running[exported].state.jobs.progress[0] == pytest.approx(0.6)
     shown = {}
     for exported, ready in ((True, True), (True, False), (False, False)):
         later = _stopped(_world(time_s=1100.0), node_a_ready=ready)

@@ -182,10 +182,14 @@ def telemetry_results(node_names: tuple[str, ...], features: np.ndarray,
 
 def query_results(state: ClusterState, namespace: str, names: dict[str, str],
                   evaluated_at_s: float, epoch_s: float = 0.0, job_label: str = "job",
-                  features: np.ndarray | None = None) -> MetricResults:
+                  features: np.ndarray | None = None,
+                  checkpointed: np.ndarray | None = None) -> MetricResults:
     """What Prometheus answers to the default `Queries` for a cluster in `state`, every sample
     fresh: the twin exporter's values for node telemetry and trainer metrics. `features`: the
-    nodes' telemetry features, when known beyond what the state shows (`state_features`)."""
+    nodes' telemetry features, when known beyond what the state shows (`state_features`).
+    `checkpointed`: each job's checkpointed progress (`Simulator.checkpointed_progress`), which
+    the state does not carry; without it no checkpoint step is answered, as from a trainer
+    that exports none."""
     nodes, jobs = state.nodes, state.jobs
 
     def per_node(values: np.ndarray) -> list[dict]:
@@ -213,4 +217,6 @@ def query_results(state: ClusterState, namespace: str, names: dict[str, str],
         "trainer_last_checkpoint": per_job([now - float(jobs.since_checkpoint_s[r])
                                             for r in allocated]),
         "trainer_last_sample": per_job([evaluated_at_s] * len(allocated)),
+        **({} if checkpointed is None else {"trainer_checkpoint_step": per_job(
+            [float(checkpointed[r]) * TOTAL_STEPS for r in allocated])}),
     }
