@@ -87,7 +87,10 @@ def test_killed_worker_restarts_from_checkpoint_and_sigterm_saves(tmp_path):
         # At most the steps since the latest periodic checkpoint are lost (the survivor's
         # emergency save usually keeps them all).
         assert max(periodic) <= resume["step"] <= steps_before_kill
-        wait_for_event(log, lambda e: e["event"] == "step" and e["step"] >= resume["step"] + 15,
+        # past every step logged before the kill: those events are still in the log, and
+        # stopping among them would leave replayed-later steps above the final stop
+        wait_for_event(log, lambda e: e["event"] == "step" and e["time"] > resume["time"]
+                       and e["step"] >= max(resume["step"] + 15, steps_before_kill + 1),
                        TIMEOUT_S, job)
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         for name in (TRAINER_SAMPLES_PER_S, TRAINER_STEP, TRAINER_TOTAL_STEPS, TRAINER_WORLD_SIZE,
