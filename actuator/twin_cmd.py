@@ -21,7 +21,12 @@ import yaml
 from env.argtypes import SEED, above, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
-from env.failures import FAILURE_PRESETS, FailureParams
+from env.failures import (
+    FAILURE_PRESETS,
+    LLAMA3_FAILURES_PER_GPU_DAY,
+    STRESS_FAILURES_PER_GPU_DAY,
+    FailureParams,
+)
 from env.params import SimParams
 from env.scenario import build_scenario
 
@@ -41,8 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default="8x4", help="NODESxGPUS or a cluster YAML file")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of workload and failures")
     parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
-                        help="node failure rate preset (default %(default)s: a few per day, "
-                             "half of them announced by XID/ECC warnings)")
+                        help="random node failures (default: stress, "
+                             f"{STRESS_FAILURES_PER_GPU_DAY:g} per GPU-day: a few per simulated "
+                             "day, most announced by XID/ECC warnings); the preset named "
+                             "`default` is the Llama 3 rate "
+                             f"({LLAMA3_FAILURES_PER_GPU_DAY:g} per GPU-day, the default of "
+                             "simulate and evaluate), `none` leaves only --fail-node ones")
     parser.add_argument("--speed", type=above(0.0), default=60.0,
                         help="simulated seconds per wall second (default %(default)s)")
     parser.add_argument("--tick-s", type=above(0.0), default=0.25, help="wall seconds per step")

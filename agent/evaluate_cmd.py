@@ -4,7 +4,9 @@ Writes DIR/results.json (``mean`` and ``ci95``, the 95% confidence half-width, o
 per policy, over seeds x workloads, t-distribution; ``ci95`` is 0 for a single run, which has no
 spread to measure, and results.md shows n/a there), DIR/results.md (a table with each policy's
 change against `static`, where static was evaluated) and plots: JCT CDF per policy, GPU
-utilisation and queue length over time.
+utilisation and queue length over time. results.json's ``sources`` maps each label to the
+--policies entry it stands for (a saved model is labelled by its directory's name, or by its
+path where that name is taken: see `policy_labels`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from env.argtypes import POSITIVE_INT, unique_names
+from env.argtypes import POSITIVE_INT, AppendOnce, unique_names
 from env.efficiency import EFFICIENCY_MODES, add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
@@ -61,8 +63,8 @@ more; under --force a run removes an earlier run's that it does not write itself
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc evaluate`."""
-    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="workload (repeatable): CSV path or "
+    parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
+                        help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT} (the embedded generator)")
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
@@ -73,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--efficiency, e.g. tiresias@fixed,elastic@adaptive as Pollux "
                              "compared them")
     parser.add_argument("--seeds", type=POSITIVE_INT, default=3,
-                        help="seeds per workload (failure process; synthetic draws too)")
+                        help="seeds per workload (failure process; synthetic draws too; "
+                             "default: %(default)s)")
     parser.add_argument("--failures", default="default",
                         help="failures per GPU-day or none|default|stress (default: default)")
     add_efficiency_flag(parser)
@@ -130,6 +133,25 @@ def policy_and_mode(entry: str, default: str) -> tuple[str, str]:
     return name, mode
 
 
+def policy_labels(policies: list[str], efficiency: str) -> dict[str, str]:
+    """Each --policies entry's label in the report: its policy's name (a saved model's
+    directory name) and any ``@MODE``, or, where such labels would pass for other policies,
+    every entry as given: two entries sharing a label, or a saved model named like a
+    built-in (``runs/ppo`` is not the shipped ``ppo``). Loading each policy here fails fast,
+    with the list of valid names."""
+    from agent.registry import builtin_names, load_policy
+
+    labels, misleading = {}, False
+    for entry in policies:
+        policy, _ = policy_and_mode(entry, efficiency)
+        name = load_policy(policy).name
+        labels[entry] = name + entry[len(policy):]
+        misleading |= name != policy and name in builtin_names()
+    if misleading or len(set(labels.values())) < len(labels):
+        return {entry: entry for entry in policies}
+    return labels
+
+
 def confidence(values: list[float]) -> dict[str, float]:
     """Mean and 95% confidence half-width (Student t over the runs). One run has no spread
     to measure: its half-width is 0, which the tables show as n/a."""
@@ -147,21 +169,14 @@ def run(args: argparse.Namespace) -> int:
     """Validate inputs, run every (policy, workload, seed) and write the report."""
     from tqdm import tqdm
 
-    from agent.registry import load_policy
     from env.failures import parse_failure_rate
     from env.scenario import build_scenario
 
     policies = args.policies
     if not policies:
         raise UserError("--policies is empty; give e.g. static,elastic,ppo")
-    names, modes = {}, set()
-    for entry in policies:
-        policy, mode = policy_and_mode(entry, args.efficiency)
-        modes.add(mode)
-        # fails fast with the list of valid names
-        names[entry] = load_policy(policy).name + entry[len(policy):]
-    if len(set(names.values())) < len(names):
-        names = {p: p for p in policies}
+    names = policy_labels(policies, args.efficiency)
+    modes = {policy_and_mode(entry, args.efficiency)[1] for entry in policies}
     reference = args.reference or ("static" if "static" in policies else policies[0])
     if reference not in policies:
         raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
@@ -205,8 +220,9 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
         policies[name] = {key: confidence([r["metrics"][key] for r in runs])
                           for key in METRIC_KEYS}
         unfinished[name] = sum(not r["finished"] for r in runs)
-    return {"policies": policies, "workloads": workloads, "seeds": seeds, "cluster": cluster,
-            "failures": failures, "efficiency": efficiency, "runs_unfinished": unfinished}
+    return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
+            "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
+            "efficiency": efficiency, "runs_unfinished": unfinished}
 
 
 def paired_runs(results: dict[RunSpec, dict], policy: str,

@@ -28,7 +28,7 @@ import numpy as np
 
 from agent.job_sizes import JobSizeHistory, told_sizes
 from agent.lookahead import parse_future
-from env.argtypes import POSITIVE_INT, SEED, unique_names
+from env.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
 from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.output import (
@@ -52,8 +52,8 @@ SIZES = ("known", "learned")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc headroom`."""
-    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="workload (repeatable): CSV path or "
+    parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
+                        help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT}")
     parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")

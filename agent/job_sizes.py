@@ -131,15 +131,15 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
 def told_sizes(base: str, remaining_work: RemainingWork | None, name: str) -> ElasticPolicy:
     """The elastic heuristic `base` (by name) told jobs' remaining work by `remaining_work`
     (None: only check that `base` is one that uses sizes); a one-line `UserError` naming
-    `base` when it does not estimate sizes (static, tiresias, a learned policy)."""
+    `base` and the heuristics it may be when it does not estimate sizes (static, tiresias, a
+    learned policy, a saved model's path or an unknown name)."""
     from agent.heuristics import ElasticPolicy
-    from agent.registry import load_policy
+    from agent.registry import HEURISTICS, elastic_names
 
-    policy = load_policy(base)
-    if not isinstance(policy, ElasticPolicy):
-        raise UserError(f"{base} does not estimate job sizes; use an elastic heuristic such "
-                        "as elastic-srpt-0.25")
-    return ElasticPolicy(policy.config, name, remaining_work)
+    if base not in elastic_names():
+        raise UserError(f"{base} does not estimate job sizes; use one of the elastic heuristics "
+                        f"{', '.join(elastic_names())}")
+    return ElasticPolicy(HEURISTICS[base]().config, name, remaining_work)
 
 
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:

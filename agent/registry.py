@@ -48,6 +48,12 @@ def builtin_names() -> tuple[str, ...]:
     return (*HEURISTICS, *SHIPPED_MODELS)
 
 
+def elastic_names() -> tuple[str, ...]:
+    """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
+    they can be told them (`agent.job_sizes.told_sizes`)."""
+    return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))
+
+
 def load_policy(name_or_path: str) -> Policy:
     """The policy called `name_or_path` (built-in name) or saved at that path.
 

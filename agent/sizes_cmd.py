@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     save_sized_policy(args.out, args.base, sizes, args.workloads, command)
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
-          f"{sum(sizes.jobs.values())} past jobs) and card.md; run it with "
-          f"`rlalloc evaluate --policies {args.base},{args.out}`")
+          f"{sum(sizes.jobs.values())} past jobs) and card.md; compare it with its base on "
+          "workloads W it was not fitted on (it has seen every job of those): "
+          "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
+          f"{shlex.quote(args.cluster)} --policies {args.base},{shlex.quote(str(args.out))} "
+          f"--reference {args.base}`")
     return 0

@@ -29,12 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f" default {_DEFAULTS.workloads[0]}")
     parser.add_argument("--cluster", default=_DEFAULTS.cluster, help="cluster spec, e.g. 16x4")
     parser.add_argument("--timesteps", type=at_least(0), default=_DEFAULTS.timesteps,
-                        help="RL environment steps after the warm start")
+                        help="RL environment steps after the warm start (default: "
+                             "%(default)s), rounded up to whole rollouts: of --n-steps x "
+                             "--n-envs steps (ppo), of 4 x --n-envs (dqn)")
     parser.add_argument("--seed", type=SEED, default=_DEFAULTS.seed,
                         help="seed of the environments, SB3 and the warm start")
     add_efficiency_flag(parser)
     parser.add_argument("--failures", default=_DEFAULTS.failures,
-                        help="failures per GPU-day or none|default|stress")
+                        help="failures per GPU-day or none|default|stress (default: "
+                             "%(default)s, unlike simulate and evaluate)")
     parser.add_argument("--n-envs", type=POSITIVE_INT, default=_DEFAULTS.n_envs,
                         help="environments stepped together (DummyVecEnv)")
     parser.add_argument("--n-steps", type=POSITIVE_INT, default=_DEFAULTS.n_steps,
@@ -118,9 +121,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     """Train, export the best policy to OUT and write OUT/card.json (the flags' ranges are
     checked by argparse, everything else by `train` before it writes anything)."""
-    from agent.training import train
+    from agent.training import CHECKPOINT_DIR, train
 
-    summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)
+    try:
+        summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)
+    except KeyboardInterrupt:
+        if not any((args.out / CHECKPOINT_DIR).glob("*.zip")):
+            raise  # `--resume` will say to start again with --force
+        raise KeyboardInterrupt(f"--resume continues it from {args.out / CHECKPOINT_DIR} (add "
+                                "it to the same command, without --force)") from None
     print(f"saved {args.out}: best avg JCT {summary['best_avg_jct_s']:,.0f} s on the training "
           f"evaluation ({summary['timesteps']} steps, {summary['wall_s']:.0f} s wall)")
     return 0

@@ -347,6 +347,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             if not summary["evaluations"] or \
                     summary["evaluations"][-1]["timesteps"] != model.num_timesteps:
                 evaluate_now(model.num_timesteps)
+        (out / CHECKPOINT_DIR).mkdir(exist_ok=True)  # SB3 would warn that it creates it
         model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
         summary["timesteps"] = int(model.num_timesteps)
         summary["wall_s"] = time.perf_counter() - started
@@ -417,8 +418,9 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
         return None
     checkpoint = latest_checkpoint(out)
     if checkpoint is None:
-        raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR}); "
-                        "drop --resume")
+        raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR}, "
+                        "as a run stopped before its first leaves none); start it again with "
+                        "--force in place of --resume (--force replaces what it left)")
     saved = out / CONFIG_FILE
     previous = json.loads(saved.read_text()) if saved.is_file() else {}
     algo, residual = previous.get("algo", config.algo), tuple(previous.get("residual", ()))

@@ -1,4 +1,4 @@
-"""Argparse types for numeric flags: a bad value is argparse's one-line error, exit 2.
+"""Argparse types for numeric flags and lists: a bad value is argparse's one-line error, exit 2.
 
 Every command checks its numbers where they are parsed, before any work starts, so a negative
 seed or a zero batch size never surfaces minutes later as a traceback from numpy or SB3.
@@ -63,3 +63,18 @@ def unique_names(text: str) -> list[str]:
     if twice := next((name for i, name in enumerate(names) if name in names[:i]), None):
         raise argparse.ArgumentTypeError(f"{text!r} lists {twice} twice; name each once")
     return names
+
+
+class AppendOnce(argparse.Action):
+    """``action="append"`` that refuses a value given twice, for flags whose values are compared
+    (`rlalloc evaluate` and `headroom` --workload): a workload repeated would count its
+    identical runs as independent samples and narrow the confidence intervals for nothing.
+    (Training takes a repeat as a weighting, so its --workload appends plainly.)"""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        """Append `values`, or raise argparse's error if it was given before."""
+        given = list(getattr(namespace, self.dest, None) or [])
+        if values in given:
+            raise argparse.ArgumentError(self, f"{values} is given twice; give each once")
+        setattr(namespace, self.dest, [*given, values])

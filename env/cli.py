@@ -48,6 +48,16 @@ class _OneLineParser(argparse.ArgumentParser):
         command = self.prog.removeprefix("rlalloc").strip()
         raise UserError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
 
+    def parse_args(self, args: list[str] | None = None,
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, but a flag no parser knows is reported by the subcommand it was given
+        to (whose --help lists its flags), not by the top-level parser as argparse does."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            report = getattr(parsed, "_error", self.error)
+            report(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
 
 def _match(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
     """The command whose words start `argv`, if any."""
@@ -79,7 +89,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if chosen is not None and chosen[0] == words:
             implementation = importlib.import_module(module)
             implementation.add_arguments(sub)
-            sub.set_defaults(_run=implementation.run)
+            sub.set_defaults(_run=implementation.run, _error=sub.error)
     return parser
 
 
@@ -97,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"rlalloc: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rlalloc: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # its text, if any, says how to go on
+        print(f"rlalloc: interrupted{f'; {interrupt}' if str(interrupt) else ''}",
+              file=sys.stderr)
         return 130
 
 

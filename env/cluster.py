@@ -102,6 +102,9 @@ def parse_cluster(spec: str) -> ClusterSpec:
         return uniform_cluster(num_nodes, gpus,
                                gpu_type_named(match.group(3) or DEFAULT_GPU_TYPE, where))
     path = Path(spec)
+    if path.suffix.lower() in (".yaml", ".yml") and not path.exists():
+        raise UserError(f"cluster file {spec}: no such file; check the path, or give "
+                        "NODESxGPUS[:TYPE] (e.g. 16x4)")
     if not path.is_file():
         raise UserError(
             f"cluster spec {spec!r} is neither NODESxGPUS[:TYPE] (e.g. 16x4, 8x8:A100) nor a "

@@ -5,7 +5,9 @@ earlier one exactly as it was."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -88,6 +90,39 @@ def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_pa
     assert (tmp_path / "checkpoints" / "last.zip").is_file()
 
 
+def test_a_run_without_rl_steps_saves_its_checkpoint_without_a_warning(tmp_path):
+    """No RL step, so no periodic checkpoint made checkpoints/ before the last one is saved:
+    SB3 would warn that it creates the directory."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(replace(CONFIG, timesteps=0), tmp_path, log=quiet)
+    assert (tmp_path / "checkpoints" / "last.zip").is_file()
+    assert not [w for w in caught if "does not exist" in str(w.message)]
+
+
+def test_resume_before_the_first_checkpoint_says_to_start_again_with_force(tmp_path):
+    (tmp_path / "train_config.json").write_text("{}")  # all a run interrupted early leaves
+    with pytest.raises(UserError, match="nothing to resume .* start it again with --force"):
+        train(CONFIG, tmp_path, resume=True, log=quiet)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_an_interrupted_train_says_resume_continues_it_if_it_checkpointed(
+        tmp_path, capsys, monkeypatch, checkpointed):
+    out = tmp_path / "model"
+
+    def interrupted(config, out, **kwargs):
+        if checkpointed:
+            (out / "checkpoints").mkdir(parents=True)
+            (out / "checkpoints" / "step_128_steps.zip").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted)
+    code, error, _ = run_cli([*TRAIN, "--out", str(out)], capsys)
+    assert code == 130 and error.startswith("rlalloc: interrupted")
+    assert ("--resume continues it from" in error) == checkpointed, error
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A model directory from a run without RL steps."""
@@ -126,6 +161,9 @@ def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     ([*EVALUATE, "--jobs", "-2"], "--jobs"),
     ([*EVALUATE, "--seeds", "0"], "--seeds"),
     ([*EVALUATE, "--policies", "static,static"], "static twice"),
+    ([*EVALUATE, "--workload", "synthetic:8:1.0"], "--workload: synthetic:8:1.0 is given twice"),
+    (["headroom", "--workload", "a.csv", "--workload", "b.csv", "--workload", "a.csv"],
+     "--workload: a.csv is given twice"),
     (["headroom", "--seed", "-1"], "--seed"),
     (["headroom", "--jobs", "0"], "--jobs"),
     (["headroom", "--futures", "none,none"], "none twice"),
@@ -147,4 +185,20 @@ def test_evaluate_force_leaves_no_output_of_the_replaced_run(tmp_path, capsys):
     assert not (tmp_path / "paired_avg_jct.png").exists()
     results = (tmp_path / "results.md").read_text()
     assert "± n/a" in results and "± 0 " not in results and "in brackets" not in results
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("directory", ["ppo", "mine"])
+def test_evaluate_labels_a_saved_model_named_like_a_built_in_by_its_path(
+        trained, tmp_path, capsys, directory):
+    """``runs/ppo`` is not the shipped ppo: labelled `ppo`, its row would pass for it."""
+    model = tmp_path / directory
+    shutil.copytree(trained, model)
+    out = tmp_path / "out"
+    assert main([*EVALUATE, "--policies", f"elastic,{model}", "--out", str(out)]) == 0
+    label = str(model) if directory == "ppo" else directory
+    report = json.loads((out / "results.json").read_text())
+    assert list(report["policies"]) == ["elastic", label]
+    assert report["sources"] == {"elastic": "elastic", label: str(model)}
+    assert f"| {label} |" in (out / "results.md").read_text()
     capsys.readouterr()

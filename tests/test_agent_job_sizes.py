@@ -105,6 +105,10 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
     out = tmp_path / "sized"
     proc = _cli("sizes", "fit", "--workload", str(POLLUX / "workload-1.csv"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    # the hint names a workload: without one, evaluate runs the synthetic default, which
+    # has no sizes to learn
+    assert (f"`rlalloc evaluate --workload W [--workload W2 ...] --cluster 16x4 --policies "
+            f"elastic-srpt-0.25,{out} --reference elastic-srpt-0.25`") in proc.stdout
     saved = json.loads((out / SIZES_FILE).read_text())
     assert saved["base"] == "elastic-srpt-0.25" and len(saved["curves"]) >= 5
     assert "workload-1.csv" in (out / "card.md").read_text()
@@ -130,11 +134,16 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
 @pytest.mark.parametrize("argv, named", [
     (["--workload", "synthetic:20"], "same speed curve"),
     (["--workload", "synthetic:20", "--base", "tiresias"], "tiresias"),
+    # --base takes a built-in elastic heuristic by name, never a saved model
+    (["--workload", "synthetic:20", "--base", "elastik"],
+     "--base elastik does not estimate job sizes; use one of the elastic heuristics elastic, "
+     "reactive, proactive, elastic-srpt, elastic-srpt-0.25"),
 ])
 def test_sizes_fit_refuses_in_one_line(tmp_path, argv, named):
     proc = _cli("sizes", "fit", *argv, "--out", str(tmp_path / "x"))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and named in lines[0]
+    assert "saved model" not in lines[0]
     assert not (tmp_path / "x").exists()
 
 

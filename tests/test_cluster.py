@@ -61,7 +61,8 @@ def test_unreadable_cluster_files_are_one_line_errors(tmp_path):
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe")
     for spec, fragment in [(str(binary), "not UTF-8"), (str(tmp_path), "(it is a directory)"),
-                           ("", "neither NODESxGPUS")]:
+                           ("", "neither NODESxGPUS"),
+                           (str(tmp_path / "nothere.yml"), "nothere.yml: no such file")]:
         with pytest.raises(UserError) as err:
             parse_cluster(spec)
         assert fragment in str(err.value) and "\n" not in str(err.value)

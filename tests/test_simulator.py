@@ -306,6 +306,38 @@ def test_simulate_refuses_bad_numbers_before_running(tmp_path, capsys, flags):
     assert len(err) == 1 and flags[0] in err[0]
 
 
+@pytest.mark.parametrize("argv, help_of", [
+    (["simulate", "--workloda", "x"], "(see rlalloc simulate --help)"),
+    (["sizes", "fit", "--workload", "a.csv", "--bogus"], "(see rlalloc sizes fit --help)"),
+    (["--bogus", "simulate"], "(see rlalloc --help)"),
+])
+def test_an_unknown_flag_points_to_the_help_of_the_command_given_it(capsys, argv, help_of):
+    from env.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unrecognized arguments" in err[0] and err[0].endswith(help_of)
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["train"], ["--failures FAILURES failures per GPU-day or none|default|stress (default: "
+                 "none, unlike simulate and evaluate)",
+                 "(default: 100000), rounded up to whole rollouts"]),
+    (["evaluate"], ["synthetic draws too; default: 3)"]),
+    (["twin"], ["(default: stress, 0.05 per GPU-day", "the preset named `default` is the Llama "
+                "3 rate (0.00047 per GPU-day"]),
+])
+def test_help_shows_the_defaults_that_differ_between_commands(capsys, monkeypatch, command,
+                                                              shown):
+    from env.cli import main
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(part in text for part in shown), text
+
+
 @pytest.mark.parametrize("flags", [["--policy", "nope"], ["--cluster", "4x0"],
                                    ["--env-cluster", "abc"], ["--trace", "/no/such.csv"]])
 def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, flags):

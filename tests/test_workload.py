@@ -153,6 +153,10 @@ def test_missing_file(tmp_path):
     assert "no such workload file" in rejected(tmp_path / "nope.csv")
 
 
+def test_a_directory_is_not_a_workload(tmp_path):
+    assert f"{tmp_path} is a directory; a workload is a CSV file" in rejected(tmp_path)
+
+
 def test_unknown_header(tmp_path):
     path = write_csv(tmp_path, "id,start,gpus\n1,0,1\n")
     message = rejected(path)
@@ -174,6 +178,10 @@ def test_unknown_header(tmp_path):
         (CANONICAL_HEADER + "a,0,1,10\nb,1,100,10\n", "row 2 (line 3): num_gpus exceeds"),
         (CANONICAL_HEADER + "a,0,1,10\na,1,1,10\n", "row 2 (line 3): job_id repeats"),
         (CANONICAL_HEADER + "a,0,1,10\nb,1,1,\n", "row 2 (line 3): duration_s is empty"),
+        # a literal nan is a value that is not a number, not an empty cell
+        (CANONICAL_HEADER + "a,0,1,nan\n", "row 1 (line 2): duration_s must be a number"),
+        ("job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,2,10,NA,8\n",
+         "row 1 (line 2) names an application"),
         ("job_id,submit_s,num_gpus,duration_s,min_gpus\na,0,2,10,3\n",
          "row 1 (line 2): needs min_gpus <= num_gpus <= max_gpus"),
         ("job_id,submit_s,num_gpus,duration_s,application\na,0,2,,ncf\n",

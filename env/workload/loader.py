@@ -48,6 +48,8 @@ def load_workload(
     if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
         return generate(_synthetic_config(source, seed), cluster)
     path = Path(source)
+    if path.is_dir():
+        raise UserError(f"{source} is a directory; a workload is a CSV file: {_USAGE}")
     if not path.is_file():
         raise UserError(f"{source}: no such workload file; {_USAGE}")
     header = _header(path)

@@ -43,10 +43,13 @@ def read_table(
     path: Path, required: tuple[str, ...], fmt: str, text: tuple[str, ...] = ()
 ) -> pd.DataFrame:
     """Read `path` as CSV and check `required` columns are present; `fmt` names the format.
-    Columns in `text` stay strings (job ids such as ``01``, which as numbers would equal ``1``)."""
+    Columns in `text` stay strings (job ids such as ``01``, which as numbers would equal ``1``).
+    Only a blank cell is missing: ``nan`` or ``NA`` is a value that is not a number, rejected
+    as such, not an empty optional cell."""
     reject_ragged_rows(path)
     try:
-        df = pd.read_csv(path, skipinitialspace=True, dtype=dict.fromkeys(text, str))
+        df = pd.read_csv(path, skipinitialspace=True, dtype=dict.fromkeys(text, str),
+                         keep_default_na=False, na_values=[""])
     except FileNotFoundError as err:
         raise UserError(f"{path}: no such file; check the path") from err
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
