@@ -1,7 +1,8 @@
 """In-process checks of checkpointing in a world of one: reused staging buffers never leak into
 a checkpoint that was already written, a save captures the state at the call, not the changes
 the training loop makes once `before_update` has returned, and `restore` refuses what it must
-(only quarantined checkpoints left, changed data settings) on every start, not just the first."""
+(only quarantined checkpoints left, changed data settings) on every start, not just the first,
+and a peer failure's emergency save does not trust a save of the same step that never committed."""
 
 from __future__ import annotations
 
@@ -115,6 +116,25 @@ def test_restore_refuses_changed_data_settings_but_not_elastic_ones(world_of_one
     resumed = _state(1)
     info = _checkpointer(root, elastic).restore(resumed)
     assert info.step == resumed.progress.step == 1
+
+
+def test_emergency_save_writes_a_step_whose_earlier_save_never_committed(world_of_one, tmp_path):
+    root = tmp_path / "ckpt"
+    state = _state(0)
+    checkpointer = _checkpointer(root, CONFIG)
+    _train_step(state)
+    checkpointer.save(state, "sync", "periodic")
+    committed = root / layout.step_dir_name(1)
+    assert checkpointer.emergency_save(state) == committed  # already there: nothing rewritten
+    assert [p.name for p in root.iterdir()] == [committed.name]
+    _train_step(state)
+    checkpointer.save(state, "async", "periodic")  # as if the peer died before it committed:
+    checkpointer.wait()
+    (root / layout.step_dir_name(2)).rename(root / layout.tmp_dir_name(2))
+    assert checkpointer.emergency_save(state) == root / layout.step_dir_name(2)
+    checkpointer.close()
+    info, problems = layout.latest_valid(root)
+    assert info.step == 2 and not problems
 
 
 def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():

@@ -8,6 +8,7 @@ loads, the loss carrying on — read from the run's JSON-lines log.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,11 @@ def test_killed_worker_restarts_from_checkpoint_and_sigterm_saves(tmp_path):
         job.wait(TIMEOUT_S)
     finally:
         job.kill()
+    # the survivor ends with one line after its emergency save, not a traceback
+    output = (tmp_path / "torchrun.out").read_text()
+    failure = _events(log, "peer_failure")[0]
+    assert f"trainer: peer failure at step {failure['step']}: saved checkpoint " in output
+    assert "RuntimeError" not in output and not re.search(r"\[rank\d+\]: Traceback", output)
     stops = _events(log, "stop")
     assert len(stops) == 2 and stops[0]["step"] == stops[1]["step"]
     committed = _events(log, "checkpoint_committed")[-1]

@@ -1,28 +1,36 @@
 """Fast tests of the trainer's pure parts: data order, checkpoint layout, flags, resume rule,
-setup errors, manifests, and the recovery benchmark's work directory."""
+setup errors, manifests and the image they run, and the recovery benchmark's work directory."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
+import importlib.util
 import json
+import re
 import socket
 import tempfile
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
+from torch.distributed.run import get_args_parser
 
 from env.cli import main as rlalloc_main
 from env.errors import UserError
 from env.telemetry_names import MANAGED_LABEL
 from trainer_jobs import bench_recovery, layout
-from trainer_jobs.config import TrainConfig, resume_conflicts
+from trainer_jobs.config import TrainConfig, add_train_arguments, config_from_args, resume_conflicts
 from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
-from trainer_jobs.model import ModelConfig
+from trainer_jobs.model import ModelConfig, format_count
 from trainer_jobs.train import _open_outputs, main
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "trainer_jobs" / "manifests"
+REPO = Path(__file__).resolve().parents[1]
+MANIFESTS = REPO / "trainer_jobs" / "manifests"
+DOCKERFILE = REPO / "trainer_jobs" / "Dockerfile"
 
 
 def test_rank_slices_partition_the_global_batch():
@@ -200,6 +208,45 @@ def test_manifests_match_the_crd_and_rlalloc_conventions():
         assert claims and all(c for c in claims)
 
 
+def _dockerfile_instructions() -> list[tuple[str, list[str]]]:
+    """(instruction, arguments) of the trainer's Dockerfile, continuations joined, comments out."""
+    lines = [line.strip() for line in DOCKERFILE.read_text().splitlines()]
+    joined = "\n".join(line for line in lines if not line.startswith("#")).replace("\\\n", " ")
+    return [(line.split()[0].upper(), line.split()[1:]) for line in joined.splitlines() if line]
+
+
+def test_trainer_dockerfile_copies_what_exists_and_installs_the_pinned_torch():
+    instructions = _dockerfile_instructions()
+    sources = [arg for name, args in instructions if name == "COPY"
+               for arg in [a for a in args if not a.startswith("--")][:-1]]
+    for source in sources:  # the build context is the repository root
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    # `pip install .` in the image installs every package pyproject lists
+    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {p.rstrip("*") for p in packages} <= {Path(s).name for s in sources}
+    pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch=="))
+    installs = " ".join(" ".join(args) for name, args in instructions if name == "RUN")
+    assert re.findall(r"torch==\S+", installs) == [pin]
+
+
+def test_manifest_command_runs_in_the_trainer_image():
+    # torchrun is the pinned torch's console script; the module and its flags are the trainer's
+    assert any(e.name == "torchrun" and e.dist.name == "torch"
+               for e in importlib.metadata.entry_points(group="console_scripts"))
+    for job in _pytorchjobs():
+        command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"][0]["command"]
+        assert command[0] == "torchrun"
+        launch = get_args_parser().parse_args(command[1:])
+        assert launch.module and launch.training_script == "trainer_jobs.train"
+        module = importlib.util.find_spec(launch.training_script)
+        assert Path(module.origin).is_relative_to(REPO / "trainer_jobs")  # the image copies it
+        trainer_flags = argparse.ArgumentParser(exit_on_error=False)
+        add_train_arguments(trainer_flags)
+        config_from_args(trainer_flags.parse_args(launch.training_script_args))
+
+
 def test_validator_names_the_bad_field(tmp_path, monkeypatch):
     job = _pytorchjobs()[0]
     job["spec"]["elasticPolicy"]["maxReplicas"] = "four"
@@ -215,3 +262,8 @@ def test_layout_marker_records_checksums(tmp_path):
     marker = json.loads((committed / layout.COMMIT_MARKER).read_text())
     assert set(marker["files"]) == {".metadata", "__0_0.distcp"}
     assert marker["files"]["__0_0.distcp"]["bytes"] == 1024
+
+
+def test_parameter_counts_read_well_at_every_size():
+    assert [format_count(n) for n in (830, 17_088, 999_960, 21_037_056, 1_230_000_000)] == [
+        "830", "17.1k", "1.0M", "21.0M", "1.2B"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -182,26 +183,33 @@ class Checkpointer:
         if self.rank == 0:
             self._commit(tmp_dir, step, rng_ranks, started)
 
-    def emergency_save(self, state: TrainState) -> None:
-        """Save this rank's replica alone (no collectives) after a peer died mid-step.
+    def emergency_save(self, state: TrainState) -> Path:
+        """Save this rank's replica alone (no collectives) after a peer died mid-step; return the
+        committed checkpoint of `state.progress.step`.
 
         Only valid for DDP, where every rank holds the whole model and optimizer; the optimizer
         has not stepped since the failed all-reduce, so the state is exactly that of
-        `state.progress.step`. Several survivors may race; the first commit wins.
+        `state.progress.step`. Several survivors may race; the first commit wins. A save of this
+        step that is not committed yet (an async one still writing, or one whose committing rank
+        0 died) does not count: its collectives may never complete.
         """
         step = state.progress.step
-        if step <= self.last_saved_step:
-            return
+        final = self.root / layout.step_dir_name(step)
+        if final.is_dir():
+            return final
         started = time.perf_counter()
         tmp_dir = self.root / layout.tmp_dir_name(step, self.rank)
         shutil.rmtree(tmp_dir, ignore_errors=True)
         tmp_dir.mkdir(parents=True)
         state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
-        dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
+        with warnings.catch_warnings():  # no_dist is the point here, not a misconfiguration
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
         self._commit(tmp_dir, step, [self.rank], started)
         self.last_saved_step = step
         self.run_log.event("checkpoint", step=step, mode="sync", reason="emergency",
                            blocked_s=time.perf_counter() - started)
+        return final
 
     def restore(self, state: TrainState) -> layout.CheckpointInfo | None:
         """Load the newest checkpoint that verifies into `state` (collective); None if none.

@@ -68,3 +68,12 @@ class TransformerLM(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (what the checkpoint size scales with)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def format_count(count: int) -> str:
+    """`count` with one decimal and a k/M/B suffix (830, 12.3k, 21.0M), so that a tiny test model
+    and a large one both print a figure that says something (not 0.0M)."""
+    for suffix, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if round(count / scale, 1) >= 1:
+            return f"{count / scale:.1f}{suffix}"
+    return str(count)

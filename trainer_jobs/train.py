@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import sys
@@ -48,11 +49,25 @@ from trainer_jobs.config import (
 )
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
 from trainer_jobs.metrics import TrainerMetrics
-from trainer_jobs.model import TransformerLM, count_parameters
+from trainer_jobs.model import TransformerLM, count_parameters, format_count
 from trainer_jobs.runlog import RunLog
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+PEER_FAILURE_EXIT_CODE = 1
 _THROUGHPUT_WINDOW_STEPS = 10
+_BACKEND_LOCATION = re.compile(r"^\[[^\]]*\]\s*")  # gloo's "[.../pair.cc:537] " prefix
+
+
+class PeerFailure(Exception):
+    """A collective failed mid-step and this rank has saved its replica: the process ends with
+    one line and a non-zero exit, which makes torchrun restart the group from that checkpoint."""
+
+
+def _short_cause(err: BaseException) -> str:
+    """The first sentence of a backend error, without its source location (the full text is in
+    the JSONL log's `peer_failure` event): enough to tell a dead peer from, say, out of memory."""
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return _BACKEND_LOCATION.sub("", first_line).split(". ")[0][:160]
 
 
 class StopSignal:
@@ -169,7 +184,7 @@ def train(config: TrainConfig) -> int:
         torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
     if rank == 0:
         origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
-        print(f"trainer: {parameters / 1e6:.1f}M parameters, world size {world_size}, "
+        print(f"trainer: {format_count(parameters)} parameters, world size {world_size}, "
               f"step {state.progress.step}/{config.max_steps}, {origin}", flush=True)
 
     exit_code = _train_loop(config, state, checkpointer, stop_signal, metrics, run_log,
@@ -206,10 +221,14 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
                                    checkpoint_due], dtype=torch.float64, device=device)
             dist.all_reduce(shared)
         except RuntimeError as err:
-            if config.parallelism == "ddp" and world_size > 1:
-                run_log.event("peer_failure", step=state.progress.step, error=str(err)[:200])
-                checkpointer.emergency_save(state)
-            raise
+            if config.parallelism != "ddp" or world_size == 1:
+                raise
+            step = state.progress.step
+            run_log.event("peer_failure", step=step, error=str(err)[:200])
+            saved = checkpointer.emergency_save(state)
+            raise PeerFailure(f"peer failure at step {step}: saved checkpoint {saved}; "
+                              "exiting for torchrun to restart the group "
+                              f"({_short_cause(err)})") from err
         copy_wait_s = checkpointer.before_update()  # an async save may still be copying
         if copy_wait_s and metrics:
             blocked_s += copy_wait_s
@@ -270,7 +289,8 @@ def _arm_grace_watchdog(grace_s: float, signalled_monotonic: float | None) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2."""
+    """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2,
+    a peer failure (after the emergency save) in one line and `PEER_FAILURE_EXIT_CODE`."""
     parser = argparse.ArgumentParser(
         prog="python -m trainer_jobs.train", description="Elastic, checkpointing LM training job.",
         epilog="A restart resumes from the newest valid checkpoint in --checkpoint-dir and "
@@ -281,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"trainer: error: {err}", file=sys.stderr, flush=True)
         return 2
+    except PeerFailure as failure:
+        print(f"trainer: {failure}", file=sys.stderr, flush=True)
+        return PEER_FAILURE_EXIT_CODE
 
 
 if __name__ == "__main__":
