@@ -3,13 +3,15 @@
 Precedence (lowest to highest): the defaults below, the YAML file (a ConfigMap mounted into the
 pod), environment variables ``RLALLOC_ACTUATOR_<FIELD>`` (upper case), then command-line flags.
 The PromQL queries are a nested mapping (`queries:`) and come from the file only. A malformed
-file or value ends the start-up with one `UserError` naming the file/variable, the key and the fix,
-so a bad ConfigMap shows up as one line in `kubectl logs`, not as a traceback at the first cycle.
+file or value, or an unknown RLALLOC_ACTUATOR_* variable, ends the start-up with one `UserError`
+naming the file/variable, the key and the fix, so a bad ConfigMap shows up as one line in
+`kubectl logs`, not as a traceback at the first cycle.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -39,6 +41,8 @@ from env.telemetry_names import (
 
 ENV_PREFIX = "RLALLOC_ACTUATOR_"
 """Environment variables named ENV_PREFIX + FIELD (upper case) override the file."""
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+"""Environment variable naming the YAML config file (the mounted ConfigMap)."""
 
 _H = DCGM_HOSTNAME_LABEL
 
@@ -253,6 +257,7 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         values.update(_read_file(Path(path)))
         origins.update(dict.fromkeys(values, str(path)))
     environ = os.environ if environ is None else environ
+    _check_environment(environ)
     for f in fields(ActuatorConfig):
         name = ENV_PREFIX + f.name.upper()
         if f.name != "queries" and name in environ:
@@ -267,6 +272,21 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     except InvalidSettings as err:
         raise UserError("; ".join(f"{origins.get(name, 'default')}: invalid actuator setting: "
                                   f"{problem}" for name, problem in err.problems.items())) from err
+
+
+def _check_environment(environ: dict[str, str]) -> None:
+    """Refuse an unknown RLALLOC_ACTUATOR_* variable: a misspelled one, silently ignored, would
+    leave its setting at the default while the user believes it set (as a misspelled file key
+    would, which `_read_file` refuses too)."""
+    settings = [f.name for f in fields(ActuatorConfig) if f.name != "queries"]
+    known = [ENV_PREFIX + name.upper() for name in settings] + [CONFIG_ENV]
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UserError(f"environment variable {name}: unknown actuator setting; {hint}"
+                            f"use {ENV_PREFIX}<SETTING> for one of {', '.join(settings)}, or "
+                            f"{CONFIG_ENV}")
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -61,10 +61,10 @@ class LeaderElector:
         try:
             self._step()
         except KubeError as err:
-            log.warning("leader election: %s", err)
-            if err.status == 409:
-                self._renewed_at = None
+            if err.status == 409:  # another replica wrote the Lease between our read and write
+                self._lost_race()
             else:
+                log.warning("leader election: %s", err)
                 self.last_error = err
         return self.is_leader
 
@@ -116,6 +116,16 @@ class LeaderElector:
                      "renewTime": now_text, "leaseDurationSeconds": max(int(self._duration_s), 1),
                      "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1}})
         self._became_leader(f"took over from {holder or 'nobody'}")
+
+    def _lost_race(self) -> None:
+        """Stand by after a 409: the normal end of a race for the Lease, so no warning unless
+        we held it until now."""
+        was_leader = self._renewed_at is not None
+        self._renewed_at = None
+        if was_leader:
+            log.warning("lost the lease: another replica wrote it first")
+        else:
+            log.info("standby: another replica took the lease first")
 
     def _became_leader(self, how: str) -> None:
         self._renewed_at = self._clock()

@@ -80,7 +80,7 @@ class Controller:
         if self._elector and not report.leader:
             if self._elector.last_error is not None:
                 return self._blind(report, self._elector.last_error)
-            self.health.set(True, "standby: another replica holds the lease")
+            self._set_health(True, "standby: another replica holds the lease")
             return report
         try:
             built = self._observe()
@@ -103,16 +103,20 @@ class Controller:
         self._history = history
         elapsed = time.perf_counter() - started
         self.metrics.cycle_seconds.observe(elapsed)
-        self.metrics.healthy.set(1)
         self.metrics.last_success.set(time.time())
-        self.health.set(True, "ok")
+        self._set_health(True, "ok")
         return report
+
+    def _set_health(self, ok: bool, reason: str) -> None:
+        """Record a cycle's outcome for /healthz and in the healthy gauge, so the two agree (an
+        alert on the gauge must not fire for a healthy standby)."""
+        self.health.set(ok, reason)
+        self.metrics.healthy.set(int(ok))
 
     def _blind(self, report: CycleReport, err: ObserveError | KubeError) -> CycleReport:
         """End a cycle that cannot see the cluster: no moves, /healthz red, the loop goes on."""
         self.metrics.errors.labels("observe").inc()
-        self.metrics.healthy.set(0)
-        self.health.set(False, f"cannot observe the cluster: {err}")
+        self._set_health(False, f"cannot observe the cluster: {err}")
         log.warning("cycle skipped, no moves: %s", err,
                     extra={"event": {"cycle": self._cycle, "identity": self.identity}})
         report.error, report.cause = str(err), err
@@ -185,7 +189,7 @@ class Controller:
                     self.run_cycle()
                 except Exception:  # a bug in a policy must not take the controller down
                     self.metrics.errors.labels("decide").inc()
-                    self.health.set(False, "the last cycle failed unexpectedly; see the log")
+                    self._set_health(False, "the last cycle failed unexpectedly; see the log")
                     log.exception("cycle failed")
                 stop.wait(max(self.config.interval_s - (time.monotonic() - started), 0.0))
         finally:

@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 
-from actuator.config import ENV_PREFIX, load_config
+from actuator.config import CONFIG_ENV, ActuatorConfig, load_config
 from actuator.guardrails import Policy
 from actuator.kube import KubeClient, KubeError, api_client_from
 from actuator.loop import Controller
@@ -32,9 +32,6 @@ from actuator.server import (
 from env.errors import UserError
 from env.signals import Signals, load_signals
 from trainer_jobs.crd_schema import CRD_PATH_ENV, resolve_crd_path
-
-CONFIG_ENV = ENV_PREFIX + "CONFIG"
-"""Environment variable naming the YAML config file (the mounted ConfigMap)."""
 
 _EPILOG = """\
 settings: defaults < YAML file (--config or $RLALLOC_ACTUATOR_CONFIG) < environment
@@ -59,9 +56,9 @@ _FLAGS = {
               "elastic-srpt, elastic-srpt-0.25, ppo, dqn, PATH)",
     "interval_s": "seconds between decision cycles",
     "listen_port": "port of /metrics, /healthz and /livez",
-    "identity": "this replica's name in the Lease (default $POD_NAME, else the host name)",
+    "identity": "this replica's name in the Lease (default: $POD_NAME, else the host name)",
     "lease_namespace": "namespace of the leader-election Lease",
-    "namespaces": "comma-separated namespaces whose PyTorchJobs may be managed (default all)",
+    "namespaces": "comma-separated namespaces whose PyTorchJobs may be managed (default: all)",
 }
 
 
@@ -70,17 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     parser.add_argument("--config", default=os.environ.get(CONFIG_ENV),
-                        help=f"YAML settings file (default ${CONFIG_ENV})")
+                        help=f"YAML settings file (default: ${CONFIG_ENV})")
+    defaults = ActuatorConfig()
     for name, help_text in _FLAGS.items():
+        if "(default" not in help_text:  # the others say what their empty default means
+            help_text += f" (default: {getattr(defaults, name)})".replace("%", "%%")
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
                             metavar=name.split("_")[-1].upper(), help=help_text)
     parser.add_argument("--dry-run", dest="dry_run", action="store_true", default=None,
-                        help="decide and log, write nothing to the cluster")
+                        help="decide and log, write nothing to the cluster (default: off)")
     parser.add_argument("--leader-election", dest="leader_election",
                         action=argparse.BooleanOptionalAction, default=None,
                         help="hold the Lease before acting (default: on)")
     parser.add_argument("--once", action="store_true",
-                        help="run one cycle and exit (a smoke test of the installation)")
+                        help="run one cycle and exit; with --dry-run, a smoke test of the "
+                             "installation that writes nothing")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -103,8 +103,8 @@ class PrometheusSource:
         try:
             return self._client.custom_query(query, params={"time": repr(at_s)},
                                              timeout=self._timeout_s)
-        except (requests.RequestException, PrometheusApiClientException, ValueError) as err:
-            raise ObserveError(f"Prometheus query {name} failed: {_short(err)}") from err
+        except _FAILURES as err:
+            raise _observe_error(f"Prometheus query {name}", err) from err
 
     def _scalar(self, query: str, at_s: float) -> float:
         result = self._query("clock", query, at_s)
@@ -125,8 +125,8 @@ class PrometheusSource:
                 self._queries.demand_history, start_time=_datetime(start_s),
                 end_time=_datetime(end_s), step=repr(minute_s),
                 params={"start": repr(start_s), "end": repr(end_s)}, timeout=self._timeout_s)
-        except (requests.RequestException, PrometheusApiClientException, ValueError) as err:
-            raise ObserveError(f"Prometheus demand history failed: {_short(err)}") from err
+        except _FAILURES as err:
+            raise _observe_error("Prometheus demand history", err) from err
         values = [float(v) for _, v in data[0]["values"]] if data else []
         return np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
 
@@ -140,6 +140,20 @@ class RecordedMetrics:
     def fetch(self, risk_lag_s: float | None, demand_minutes: int) -> MetricsSnapshot:
         """The recorded snapshot, whatever the time."""
         return self.snapshot
+
+
+_FAILURES = (requests.RequestException, PrometheusApiClientException, ValueError)
+"""What a request through the client raises when Prometheus is down, slow, refuses the query, or
+answers with something other than JSON."""
+
+
+def _observe_error(what: str, err: Exception) -> ObserveError:
+    """The `ObserveError` of a failed request; a reply that is not JSON (an exporter's /metrics
+    page, say) is named as not the Prometheus HTTP API, not by the JSON parser's complaint."""
+    if isinstance(err, requests.JSONDecodeError):
+        return ObserveError(f"{what} failed: the server answered, but not as the Prometheus HTTP "
+                            "API (not JSON); is this Prometheus's URL?")
+    return ObserveError(f"{what} failed: {_short(err)}")
 
 
 def _datetime(unix_s: float) -> datetime:

@@ -1,7 +1,8 @@
 """The actuator's own telemetry: Prometheus metrics, health endpoints and JSON log lines.
 
 `/metrics` serves the registry below; `/healthz` answers 200 only while the last cycle could
-observe the cluster (use it as the readiness probe: a replica blind to Prometheus is not ready);
+observe the cluster, or for a standby reach the Lease (use it as the readiness probe: a replica
+blind to Prometheus is not ready), and the `rlalloc_actuator_healthy` gauge says the same;
 `/livez` answers 200 while the control loop keeps cycling (the liveness probe: restarting a pod
 because Prometheus is down would not help). Each registry is per actuator, so tests can run two
 replicas in one process.
@@ -45,7 +46,8 @@ class ActuatorMetrics:
         self.leader = Gauge("rlalloc_actuator_leader", "1 while this replica holds the lease",
                             registry=r)
         self.healthy = Gauge("rlalloc_actuator_healthy",
-                             "1 while the last cycle could observe the cluster", registry=r)
+                             "1 while /healthz answers 200: the last cycle could observe the "
+                             "cluster (a standby: reach the Lease)", registry=r)
         self.last_success = Gauge("rlalloc_actuator_last_success_timestamp_seconds",
                                   "Unix time of the last cycle that observed successfully",
                                   registry=r)
@@ -148,9 +150,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_json_logging(level: int = logging.INFO) -> None:
-    """Send every log record to stderr as a JSON line."""
+    """Send every log record to stderr as a JSON line, but not urllib3's warning of each retry
+    it makes inside a request: the actuator reports the failure that matters itself, once."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)

@@ -4,7 +4,8 @@ It serves a Kubernetes API (Nodes, Pods, PyTorchJobs, Events, Leases) and a Prom
 under the real exporters' metric names, runs the workload in accelerated real time, and reacts to
 the actuator's writes like the training operator and the scheduler. It writes the three files a
 first demo needs — a kubeconfig, a Prometheus config and an actuator config — and prints the two
-commands to run next.
+commands to run next. Those files point at this twin's ports, so a second twin is refused the same
+directory unless `--force`: it would leave the first one's files pointing at its own ports.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from actuator.config import load_config
 from env.argtypes import SEED, above, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
@@ -27,6 +29,7 @@ from env.failures import (
     STRESS_FAILURES_PER_GPU_DAY,
     FailureParams,
 )
+from env.output import prepare_out_dir
 from env.params import SimParams
 from env.scenario import build_scenario
 
@@ -36,15 +39,19 @@ if TYPE_CHECKING:
 
 _PORT = within(0, 65535, int)
 """A TCP port to listen on; 0 lets the system pick a free one."""
+DEMO_FILES = ("kubeconfig", "prometheus.yml", "actuator.yaml")
+"""What the twin writes into --out-dir."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
                         help="workload CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
-                             "(default %(default)s)")
-    parser.add_argument("--cluster", default="8x4", help="NODESxGPUS or a cluster YAML file")
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of workload and failures")
+                             "(default: %(default)s)")
+    parser.add_argument("--cluster", default="8x4",
+                        help="NODESxGPUS or a cluster YAML file (default: %(default)s)")
+    parser.add_argument("--seed", type=SEED, default=0,
+                        help="seed of workload and failures (default: %(default)s)")
     parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
                         help="random node failures (default: stress, "
                              f"{STRESS_FAILURES_PER_GPU_DAY:g} per GPU-day: a few per simulated "
@@ -53,21 +60,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"({LLAMA3_FAILURES_PER_GPU_DAY:g} per GPU-day, the default of "
                              "simulate and evaluate), `none` leaves only --fail-node ones")
     parser.add_argument("--speed", type=above(0.0), default=60.0,
-                        help="simulated seconds per wall second (default %(default)s)")
-    parser.add_argument("--tick-s", type=above(0.0), default=0.25, help="wall seconds per step")
-    parser.add_argument("--namespace", default="default", help="namespace of the jobs")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
+                        help="simulated seconds per wall second (default: %(default)s)")
+    parser.add_argument("--tick-s", type=above(0.0), default=0.25,
+                        help="wall seconds per step (default: %(default)s)")
+    parser.add_argument("--namespace", default="default",
+                        help="namespace of the jobs (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to serve on (default: %(default)s)")
     parser.add_argument("--kube-port", type=_PORT, default=8001,
-                        help="Kubernetes API port (0: any free one)")
-    parser.add_argument("--metrics-port", type=_PORT, default=9400,
-                        help="exporter port (0: any free one)")
+                        help="Kubernetes API port, 0: any free one (default: %(default)s)")
+    # not 9400: the training example's exporter (--metrics-port in trainer_jobs) listens there
+    parser.add_argument("--metrics-port", type=_PORT, default=9401,
+                        help="exporter port, 0: any free one (default: %(default)s)")
     parser.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
-                        help="where your Prometheus will listen (goes into the actuator config)")
+                        help="where your Prometheus will listen, goes into the actuator config "
+                             "(default: %(default)s)")
     parser.add_argument("--scrape-interval-s", type=above(0.0), default=1.0,
                         help="Prometheus scrape interval to configure, seconds > 0 "
-                             "(default %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path("twin"),
-                        help="where to write kubeconfig, prometheus.yml, actuator.yaml")
+                             "(default: %(default)s)")
+    # --out as well: the name of every other command's output directory, and of its errors
+    parser.add_argument("--out-dir", "--out", dest="out_dir", type=Path, default=Path("twin"),
+                        help=f"where to write {', '.join(DEMO_FILES)} (default: %(default)s)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace those files if --out-dir holds them (otherwise refused)")
     parser.add_argument("--fail-node", metavar="NODE:WARN_S:FAIL_S", action="append", default=[],
                         help="scripted failure: NODE warns (XID errors) from simulated second "
                              "WARN_S and fails at FAIL_S; repeatable")
@@ -82,15 +97,12 @@ def run(args: argparse.Namespace) -> int:
         from actuator.twin.kube_api import dump_kubeconfig
     except ImportError as err:
         raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
+    # the URL goes into actuator.yaml: refuse now what `actuate` would refuse there
+    load_config(environ={}, overrides={"prometheus_url": args.prometheus_url})
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
     _check_failing_nodes(failures, scenario.cluster)
-    out = args.out_dir  # its three demo files are rewritten on every run
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out-dir {out}: cannot create it ({err.strerror}); choose another "
-                        "directory") from err
+    out = prepare_out_dir(args.out_dir, list(DEMO_FILES), args.force)
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS[args.failures]))
     running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,

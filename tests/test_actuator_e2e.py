@@ -142,12 +142,23 @@ def test_dry_run_writes_nothing(tmp_path):
         twin.stop()
 
 
-def test_twin_command_writes_a_runnable_demo(tmp_path):
+def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
     from env.cli import main
 
     out = tmp_path / "twin"
-    assert main(["twin", "--workload", "synthetic:5", "--cluster", "2x4", "--kube-port", "0",
-                 "--metrics-port", "0", "--duration-s", "1", "--out-dir", str(out)]) == 0
+    argv = ["twin", "--workload", "synthetic:5", "--cluster", "2x4", "--kube-port", "0",
+            "--metrics-port", "0", "--duration-s", "1", "--out-dir", str(out)]
+    (out / "tsdb").mkdir(parents=True)  # Prometheus's, beside the twin's files: not in the way
+    assert main(argv) == 0
+    first = (out / "kubeconfig").read_text()
+    # a second twin would point the first one's files at its own ports: refused, then --force
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rlalloc: error: --out {out}: already holds kubeconfig, prometheus.yml, "
+                   "actuator.yaml; pass --force to replace them or choose another directory"]
+    assert (out / "kubeconfig").read_text() == first
+    assert main([*argv, "--force"]) == 0
     settings = yaml.safe_load((out / "actuator.yaml").read_text())
     assert settings["queries"]["clock"] == "rlalloc_twin_clock_seconds"
     assert "[5s]" in settings["queries"]["xid_errors"]  # 5 simulated minutes at 60x

@@ -3,6 +3,7 @@ Kubernetes API errors (409/429/5xx), a second replica, a malformed config."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sys
@@ -17,10 +18,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, start_http_server
 
 from actuator.config import ActuatorConfig
 from actuator.guardrails import DecisionHistory, decide
 from actuator.kube import KubeError
+from actuator.leader import LeaderElector
 from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot, PrometheusSource, RecordedMetrics
 from actuator.server import StatusServer
@@ -36,6 +39,7 @@ from actuator.twin.kube_api import (
 )
 from actuator.twin.render import cluster_objects, query_results
 from env.cli import main as cli_main
+from env.errors import UserError
 from env.state import (
     NOOP,
     Action,
@@ -295,6 +299,8 @@ def test_only_the_leader_acts_and_a_standby_takes_over(tmp_path):
         assert cycle(a) and not cycle(b)
         assert [o for _, o in reports[0].outcomes] == ["applied"] and reports[1].outcomes == []
         assert b.health.ready() == (True, "standby: another replica holds the lease")
+        healthy = "rlalloc_actuator_healthy"  # agrees with /healthz: no alert for a standby
+        assert b.metrics.registry.get_sample_value(healthy) == 1.0
         assert cycle(a) and not cycle(b)  # a renews; b still stands by
         # a stops renewing (hangs): b takes over once the lease expires, and a may not act
         time.sleep(2.2)
@@ -333,6 +339,22 @@ def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
         server.stop()
 
 
+def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
+    class RacedKube:  # another replica creates the Lease between our read and our create
+        def read_lease(self, namespace: str, name: str) -> None:
+            return None
+
+        def create_lease(self, namespace: str, body: dict) -> None:
+            raise KubeError(f"create lease {namespace}: HTTP 409 Conflict", 409)
+
+    elector = LeaderElector(RacedKube(), ActuatorConfig(), "replica-b")
+    with caplog.at_level(logging.DEBUG, logger="actuator.leader"):
+        assert not elector.try_acquire()
+    assert elector.last_error is None  # a standby, not blind
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "standby: another replica took the lease first")]
+
+
 # -------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("text, expected", [
     ("interval_s: [1, 2\n", "not valid YAML at line"),
@@ -365,6 +387,19 @@ def test_config_precedence_file_env_flags(tmp_path):
         load_config(None, {"RLALLOC_ACTUATOR_DRY_RUN": "maybe"})
 
 
+def test_an_unknown_environment_variable_is_one_clear_error():
+    from actuator.config import load_config
+
+    assert load_config(None, {"RLALLOC_ACTUATOR_CONFIG": "x.yaml"}).interval_s == 30.0
+    with pytest.raises(UserError) as err:
+        load_config(None, {"RLALLOC_ACTUATOR_INTERVL_S": "3"})
+    assert str(err.value).startswith(
+        "environment variable RLALLOC_ACTUATOR_INTERVL_S: unknown actuator setting; did you "
+        "mean RLALLOC_ACTUATOR_INTERVAL_S? use RLALLOC_ACTUATOR_<SETTING> for one of "
+        "prometheus_url, ")
+    assert str(err.value).endswith(", clock_speedup, or RLALLOC_ACTUATOR_CONFIG")
+
+
 def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
     path = tmp_path / "actuator.yaml"
     path.write_text("cooldown_s: 10\n")
@@ -375,22 +410,26 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------- set-up and --once errors
-def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str) -> tuple[int, list[str]]:
+def _actuate(tmp_path, monkeypatch, capsys, settings: dict,
+             *flags: str) -> tuple[int, list[str], list[dict]]:
     """`rlalloc actuate --once` in-process with the tiny policy, no look-ahead signals, any
-    status port, no API retries and `settings`; its exit code and the stderr lines that are
-    not JSON log lines."""
+    status port, no API retries and `settings`; its exit code, the stderr lines that are
+    not JSON log lines, and the JSON log lines."""
     registry = types.ModuleType("agent.registry")
     registry.load_policy = lambda name: TinyElastic()
     monkeypatch.setitem(sys.modules, "agent.registry", registry)
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # the actuator installs its JSON handler here
     monkeypatch.setattr(root, "level", root.level)
+    urllib3_log = logging.getLogger("urllib3")  # and quietens this one
+    monkeypatch.setattr(urllib3_log, "level", urllib3_log.level)
     path = tmp_path / "actuator.yaml"
     path.write_text(yaml.safe_dump({"signals": "none", "listen_port": 0, "api_retries": 0,
                                     "lease_namespace": "default", **settings}))
     code = cli_main(["actuate", "--config", str(path), "--once", *flags])
-    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
-    return code, lines
+    lines = capsys.readouterr().err.splitlines()
+    return (code, [line for line in lines if not line.startswith("{")],
+            [json.loads(line) for line in lines if line.startswith("{")])
 
 
 @contextmanager
@@ -417,14 +456,14 @@ def test_a_bad_kubeconfig_is_one_line_naming_it(tmp_path, monkeypatch, capsys, t
     path = tmp_path / "short.csv"
     if text is not None:
         path.write_text(text)
-    code, err = _actuate(tmp_path, monkeypatch, capsys, {"kubeconfig": str(path)}, "--dry-run")
+    code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {"kubeconfig": str(path)}, "--dry-run")
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"rlalloc: error: kubeconfig {path}: {expected}")
 
 
 def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):
     with _busy_port() as port:
-        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
             "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"),
             "listen_host": "127.0.0.1", "listen_port": port}, "--dry-run")
     assert code == 2 and err == [
@@ -434,17 +473,37 @@ def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_once_names_an_unreachable_prometheus(tmp_path, monkeypatch, capsys):
     url = f"http://127.0.0.1:{free_port()}"
-    code, err = _actuate(tmp_path, monkeypatch, capsys, {
+    code, err, logs = _actuate(tmp_path, monkeypatch, capsys, {
         "prometheus_url": url, "kubeconfig": _kubeconfig(tmp_path, url)}, "--dry-run")
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
     assert "Connection refused" in err[0]
     assert err[0].endswith("check --prometheus-url and that Prometheus is up")
+    # our own warning of the skipped cycle, not urllib3's of the retry it made inside
+    warnings = [(line["logger"], line["message"]) for line in logs if line["level"] != "info"]
+    assert len(warnings) == 1 and warnings[0][0] == "rlalloc.actuator", warnings
+    assert warnings[0][1].startswith("cycle skipped, no moves: ")
+
+
+def test_once_names_a_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys):
+    # an exporter, like the twin's: its metrics page on every path
+    exporter, _ = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
+    url = f"http://127.0.0.1:{exporter.server_address[1]}"
+    try:
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+            "prometheus_url": url, "kubeconfig": _kubeconfig(tmp_path, url)}, "--dry-run")
+    finally:
+        exporter.shutdown()
+        exporter.server_close()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
+    assert ("failed: the server answered, but not as the Prometheus HTTP API (not JSON); is "
+            "this Prometheus's URL?)") in err[0]
 
 
 def test_once_names_an_api_server_that_answers_404(tmp_path, monkeypatch, capsys):
     with EmptyPrometheus() as server:  # Prometheus without data; its 404s stand for the API
-        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
             "prometheus_url": server.url, "kubeconfig": _kubeconfig(tmp_path, server.url)},
             "--dry-run")
     assert code == 2 and len(err) == 1
@@ -457,7 +516,7 @@ def test_once_names_an_api_server_that_is_down_even_for_the_lease(tmp_path, monk
                                                                   capsys):
     url = f"http://127.0.0.1:{free_port()}"
     with EmptyPrometheus() as prometheus:
-        code, err = _actuate(tmp_path, monkeypatch, capsys, {
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
             "prometheus_url": prometheus.url, "kubeconfig": _kubeconfig(tmp_path, url)})
     assert code == 2 and len(err) == 1  # not taken for a standby, which would exit 0
     assert err[0].startswith(f"rlalloc: error: --once: cannot use the Kubernetes API at {url} "
@@ -481,6 +540,9 @@ def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
     (["twin", "--scrape-interval-s", "0"], "argument --scrape-interval-s: 0: must be > 0"),
     (["twin", "--metrics-port", "70000"],
      "argument --metrics-port: 70000: must be within [0, 65535]"),
+    (["twin", "--prometheus-url", "localhost:9090"],  # `actuate` would refuse its actuator.yaml
+     "flag --prometheus-url: invalid actuator setting: prometheus_url must start with http:// "
+     "or https:// (got 'localhost:9090')"),
     (["twin", "--cluster", "3x4", "--fail-node", "node-9999:60:120"],
      "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
      "node-0001, node-0002"),

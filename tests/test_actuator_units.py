@@ -5,6 +5,7 @@ as kubectl, the kubernetes client and promtool read them."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -53,7 +54,8 @@ from env.state import (
 )
 from trainer_jobs.crd_schema import validate_pytorchjob
 
-DEPLOY = Path(__file__).resolve().parents[1] / "actuator" / "deploy"
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "actuator" / "deploy"
 
 
 def _world(time_s: float = 1000.0) -> ClusterState:
@@ -432,7 +434,7 @@ def test_the_documented_kubectl_command_reads_the_twin(tmp_path):
 def test_twin_configs_write_durations_prometheus_accepts(tmp_path):
     assert [prometheus_duration(s) for s in (1.0, 30, 0.5, 0.0004)] == ["1s", "30s", "500ms",
                                                                          "1ms"]
-    config = prometheus_config("127.0.0.1:9400", 0.5)
+    config = prometheus_config("127.0.0.1:9401", 0.5)
     assert config["global"]["scrape_interval"] == "500ms"
     # 5 simulated minutes at 1000x are 0.3 s, less than 4 scrapes: the window is 4 scrapes
     queries = actuator_settings(1000.0, "http://127.0.0.1:9090", 0.1)["queries"]
@@ -449,6 +451,34 @@ def test_twin_configs_write_durations_prometheus_accepts(tmp_path):
         checked = subprocess.run([promtool, *check], cwd=tmp_path, capture_output=True,
                                  text=True, timeout=30)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_twin_default_ports_leave_the_training_example_its_own():
+    from env.cli import build_parser
+
+    args = build_parser(["twin"]).parse_args(["twin"])
+    # run side by side as documented, the twin and the example trainer must not share a port
+    documented = {int(port) for path in (ROOT / "docs" / "trainer_jobs.md",
+                                         ROOT / "trainer_jobs" / "manifests" /
+                                         "pytorchjob-elastic.yaml")
+                  for port in re.findall(r"--metrics-port[= ](\d+)", path.read_text())}
+    assert documented and not documented & {args.kube_port, args.metrics_port}
+
+
+@pytest.mark.parametrize("command, without_default", [
+    ("twin", {"-h", "--force", "--fail-node"}),
+    ("actuate", {"-h", "--once"}),
+])
+def test_help_shows_every_default(monkeypatch, capsys, command, without_default):
+    from env.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside a default
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("options:")[1].split("\n\n")[0]
+    for block in re.split(r"\n(?=  -)", options.strip("\n")):
+        flag = block.split()[0].rstrip(",")
+        assert flag in without_default or "(default: " in block, block
 
 
 # ------------------------------------------------------------------------------ benchmark
