@@ -142,9 +142,11 @@ class RecordedMetrics:
         return self.snapshot
 
 
-_FAILURES = (requests.RequestException, PrometheusApiClientException, ValueError)
+_FAILURES = (requests.RequestException, PrometheusApiClientException, ValueError, KeyError,
+             TypeError)
 """What a request through the client raises when Prometheus is down, slow, refuses the query, or
-answers with something other than JSON."""
+answers with something other than its API's JSON (the client indexes ``["data"]["result"]``
+of any 200 reply: KeyError or TypeError when those are missing)."""
 
 
 def _observe_error(what: str, err: Exception) -> ObserveError:
@@ -153,6 +155,9 @@ def _observe_error(what: str, err: Exception) -> ObserveError:
     if isinstance(err, requests.JSONDecodeError):
         return ObserveError(f"{what} failed: the server answered, but not as the Prometheus HTTP "
                             "API (not JSON); is this Prometheus's URL?")
+    if isinstance(err, KeyError | TypeError):
+        return ObserveError(f"{what} failed: the server answered JSON without the Prometheus "
+                            "HTTP API's data.result; is this Prometheus's URL?")
     return ObserveError(f"{what} failed: {_short(err)}")
 
 

@@ -3,6 +3,7 @@ Kubernetes API errors (409/429/5xx), a second replica, a malformed config."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import socket
@@ -499,6 +500,36 @@ def test_once_names_a_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys):
     assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
     assert ("failed: the server answered, but not as the Prometheus HTTP API (not JSON); is "
             "this Prometheus's URL?)") in err[0]
+
+
+class _JsonEverywhere(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with JSON that is not the Prometheus API's (a health endpoint, say)."""
+
+    def do_GET(self) -> None:
+        body = b'{"status": "ok"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        del args
+
+
+def test_once_names_a_json_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JsonEverywhere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+            "prometheus_url": url, "kubeconfig": _kubeconfig(tmp_path, url)}, "--dry-run")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
+    assert "answered JSON without the Prometheus HTTP API's data.result" in err[0]
 
 
 def test_once_names_an_api_server_that_answers_404(tmp_path, monkeypatch, capsys):
