@@ -486,22 +486,6 @@ def test_once_names_an_unreachable_prometheus(tmp_path, monkeypatch, capsys):
     assert warnings[0][1].startswith("cycle skipped, no moves: ")
 
 
-def test_once_names_a_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys):
-    # an exporter, like the twin's: its metrics page on every path
-    exporter, _ = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
-    url = f"http://127.0.0.1:{exporter.server_address[1]}"
-    try:
-        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
-            "prometheus_url": url, "kubeconfig": _kubeconfig(tmp_path, url)}, "--dry-run")
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
-    assert code == 2 and len(err) == 1
-    assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
-    assert ("failed: the server answered, but not as the Prometheus HTTP API (not JSON); is "
-            "this Prometheus's URL?)") in err[0]
-
-
 class _JsonEverywhere(http.server.BaseHTTPRequestHandler):
     """Answers every GET with JSON that is not the Prometheus API's (a health endpoint, say)."""
 
@@ -517,9 +501,28 @@ class _JsonEverywhere(http.server.BaseHTTPRequestHandler):
         del args
 
 
-def test_once_names_a_json_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys):
+def _exporter() -> http.server.HTTPServer:
+    """A metrics exporter, like the twin's: its text page on every path."""
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
+    return server
+
+
+def _json_server() -> http.server.HTTPServer:
+    """A server answering JSON that is not the Prometheus API's, on every path."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JsonEverywhere)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(("start_server", "reason"), [
+    (_exporter, "the server answered, but not as the Prometheus HTTP API (not JSON); is this "
+                "Prometheus's URL?)"),
+    (_json_server, "the server answered JSON without the Prometheus HTTP API's data.result; "
+                   "is this Prometheus's URL?)"),
+], ids=["text", "json"])
+def test_once_names_a_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys, start_server,
+                                                 reason):
+    server = start_server()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
@@ -529,7 +532,7 @@ def test_once_names_a_json_url_that_is_not_prometheus(tmp_path, monkeypatch, cap
         server.server_close()
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
-    assert "answered JSON without the Prometheus HTTP API's data.result" in err[0]
+    assert reason in err[0]
 
 
 def test_once_names_an_api_server_that_answers_404(tmp_path, monkeypatch, capsys):
