@@ -78,8 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrape-interval-s", type=above(0.0), default=1.0,
                         help="Prometheus scrape interval to configure, seconds > 0 "
                              "(default: %(default)s)")
-    # --out as well: the name of every other command's output directory, and of its errors
-    parser.add_argument("--out-dir", "--out", dest="out_dir", type=Path, default=Path("twin"),
+    parser.add_argument("--out-dir", type=Path, default=Path("twin"),
                         help=f"where to write {', '.join(DEMO_FILES)} (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace those files if --out-dir holds them (otherwise refused)")
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
     _check_failing_nodes(failures, scenario.cluster)
-    out = prepare_out_dir(args.out_dir, list(DEMO_FILES), args.force)
+    out = prepare_out_dir(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir")
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS[args.failures]))
     running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,

@@ -26,19 +26,20 @@ def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
                         help="replace results already in --out (otherwise refused)")
 
 
-def prepare_out_dir(out: Path, produces: list[str], force: bool) -> Path:
-    """Create `out` if needed; refuse if any file in `produces` exists there and not `force`."""
+def prepare_out_dir(out: Path, produces: list[str], force: bool, flag: str = "--out") -> Path:
+    """Create `out` if needed; refuse if any file in `produces` exists there and not `force`.
+    `flag`: the option that named `out`, as the errors call it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory; choose another path")
+        raise UserError(f"{flag} {out}: exists and is not a directory; choose another path")
     existing = [name for name in produces if (out / name).exists()]
     if existing and not force:
-        raise UserError(f"--out {out}: already holds {', '.join(existing)}; "
+        raise UserError(f"{flag} {out}: already holds {', '.join(existing)}; "
                         "pass --force to replace them or choose another directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"--out {out}: cannot create directory ({err.strerror})") from err
+        raise UserError(f"{flag} {out}: cannot create directory ({err.strerror})") from err
     return out
 
 

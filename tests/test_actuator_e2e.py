@@ -155,7 +155,7 @@ def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"rlalloc: error: --out {out}: already holds kubeconfig, prometheus.yml, "
+    assert err == [f"rlalloc: error: --out-dir {out}: already holds kubeconfig, prometheus.yml, "
                    "actuator.yaml; pass --force to replace them or choose another directory"]
     assert (out / "kubeconfig").read_text() == first
     assert main([*argv, "--force"]) == 0
