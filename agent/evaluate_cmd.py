@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from env.output import (
     write_atomic,
     write_json,
 )
+from env.workers import worker_pool
 from env.workload.loader import EMBEDDED_DEFAULT
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT} (the embedded generator)")
-    parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
+    parser.add_argument("--cluster", default="16x4",
+                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
+                             "(default: %(default)s)")
     parser.add_argument("--policies", type=unique_names, default=DEFAULT_POLICIES,
                         help="comma-separated built-in names or saved-model directories, each "
                              "once "
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[RunSpec, dict] = {}
     with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
         if args.jobs > 1:
-            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            with worker_pool(args.jobs) as pool:
                 for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
                     results[spec] = result
                     bar.update()

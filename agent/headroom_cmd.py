@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,19 +33,21 @@ from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.output import (
     add_out_flags,
+    new_staging_dir,
     prepare_out_dir,
     remove_outputs,
     write_atomic,
     write_json,
 )
+from env.workers import worker_pool
 from env.workload.loader import EMBEDDED_DEFAULT
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
 """What `rlalloc headroom` writes into --out."""
 RECORDINGS_DIR = "recordings"
 """Where `--record` puts the lookahead's demonstrations, inside --out (replaced as a whole by
---force --record, so that an earlier run's recordings never mix with this run's; left alone
-without --record)."""
+--force --record once every run has finished, so that an earlier run's recordings never mix
+with this run's nor are lost to a stopped one; left alone without --record)."""
 SIZES = ("known", "learned")
 """--sizes: where the base's job sizes come from in its extra runs, one run each."""
 
@@ -56,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT}")
-    parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
+    parser.add_argument("--cluster", default="16x4",
+                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
+                             "(default: %(default)s)")
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the policy followed wherever the lookahead does not deviate, "
                              "and in every fork (default elastic-srpt-0.25)")
@@ -213,22 +217,31 @@ def run(args: argparse.Namespace) -> int:
     # after the checks (a refused run leaves no directory), before the runs
     prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
                     args.force)
-    if args.force and args.record:
-        remove_outputs(args.out, [RECORDINGS_DIR])
-    specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
-                         tuple(args.history), args.samples,
-                         recording_path(args.out, w, f) if args.record and f else None,
-                         args.efficiency)
-             for w in workloads for f in (None, *futures)]
-    specs += [HeadroomRun(w, None, args.base, alternatives, args.cluster, args.seed,
-                          tuple(args.history), efficiency=args.efficiency, sizes=source)
-              for w in workloads for source in sizes]
-    results: dict[HeadroomRun, dict[str, float]] = {}
-    with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
-            ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
-            results[spec] = result
-            bar.update()
+    # recordings go to a hidden directory first and replace the old ones only once every run
+    # has finished: a run stopped halfway keeps an earlier run's, which took as long to make
+    staging = new_staging_dir(args.out) if args.record else None
+    try:
+        specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
+                             tuple(args.history), args.samples,
+                             recording_path(staging, w, f) if staging and f else None,
+                             args.efficiency)
+                 for w in workloads for f in (None, *futures)]
+        specs += [HeadroomRun(w, None, args.base, alternatives, args.cluster, args.seed,
+                              tuple(args.history), efficiency=args.efficiency, sizes=source)
+                  for w in workloads for source in sizes]
+        results: dict[HeadroomRun, dict[str, float]] = {}
+        with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
+                worker_pool(args.jobs) as pool:
+            for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
+                results[spec] = result
+                bar.update()
+        if staging is not None:
+            remove_outputs(args.out, [RECORDINGS_DIR])
+            if (staging / RECORDINGS_DIR).is_dir():
+                os.replace(staging / RECORDINGS_DIR, args.out / RECORDINGS_DIR)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     columns = [*futures, *map(sizes_column, sizes)]
     report = summarise(results, workloads, columns, args)
     write_json(args.out / "headroom.json", report)

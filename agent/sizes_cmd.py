@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         required=True,
                         help="past workload to learn job sizes from (repeatable): a CSV whose "
                              "jobs name their application and batch size")
-    parser.add_argument("--cluster", default="16x4", help="cluster spec, e.g. 16x4")
+    parser.add_argument("--cluster", default="16x4",
+                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
+                             "(default: %(default)s)")
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the elastic heuristic the sizes inform (default elastic-srpt-0.25)")
     add_out_flags(parser, Path("runs/sizes"))
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     save_sized_policy(args.out, args.base, sizes, args.workloads, command)
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(sizes.jobs.values())} past jobs) and card.md; compare it with its base on "
-          "workloads W it was not fitted on (it has seen every job of those): "
+          "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
           f"{shlex.quote(args.cluster)} --policies {args.base},{shlex.quote(str(args.out))} "
           f"--reference {args.base}`")

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +22,8 @@ from env.errors import UserError
 
 def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
     """The --out directory and --force flags of a command whose results go through here."""
-    parser.add_argument("--out", type=Path, default=default, help="output directory")
+    parser.add_argument("--out", type=Path, default=default,
+                        help="output directory (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace results already in --out (otherwise refused)")
 
@@ -41,6 +43,46 @@ def prepare_out_dir(out: Path, produces: list[str], force: bool, flag: str = "--
     except OSError as err:
         raise UserError(f"{flag} {out}: cannot create directory ({err.strerror})") from err
     return out
+
+
+STAGING_PREFIX = ".staging-"
+"""Hidden directories inside --out where a run writes results before they replace the old."""
+
+
+def new_staging_dir(out: Path, flag: str = "--out") -> Path:
+    """A new hidden directory inside `out` for results that replace the old ones only once all
+    of them exist; the caller moves them in and removes it.
+
+    A run killed outright (SIGKILL, power loss) cannot remove its own: the name carries the
+    host and process id, so this removes every leftover whose process is gone, while one whose
+    process still runs (a second run into the same `out`) is left alone, as is any it cannot
+    attribute.
+    """
+    for leftover in Path(out).glob(f"{STAGING_PREFIX}*"):
+        if _is_abandoned(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        return Path(tempfile.mkdtemp(
+            prefix=f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=out))
+    except OSError as err:
+        raise UserError(f"{flag} {out}: cannot write there ({err.strerror}); choose another "
+                        "directory") from err
+
+
+def _is_abandoned(staging: Path) -> bool:
+    """Whether `staging` (made by `new_staging_dir`) belongs to a process of this host that is
+    gone. Names of another shape (an older version's, another host's) are never abandoned."""
+    owner = staging.name.removeprefix(STAGING_PREFIX).rpartition("-")[0]  # less mkdtemp's part
+    host, _, pid = owner.rpartition("-")
+    if host != socket.gethostname() or not pid.isdigit() or staging.is_symlink():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # alive under another user, or no valid process id
+        pass
+    return False
 
 
 def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:

@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from env.errors import UserError
-from env.output import prepare_out_dir
+from env.output import new_staging_dir, prepare_out_dir
 from forecaster.baselines import HoltWintersParams
 
 BASELINES_FILE = "baselines.json"
@@ -58,11 +56,7 @@ def staged_model_dir(out: Path, produces: list[str], force: bool) -> Iterator[Pa
     ``out`` that is a file or cannot be written fails here.
     """
     out = prepare_out_dir(out, produces, force)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot write there ({err.strerror}); choose another "
-                        "directory") from err
+    staging = new_staging_dir(out)  # also removes what runs killed outright left behind
     try:
         yield staging
         written = sorted(staging.iterdir())

@@ -17,7 +17,7 @@ import torch
 
 from env.errors import UserError
 from env.output import prepare_out_dir, write_atomic, write_json
-from forecaster.artifacts import load_baselines
+from forecaster.artifacts import CARD_FILE, load_baselines, read_card
 from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, evaluate_series
 from forecaster.model import CONFIG_FILE, SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.plot import plot_sample_day
@@ -32,7 +32,8 @@ PLOT_FILE = "forecast_day.png"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc forecast evaluate`."""
     parser.add_argument("--series", type=Path, required=True,
-                        help="per-minute cluster CSV the model was NOT trained on")
+                        help="per-minute cluster CSV the model was NOT trained on (one its "
+                             "card.json lists is refused)")
     parser.add_argument("--model", type=Path, default=SHIPPED_MODEL_DIR,
                         help="trained forecaster directory (default: the shipped one)")
     parser.add_argument("--out", type=Path, required=True, help="directory for the results")
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
                         "dir")
     if args.origin_stride < 1:
         raise UserError(f"--origin-stride {args.origin_stride}: must be at least 1 minute")
+    _refuse_training_series(args.series, args.model)
     lstm = load_demand_forecaster(args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
     series = load_demand_series(args.series, min_points=needed)
@@ -74,6 +76,18 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result))
     print(f"wrote {args.out / RESULT_FILE} and {args.out / PLOT_FILE}")
     return 0
+
+
+def _refuse_training_series(series: Path, model: Path) -> None:
+    """A model scored on a series it was trained on looks better than it will forecast, and
+    beats the baselines for the wrong reason; refuse it rather than print such a table."""
+    if not (model / CARD_FILE).is_file() or not series.is_file():
+        return
+    trained_on = read_card(model).get("trained_on", [])
+    if any(Path(path).is_file() and Path(path).samefile(series) for path in trained_on):
+        raise UserError(f"--series {series}: --model {model} was trained on it (its "
+                        f"{CARD_FILE}), so its errors there would flatter it; pass a series "
+                        "it was not trained on")
 
 
 def format_table(result: dict) -> str:

@@ -29,7 +29,7 @@ from forecaster.artifacts import (
 from forecaster.baselines import HOLT_WINTERS_MIN_HISTORY_MIN, fit_holt_winters
 from forecaster.config import ForecasterConfig
 from forecaster.model import CONFIG_FILE, WEIGHTS_FILE
-from forecaster.risk import RISK_MODEL_FILE
+from forecaster.risk import RISK_MODEL_FILE, RiskConfig
 from forecaster.series import DemandSeries, load_demand_series
 from forecaster.standin import STANDIN_FILE, fit_ewma
 
@@ -50,8 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="replace a model already in --out (otherwise refused)")
     parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
-                        help="override the epoch count")
-    parser.add_argument("--seed", type=SEED, default=None, help="override the seed")
+                        help=f"epochs to train (default: {ForecasterConfig.epochs} for the "
+                             f"demand model, {RiskConfig.epochs} for the risk model)")
+    parser.add_argument("--seed", type=SEED, default=None,
+                        help=f"training seed (default: {ForecasterConfig.seed}; the risk model "
+                             "is scored on the simulated telemetry of the seed after it)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -120,7 +123,6 @@ def _holt_winters_run(series: list[DemandSeries]) -> np.ndarray:
 
 def _train_risk(args: argparse.Namespace) -> int:
     """Simulate telemetry, fit the risk model, score it on a held-out seed, save it."""
-    from forecaster.risk import RiskConfig
     from forecaster.risk_eval import any_xid_rule, best_f1_threshold, score_risk
     from forecaster.risk_train import simulate, train_risk_model
 

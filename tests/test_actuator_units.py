@@ -481,6 +481,44 @@ def test_help_shows_every_default(monkeypatch, capsys, command, without_default)
         assert flag in without_default or "(default: " in block, block
 
 
+def _bound_nodes(api: TwinKubeAPI, job_name: str) -> list[str]:
+    """Nodes the API shows `job_name`'s worker pods bound to (sorted; Pending ones left out)."""
+    return sorted(p["spec"]["nodeName"] for p in api.list(PODS)
+                  if p["metadata"]["name"].startswith(f"{job_name}-worker-")
+                  and p["spec"].get("nodeName"))
+
+
+def test_twin_shows_a_job_the_simulator_failed_as_pending_in_the_same_tick(caplog):
+    # "a" runs on node-0000 and node-0001; the simulator fails node-0001 on its own (as its
+    # random failures do) and requeues "a". The API must show a's workers Pending at once (not
+    # still bound, holding GPUs the simulator freed), and the twin must not hand the simulator
+    # the old placement again: it refused that as "not enough free GPUs on node-0001". The
+    # scheduler then binds them anew, within the affinity, on the node that is still up.
+    from actuator.twin.runtime import Twin
+    from tests.actuator_fixtures import job, quiet_params, scenario
+
+    sim = scenario([job("a", 0, 2, 2, 2)], nodes=2, gpus=4).simulator(quiet_params(60.0, 0.2))
+    api = TwinKubeAPI()
+    twin = Twin(sim, api, speed=60.0)
+    twin.tick(0.2)
+    name = twin.job_name("a")
+    obj = api.get(PYTORCHJOBS, "default", name)
+    api.patch(PYTORCHJOBS, "default", name, placement_patch(
+        JobRef("default", name, "", obj, ()), scale("a", "node-0000", "node-0001"), 2))
+    twin.tick(0.2)
+    assert _bound_nodes(api, name) == ["node-0000", "node-0001"] == [
+        sim.node_names[i] for i in sim.state().jobs.placement[0]]
+    sim.schedule_failure("node-0001", sim.time_s + 1.0)
+    with caplog.at_level("WARNING", logger="actuator.twin.runtime"):
+        twin.tick(0.2)  # the failure: the simulator releases a's GPUs on both nodes
+        assert sim.state().jobs.placement[0] == ()
+        assert _bound_nodes(api, name) == []
+        twin.tick(0.2)  # the scheduler binds them again where the affinity allows
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert _bound_nodes(api, name) == ["node-0000", "node-0000"] == [
+        sim.node_names[i] for i in sim.state().jobs.placement[0]]
+
+
 # ------------------------------------------------------------------------------ benchmark
 def test_bench_measures_a_cycle():
     from actuator.bench import measure

@@ -13,11 +13,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from agent import headroom_cmd
 from agent.distill import load_recordings
 from agent.evaluation import finished_jcts_s, run_policy
-from agent.headroom_cmd import recording_path
+from agent.headroom_cmd import RECORDINGS_DIR, recording_path
 from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
 from agent.registry import load_policy
+from env.cli import main
 from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
 from env.scenario import build_scenario
@@ -212,3 +214,25 @@ def test_headroom_writes_its_report(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--force" in again.stderr
     assert json.loads((tmp_path / "headroom.json").read_text()) == report
+
+
+def _stopped_run(spec):
+    """A headroom run that Ctrl-C stops (module level: the worker pool pickles it by name)."""
+    raise KeyboardInterrupt
+
+
+def test_headroom_force_record_keeps_old_recordings_until_its_runs_finish(tmp_path, monkeypatch):
+    old = tmp_path / RECORDINGS_DIR / "earlier--none.npz"
+    old.parent.mkdir()
+    old.write_bytes(b"hours of lookahead")
+    argv = ["headroom", "--workload", SMALL[0], "--cluster", SMALL[1], "--futures", "none",
+            "--jobs", "1", "--record", "--force", "--out", str(tmp_path)]
+    with monkeypatch.context() as patch:
+        patch.setattr(headroom_cmd, "_run_one", _stopped_run)  # the forked worker inherits it
+        assert main(argv) == 130
+    assert old.read_bytes() == b"hours of lookahead"
+    assert not list(tmp_path.glob(".staging-*"))
+    assert main(argv) == 0
+    assert [p.name for p in (tmp_path / RECORDINGS_DIR).iterdir()] == [
+        recording_path(tmp_path, SMALL[0], "none").name]
+    assert not list(tmp_path.glob(".staging-*"))

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -130,6 +134,29 @@ def test_run_failing_at_its_last_file_leaves_the_old_model_whole(
     assert snapshot(out) == before
 
 
+def test_train_removes_what_a_killed_run_staged_not_what_a_running_one_stages(
+        trained_dir, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    shutil.copytree(trained_dir, out)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    host = socket.gethostname()
+    killed = out / f".staging-{host}-{int(gone.stdout)}-abc123"  # as SIGKILL leaves it
+    running = out / f".staging-{host}-{os.getpid()}-def456"  # a second run, still writing
+    older = out / ".staging-xyz789"  # an earlier version's name: whose it is cannot be told
+    for staging in (killed, running, older):
+        staging.mkdir()
+        (staging / "weights.pt").write_bytes(b"half")
+    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
+        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
+    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
+        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    assert main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
+                 "--out", str(out), "--force", "--no-progress"]) == 0
+    hidden = {p.name for p in out.iterdir() if p.name.startswith(".")}
+    assert hidden == {running.name, older.name}
+
+
 def test_train_out_that_is_a_file_is_refused_before_training(trained_dir, tmp_path, capsys):
     out = tmp_path / "a_file"
     out.write_text("keep me")
@@ -169,6 +196,16 @@ def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, 
                  "--out", str(out)]) == 2
     one_line_error(capsys, "forecast.json", "--force")
     assert snapshot(out) == {"forecast.json": b"{}"}
+
+
+def test_evaluate_refuses_the_series_the_model_was_trained_on(trained_dir, tmp_path, capsys):
+    linked = tmp_path / "same.csv"  # another name for the training file is still the same file
+    linked.symlink_to(trained_dir.parent / "train.csv")
+    out = tmp_path / "eval"
+    assert main(["forecast", "evaluate", "--series", str(linked), "--model", str(trained_dir),
+                 "--out", str(out)]) == 2
+    one_line_error(capsys, "same.csv", "trained on it", "not trained on")
+    assert not out.exists()
 
 
 def test_mape_without_large_enough_targets_is_null_and_explained():

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from env.argtypes import SEED, above, at_least, within
+from env.cli import main
 from env.errors import UserError
 from env.output import prepare_out_dir, prepare_out_file, write_atomic
 
@@ -47,3 +48,13 @@ def test_flag_types_accept_and_refuse(kind, good, bad):
     for text in bad:
         with pytest.raises(argparse.ArgumentTypeError):
             kind(text)
+
+
+@pytest.mark.parametrize("command, default", [(["workload", "sample"], "runs/workloads"),
+                                              (["sizes", "fit"], "runs/sizes"),
+                                              (["headroom"], "results/headroom"),
+                                              (["evaluate"], "results/evaluate")])
+def test_help_says_where_results_go_by_default(capsys, command, default):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    assert f"output directory (default: {default})" in " ".join(capsys.readouterr().out.split())

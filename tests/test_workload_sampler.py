@@ -98,7 +98,9 @@ def test_command_writes_loadable_files_and_never_overwrites(tmp_path):
 @pytest.mark.parametrize("flags, problem", [
     (["--seeds", "9-2"], "--seeds '9-2'"),
     (["--seeds", "x"], "--seeds 'x'"),
-    (["--hours", "0"], "--hours 1..24"),
+    (["--hours", "0"], "argument --hours: 0: must be within [1, 24]"),
+    (["--start-hour", "24"], "argument --start-hour: 24: must be within [0, 23]"),
+    (["--num-jobs", "0"], "argument --num-jobs: 0: must be at least 1"),
     (["--seeds", "1,2,1"], "1 given more than once"),
 ])
 def test_command_rejects_bad_flags(tmp_path, capsys, flags, problem):

@@ -9,7 +9,9 @@ Every tick (`tick_s` of wall time, `speed` x that of simulated time) the twin
    starts once at least `minReplicas` of its workers can run (gang scheduling to the minimum).
    The resulting placement is handed to the simulator as a scale action, so the job pays its
    restore time and runs at the placement's speed;
-2. advances the simulator to the new target time (arrivals, completions, failures happen there);
+2. advances the simulator to the new target time (arrivals, completions, failures happen there;
+   a failure requeues every job on the node from its checkpoint, so those jobs' workers turn
+   Pending at once, on every node, as the simulator has freed all their GPUs);
 3. mirrors the simulator's jobs, pods and nodes back into the API (new jobs arrive as
    PyTorchJobs with zero replicas: starting them is the actuator's call) and publishes the
    telemetry frame of the exporter.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,6 +124,7 @@ class Twin:
         self._target_s += wall_dt_s * self.speed
         while not self.sim.done and self.sim.time_s < self._target_s:
             self.sim.advance()
+        self._unbind_requeued_jobs(self.sim.state())
         self._fail_scripted_nodes()
         self._mirror(self.sim.state())
 
@@ -189,6 +193,26 @@ class Twin:
                 pod.node = None
             return state
         return self.sim.state()
+
+    def _unbind_requeued_jobs(self, state: ClusterState) -> None:
+        """Set Pending the workers of jobs whose GPUs the simulator took back on its own: a node
+        failure requeues every job on the node (all its workers, on every node). Left bound,
+        the pods would show GPUs as used that the simulator has freed, and the next reconcile
+        would hand it the old placement again, which it refuses ("not enough free GPUs" on the
+        failed node). Only the simulator's failures take GPUs: every other change the twin
+        makes itself, so a job's bound pods are otherwise within its simulated placement."""
+        names = state.nodes.name
+        for row, sim_id in enumerate(state.jobs.job_id):
+            job = self._jobs.get(sim_id)
+            if job is None:
+                continue
+            held = Counter(names[i] for i in state.jobs.placement[row])
+            bound = Counter(p.node for p in job.pods if p.node is not None)
+            if bound - held:
+                log.info("twin: %s lost its GPUs to a node failure; its workers are Pending",
+                         job.name)
+                for pod in job.pods:
+                    pod.node = None
 
     def _fail_scripted_nodes(self) -> None:
         for failure in self._scripted:

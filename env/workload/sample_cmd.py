@@ -7,6 +7,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from env.argtypes import POSITIVE_INT, within
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir, write_atomic
 from env.profiles import PROFILES_ENV_VAR, require_profiles
@@ -29,12 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0",
                         help="seeds to draw, one workload each: S, S1,S2,... or FIRST-LAST "
                              "(default: %(default)s)")
-    parser.add_argument("--num-jobs", type=int, default=SampleConfig.num_jobs,
+    parser.add_argument("--num-jobs", type=POSITIVE_INT, default=SampleConfig.num_jobs,
                         help="jobs per workload: 160 as Pollux's workloads/, 240 as its "
                              "workloads-1.5/ (default: %(default)s)")
-    parser.add_argument("--start-hour", type=int, default=SampleConfig.start_hour,
+    parser.add_argument("--start-hour", type=within(0, 23, int), default=SampleConfig.start_hour,
                         help="hour of day the submission window opens (default: %(default)s)")
-    parser.add_argument("--hours", type=int, default=SampleConfig.hours,
+    parser.add_argument("--hours", type=within(1, 24, int), default=SampleConfig.hours,
                         help="length of the submission window in hours (default: %(default)s)")
     add_out_flags(parser, Path("runs/workloads"))
 
@@ -62,8 +63,6 @@ def parse_seeds(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
     seeds = parse_seeds(args.seeds)
-    if args.num_jobs < 1 or not 1 <= args.hours <= 24 or not 0 <= args.start_hour < 24:
-        raise UserError("--num-jobs must be >= 1, --hours 1..24 and --start-hour 0..23")
     options_of = model_configurations(
         require_profiles(args.profiles, "`workload sample` without --profiles"))
     pool = read_philly_pool(args.philly)

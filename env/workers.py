@@ -1,0 +1,33 @@
+"""Worker processes for the commands that run many simulations side by side (`rlalloc evaluate`,
+`rlalloc headroom`).
+
+Ctrl-C in a terminal signals every process of the command, workers included. A worker that was
+waiting for its next run would die of a KeyboardInterrupt raised inside concurrent.futures and
+print its traceback under the command's one-line "rlalloc: interrupted". Workers from here
+leave quietly instead (exit status 130, the shell's for SIGINT); a worker in the middle of a run
+ends it at once, so the command stops without waiting for its runs to finish.
+"""
+
+from __future__ import annotations
+
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from types import FrameType
+from typing import NoReturn
+
+INTERRUPTED_EXIT_CODE = 130
+"""128 + SIGINT, as a shell reports a process that Ctrl-C ended."""
+
+
+def worker_pool(max_workers: int) -> ProcessPoolExecutor:
+    """A process pool whose workers end without a traceback on Ctrl-C."""
+    return ProcessPoolExecutor(max_workers=max_workers, initializer=_leave_quietly_on_interrupt)
+
+
+def _leave_quietly_on_interrupt() -> None:
+    """Worker initializer: SIGINT raises SystemExit, which a process ends on silently."""
+    signal.signal(signal.SIGINT, _exit_interrupted)
+
+
+def _exit_interrupted(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(INTERRUPTED_EXIT_CODE)
