@@ -33,7 +33,7 @@ from env.errors import UserError
 from env.metrics import METRIC_KEYS
 from env.output import (
     add_out_flags,
-    prepare_out_dir,
+    out_dir_for_run,
     remove_outputs,
     write_atomic,
     write_json,
@@ -188,26 +188,27 @@ def run(args: argparse.Namespace) -> int:
         for mode in modes:
             build_scenario(workload, args.cluster, seed=0, efficiency=mode)
     rate = parse_failure_rate(args.failures)
-    # after the checks (a refused run leaves no directory), before hours of runs
-    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
-    seeds = list(range(args.seeds))
-    specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies
-             for w in workloads for s in seeds]
-    results: dict[RunSpec, dict] = {}
-    with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
-        if args.jobs > 1:
-            with worker_pool(args.jobs) as pool:
-                for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
-                    results[spec] = result
+    # after the checks (a refused run leaves no directory), before hours of runs; a stopped
+    # run leaves no new directory behind
+    with out_dir_for_run(args.out, list(OUTPUT_FILES), args.force):
+        seeds = list(range(args.seeds))
+        specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies
+                 for w in workloads for s in seeds]
+        results: dict[RunSpec, dict] = {}
+        with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
+            if args.jobs > 1:
+                with worker_pool(args.jobs) as pool:
+                    for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
+                        results[spec] = result
+                        bar.update()
+            else:
+                for spec in specs:
+                    results[spec] = _run_one(spec)
                     bar.update()
-        else:
-            for spec in specs:
-                results[spec] = _run_one(spec)
-                bar.update()
-    report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
-                       args.efficiency)
-    report["paired"] = paired_changes(results, names, reference)
-    write_report(report, results, names, args.out, reference)
+        report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
+                           args.efficiency)
+        report["paired"] = paired_changes(results, names, reference)
+        write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")
     return 0
 

@@ -314,15 +314,7 @@ def markdown(report: dict) -> str:
     sizes)."""
     columns = report["columns"]
     lines = [f"# Lookahead headroom over `{report['base']}` on {report['cluster']}", "",
-             f"Alternatives: {', '.join(report['alternatives'])}. Average JCT (s); in brackets "
-             "the change against the base; then decisions where the proposals differed / "
-             "where the lookahead did not follow the base. `known`: forks see every later "
-             "arrival (an oracle bound); `none`: only jobs already submitted; a horizon "
-             "(`1h`): the arrivals within it; `sampled-1h`: the hour's arrivals drawn from "
-             f"{len(report['history'])} history workloads, {report['samples']} draws per "
-             "decision. `base, sizes known`: the base alone, told each job's remaining work "
-             "(a perfect size predictor); `base, sizes learned`: told the median size of the "
-             "history's jobs with the same speed curve.", "",
+             _legend(report), "",
              "| workload | base | " + " | ".join(map(_title, columns)) + " |",
              "|---|---|" + "---|" * len(columns)]
     for workload, row in report["workloads"].items():
@@ -336,6 +328,37 @@ def markdown(report: dict) -> str:
     cells = [f"{mean[c]['avg_jct_s']:,.0f} ({100 * mean[c]['change']:+.1f}%)" for c in columns]
     lines.append(f"| **mean** | {mean['base_avg_jct_s']:,.0f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nPlot: headroom.png.\n"
+
+
+def _legend(report: dict) -> str:
+    """headroom.md's paragraph above the table: what the cells hold and what each of the
+    report's columns means, and nothing about kinds of column this run did not have."""
+    lookahead = any(not _is_sizes(column) for column in report["columns"])
+    sentences = [f"Alternatives: {', '.join(report['alternatives'])}."] if lookahead else []
+    sentences.append("Average JCT (s); in brackets the change against the base"
+                     + ("; for a lookahead, then decisions where the proposals differed / where "
+                        "it did not follow the base" if lookahead else "") + ".")
+    sentences += [f"`{_title(column)}`: {_meaning(column, report)}."
+                  for column in report["columns"]]
+    return " ".join(sentences)
+
+
+def _meaning(column: str, report: dict) -> str:
+    """What a report column measures, for the legend."""
+    history = f"{len(report['history'])} history workloads"
+    if column == sizes_column("known"):
+        return "the base alone, told each job's remaining work (a perfect size predictor)"
+    if column == sizes_column("learned"):
+        return (f"the base alone, told the median size of the jobs of the {history} with the "
+                "same speed curve")
+    if column == "known":
+        return "forks see every later arrival (an oracle bound)"
+    if column == "none":
+        return "forks see only jobs already submitted"
+    if parse_future(column).sampled:
+        return (f"forks see the next {column.removeprefix('sampled-')}'s arrivals drawn from "
+                f"{history}, {report['samples']} draws per decision")
+    return f"forks see the arrivals within the next {column}"
 
 
 def _label(workload: str) -> str:

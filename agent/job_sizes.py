@@ -57,10 +57,15 @@ class JobSizeHistory:
 
     @staticmethod
     def fit(scenarios: Sequence[Scenario]) -> JobSizeHistory:
-        """The history of every job in `scenarios` (finished jobs of past workloads)."""
+        """The history of every job in `scenarios` (finished jobs of past workloads) that names
+        its application. Jobs without one all share the generic curve whatever they run, so
+        one median would stand for all of their sizes, worse than each job's own estimate:
+        they are left out and keep it."""
         sizes: dict[CurveKey, list[float]] = defaultdict(list)
         for scenario in scenarios:
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True):
+                if job.application is None:
+                    continue
                 key = _curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
                 sizes[key].append(job.work / speed.speed_1gpu)
         return JobSizeHistory({key: float(np.median(work)) for key, work in sizes.items()},
@@ -96,14 +101,13 @@ class JobSizeHistory:
 
 def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
     """`JobSizeHistory.fit` on `scenarios`; a one-line `UserError` naming `source` (the flag
-    and workloads they came from) when they hold fewer than two kinds of job. A trace without
-    applications (Philly, ``synthetic``) gives every job the generic curve, and the median of
-    its one entry would then stand for every job's size: worse than no table."""
+    and workloads they came from) when no job names its application (Philly, ``synthetic``):
+    the table would be empty."""
     sizes = JobSizeHistory.fit(scenarios)
-    if len(sizes.work_s) < 2:
-        raise UserError(f"{source}: every job has the same speed curve (no application and "
-                        "batch size columns, or one kind of job), so past sizes say nothing "
-                        "about a job; give workloads whose jobs name their application")
+    if not sizes.work_s:
+        raise UserError(f"{source}: no job names its application (every job has the same "
+                        "speed curve, the generic one), so past sizes say nothing about a "
+                        "job; give workloads whose jobs name their application and batch size")
     return sizes
 
 

@@ -408,7 +408,7 @@ def check_config(config: TrainConfig) -> None:
 def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Path | None:
     """The checkpoint a resumed run continues from (None for a new run); a `UserError` if
     `out` holds an earlier run and neither `resume` nor `force` says what to do with it, or
-    if a resume changes the network's algorithm or action space."""
+    if a resume changes the network's algorithm or action space or would add no steps."""
     if not resume:
         earlier = [name for name in RUN_FILES if (out / name).exists()]
         if earlier and not force:
@@ -430,6 +430,12 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
         raise UserError(f"--resume: {out} was trained with --algo {algo} --residual "
                         f"'{','.join(residual)}'{flag}; resume it with the same (they fix the "
                         "network), or start a new run in another --out")
+    done = checkpoint_timesteps(checkpoint)
+    if done >= config.timesteps:
+        # it would train nothing, yet rewrite the card and config with this command's numbers
+        raise UserError(f"--resume: {out} is already at {done:,} steps, --timesteps "
+                        f"{config.timesteps:,} adds none; give a larger --timesteps (the "
+                        "total to reach, not the steps to add)")
     return checkpoint
 
 
@@ -544,12 +550,17 @@ def _discount_callbacks(config: TrainConfig) -> list:
 def latest_checkpoint(out: Path) -> Path | None:
     """The checkpoint with the most timesteps in ``out/checkpoints`` (periodic ones are
     ``step_<N>_steps.zip``; ``last.zip`` is written when a run ends)."""
-    from stable_baselines3.common.save_util import load_from_zip_file
-
     found = sorted((out / CHECKPOINT_DIR).glob("*.zip"))
     if not found:
         return None
-    return max(found, key=lambda p: load_from_zip_file(p, load_data=True)[0]["num_timesteps"])
+    return max(found, key=checkpoint_timesteps)
+
+
+def checkpoint_timesteps(checkpoint: Path) -> int:
+    """The RL steps an SB3 checkpoint zip had taken when it was saved."""
+    from stable_baselines3.common.save_util import load_from_zip_file
+
+    return int(load_from_zip_file(checkpoint, load_data=True)[0]["num_timesteps"])
 
 
 def _describe_warm_start(info: dict | None) -> str:

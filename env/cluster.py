@@ -141,7 +141,8 @@ def _cluster_from_yaml(path: Path) -> ClusterSpec:
     except OSError as err:
         raise UserError(f"{path}: cannot read ({err.strerror}); check the path") from err
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({err.__class__.__name__}); fix the file") from err
+        raise UserError(f"{path}: not valid YAML{_yaml_position(err)}; fix the indentation or "
+                        "syntax there (docs/simulator.md shows an example)") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'nodes' list of node groups")
     _reject_unknown_keys(doc, _FILE_KEYS, f"{path}")
@@ -165,6 +166,16 @@ def _cluster_from_yaml(path: Path) -> ClusterSpec:
             for i in range(len(nodes), len(nodes) + count)
         )
     return ClusterSpec(tuple(nodes))
+
+
+def _yaml_position(err: yaml.YAMLError) -> str:
+    """Where PyYAML found `err` and what it found (`` at line 6, column 4 (expected ...)``);
+    its class name alone (``ParserError``) would leave a user searching the whole file."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return f" ({err.__class__.__name__})"
+    problem = getattr(err, "problem", None) or err.__class__.__name__
+    return f" at line {mark.line + 1}, column {mark.column + 1} ({problem})"
 
 
 def _reject_unknown_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:

@@ -13,7 +13,8 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,27 @@ def prepare_out_dir(out: Path, produces: list[str], force: bool, flag: str = "--
     except OSError as err:
         raise UserError(f"{flag} {out}: cannot create directory ({err.strerror})") from err
     return out
+
+
+@contextmanager
+def out_dir_for_run(out: Path, produces: list[str], force: bool,
+                    flag: str = "--out") -> Iterator[Path]:
+    """`prepare_out_dir` around a run that may stop before it writes anything (Ctrl-C, an
+    error): the directories it created for `out` are removed again, deepest first, while they
+    are still empty, so a stopped run leaves nothing new behind. A directory that existed
+    before, or one something was written into, is left alone."""
+    out = Path(out)
+    created = [path for path in (out, *out.parents) if not path.exists()]
+    out = prepare_out_dir(out, produces, force, flag)
+    try:
+        yield out
+    except BaseException:
+        for directory in created:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (something was written) or already gone
+                break
+        raise
 
 
 STAGING_PREFIX = ".staging-"

@@ -23,7 +23,7 @@ from env.argtypes import SEED, above
 from env.efficiency import add_efficiency_flag
 from env.failures import parse_failure_rate
 from env.metrics import METRIC_KEYS
-from env.output import prepare_out_dir, write_json
+from env.output import out_dir_for_run, write_json
 from env.params import SimParams
 from env.progress import progress_bar
 from env.scenario import build_scenario
@@ -77,27 +77,29 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
                               efficiency=args.efficiency)
-    out = prepare_out_dir(args.out, ["metrics.json"], args.force)  # refused input makes no dir
-    sim = scenario.simulator(params, seed=args.seed)
-    limit_s = time_limit_s(sim)
-    with progress_bar() as progress:
-        task = progress.add_task(f"replay ({policy.name})", total=len(scenario.workload.jobs))
-        finished = sim.run(policy.act, on_progress=lambda n: progress.advance(task, n),
-                           limit_s=limit_s)
-    metrics = sim.accounting.summary()
-    unfinished = len(scenario.workload.jobs) - metrics["jobs_completed"]
-    write_json(out / "metrics.json", {
-        **metrics,
-        "finished": finished,
-        "jobs_unfinished": unfinished,
-        "time_limit_s": limit_s,
-        "policy": policy.name,
-        "workload": args.workload,
-        "cluster": scenario.cluster.describe(),
-        "seed": args.seed,
-        "efficiency": args.efficiency,
-        "params": dataclasses.asdict(params),
-    })
+    # refused input makes no directory, a stopped replay leaves none behind
+    with out_dir_for_run(args.out, ["metrics.json"], args.force) as out:
+        sim = scenario.simulator(params, seed=args.seed)
+        limit_s = time_limit_s(sim)
+        with progress_bar() as progress:
+            task = progress.add_task(f"replay ({policy.name})",
+                                     total=len(scenario.workload.jobs))
+            finished = sim.run(policy.act, on_progress=lambda n: progress.advance(task, n),
+                               limit_s=limit_s)
+        metrics = sim.accounting.summary()
+        unfinished = len(scenario.workload.jobs) - metrics["jobs_completed"]
+        write_json(out / "metrics.json", {
+            **metrics,
+            "finished": finished,
+            "jobs_unfinished": unfinished,
+            "time_limit_s": limit_s,
+            "policy": policy.name,
+            "workload": args.workload,
+            "cluster": scenario.cluster.describe(),
+            "seed": args.seed,
+            "efficiency": args.efficiency,
+            "params": dataclasses.asdict(params),
+        })
     table = Table(title=f"{args.workload} on {scenario.cluster.describe()} - {policy.name}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -66,7 +66,8 @@ def _training_time(args: argparse.Namespace) -> dict[str, object]:
     paths = args.series or [Path(p) for p in card["trained_on"]]
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
-        raise UserError(f"training series not found: {missing}; pass --series or --skip-training")
+        raise UserError(f"training series not found: {', '.join(missing)}; pass --series or "
+                        "--skip-training")
     segments = [s for p in paths for s in
                 load_demand_series(p, min_points=config.min_history_min + 61).segments]
     _, report = train_forecaster(segments, config, show_progress=True)

@@ -40,6 +40,10 @@ _LAYOUTS: list[tuple[tuple[str, ...], str]] = [
     (("active", "total"), "philly"),
     (("demand",), "demand"),
 ]
+_LAYOUT_SOURCES = {"helios": "Helios", "philly": "Philly", "demand": "plain"}
+"""Where each of `_LAYOUTS` comes from, as the error for an unknown header names it."""
+_DOCS = "docs/forecaster.md"
+"""Where the series layouts are described, for errors about a file's columns."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,11 @@ def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
             if layout == "helios":
                 return (values["running_gpu_num"] + values["pending_gpu_num"]) / total
             return values["active"] / total
-    known = "; ".join(", ".join(("time",) + cols) for cols, _ in _LAYOUTS)
-    raise UserError(f"{path}: unknown columns {list(frame.columns)}; expected one of: {known}")
+    known = "; ".join(f"{_LAYOUT_SOURCES[layout]} {','.join(('time', *columns))}"
+                      for columns, layout in _LAYOUTS)
+    raise UserError(f"{path}: header {','.join(map(str, frame.columns))} matches no "
+                    "demand-series layout; give a per-minute CSV whose header includes one of: "
+                    f"{known} (see {_DOCS})")
 
 
 def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
@@ -146,7 +153,8 @@ def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
 def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
     """Timestamps floored to the minute; strictly increasing or a `UserError`."""
     if "time" not in frame.columns:
-        raise UserError(f"{path}: no 'time' column; the first column must be a timestamp")
+        raise UserError(f"{path}: no 'time' column; name the column of per-minute timestamps "
+                        f"'time' (see {_DOCS})")
     times = _to_datetimes(path, frame["time"])
     bad = np.flatnonzero(times.isna().to_numpy())
     if bad.size:

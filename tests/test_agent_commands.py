@@ -142,6 +142,18 @@ def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     assert files(trained) == before
 
 
+def test_a_resume_that_adds_no_steps_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    """--timesteps is the total to reach: at or below the checkpoint's steps a resume would
+    train nothing yet rewrite the card and config with the smaller number."""
+    out = tmp_path / "model"
+    train(CONFIG, out, log=quiet)
+    before = files(out)
+    for timesteps in (CONFIG.timesteps, 64):
+        with pytest.raises(UserError, match="already at 128 steps.* give a larger --timesteps"):
+            train(replace(CONFIG, timesteps=timesteps), out, resume=True, log=quiet)
+    assert files(out) == before
+
+
 @pytest.mark.parametrize("argv, named", [
     ([*TRAIN, "--eval-every", "0"], "--eval-every"),
     ([*TRAIN, "--eval-every", "-5"], "--eval-every"),
@@ -186,6 +198,17 @@ def test_evaluate_force_leaves_no_output_of_the_replaced_run(tmp_path, capsys):
     results = (tmp_path / "results.md").read_text()
     assert "± n/a" in results and "± 0 " not in results and "in brackets" not in results
     capsys.readouterr()
+
+
+def test_evaluate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatch, capsys):
+    def stopped(spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("agent.evaluate_cmd._run_one", stopped)
+    out = tmp_path / "new" / "eval"
+    assert main([*EVALUATE, "--policies", "static", "--out", str(out)]) == 130
+    assert "rlalloc: interrupted" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("directory", ["ppo", "mine"])

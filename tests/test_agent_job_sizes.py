@@ -13,7 +13,7 @@ import pytest
 
 from agent.evaluation import run_policy
 from agent.heuristics import ElasticConfig, ElasticPolicy
-from agent.job_sizes import SIZES_FILE, JobSizeHistory
+from agent.job_sizes import SIZES_FILE, JobSizeHistory, learn_sizes
 from agent.registry import load_policy
 from env.errors import UserError
 from env.failures import FailureParams
@@ -98,6 +98,22 @@ def test_history_learns_each_applications_size_exactly():
     assert seen.sum() >= 0.8 * len(rows) and state.jobs.count >= 5
     truth = sim.remaining_work_s(list(state.jobs.job_id))
     np.testing.assert_allclose(predicted[seen], truth[seen], rtol=1e-4)
+
+
+@needs_pollux
+def test_jobs_without_an_application_stay_out_of_the_history(tmp_path):
+    """In a trace of one's own cluster, jobs without an application share the generic curve
+    whatever they run: one median would stand for all of their sizes, so they keep the
+    estimate from progress; the profiled jobs beside them are learnt as ever."""
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
+                     "short,0,1,300,,\nlong,10,4,36000,,\nmid,20,2,3600,,\n"
+                     "a,30,1,,cifar10,512\nb,40,2,,ncf,2048\n")
+    history = JobSizeHistory.fit([build_scenario(str(trace), "4x4")])
+    assert sorted(history.jobs.values()) == [1, 1]
+    generic = build_scenario("synthetic:20", "4x4")
+    with pytest.raises(UserError, match="no job names its application"):
+        learn_sizes([generic], "--workload synthetic:20")
 
 
 @needs_pollux

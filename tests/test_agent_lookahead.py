@@ -216,6 +216,32 @@ def test_headroom_writes_its_report(tmp_path):
     assert json.loads((tmp_path / "headroom.json").read_text()) == report
 
 
+def _report(columns):
+    """A headroom.json document of one workload with the given columns (as `summarise` makes)."""
+    cell = {"avg_jct_s": 90.0, "change": -0.1, "contested": 3.0, "deviations": 1.0}
+    return {"base": "elastic-srpt-0.25", "cluster": "2x4", "alternatives": ["elastic"],
+            "history": [], "samples": 5, "columns": columns,
+            "workloads": {"w.csv": {"base_avg_jct_s": 100.0, **dict.fromkeys(columns, cell)}},
+            "mean": {"base_avg_jct_s": 100.0, **dict.fromkeys(columns, cell)}}
+
+
+@pytest.mark.parametrize("columns, present, absent", [
+    (["known", "none"], ["`lookahead, future known`: forks see every later arrival",
+                         "`lookahead, future none`: "],
+     ["history workloads", "sizes", "within the next"]),
+    (["1h"], ["`lookahead, future 1h`: forks see the arrivals within the next 1h"],
+     ["history workloads", "oracle", "sizes"]),
+    (["sizes-known"], ["`base, sizes known`: the base alone"],
+     ["history workloads", "Alternatives", "forks", "proposals differed"]),
+])
+def test_headroom_legend_describes_only_the_columns_present(columns, present, absent):
+    legend = headroom_cmd.markdown(_report(columns)).split("\n")[2]
+    for text in present:
+        assert text in legend, text
+    for text in absent:
+        assert text not in legend, text
+
+
 def _stopped_run(spec):
     """A headroom run that Ctrl-C stops (module level: the worker pool pickles it by name)."""
     raise KeyboardInterrupt

@@ -30,7 +30,10 @@ def test_yaml_groups_make_a_heterogeneous_cluster(tmp_path):
     ("nodes: []\n", "non-empty 'nodes'"),
     ("nodes:\n  - {count: 2}\n", "'gpus'"),
     ("nodes:\n  - {count: 0, gpus: 4}\n", "at least 1"),
-    ("nodes: [\n", "not valid YAML"),
+    ("nodes: [\n", "not valid YAML at line 2, column 1"),
+    # a group indented one space less than the one before: the line to fix is named
+    ("nodes:\n  - count: 4\n    gpus: 8\n  - count: 8\n   gpus: 4\n",
+     "not valid YAML at line 5, column 4"),
     ("racks_of: 0\nnodes:\n  - {count: 2, gpus: 4}\n", "racks_of must be a whole number"),
     ("racks_of: abc\nnodes:\n  - {count: 2, gpus: 4}\n", "racks_of must be a whole number"),
     ("nodes:\n  - {count: 2, gpus: 4, rack: x}\n", "nodes[0].rack must be a whole number"),

@@ -181,6 +181,24 @@ def test_epochs_and_seed_below_minimum_are_one_line_errors(argv, tmp_path, capsy
     assert not out.exists()
 
 
+def test_bench_names_missing_series_as_paths_not_a_list(tmp_path, capsys):
+    missing = [str(tmp_path / "nosuch.csv"), str(tmp_path / "gone.csv")]
+    assert main(["bench", "forecast", "--series", *missing]) == 2
+    one_line_error(capsys, f"training series not found: {missing[0]}, {missing[1]};",
+                   "--skip-training")
+
+
+def test_series_with_wrong_columns_says_which_are_expected(tmp_path, capsys):
+    series = tmp_path / "wrong.csv"
+    series.write_text("ts,foo,bar\n2020-05-01 00:00:00,1,2\n")
+    out = tmp_path / "model"
+    assert main(["forecast", "train", "--series", str(series), "--out", str(out),
+                 "--no-progress"]) == 2
+    one_line_error(capsys, "wrong.csv: header ts,foo,bar", "time,active,total",
+                   "docs/forecaster.md")
+    assert not out.exists()
+
+
 def test_risk_model_refuses_series(tmp_path, capsys):
     assert main(["forecast", "train", "--model", "risk", "--series", "x.csv",
                  "--out", str(tmp_path / "r")]) == 2

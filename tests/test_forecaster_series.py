@@ -82,8 +82,17 @@ def test_unparsable_time_and_unknown_columns_and_bad_total(tmp_path):
         load_demand_series(bad_time)
     unknown = tmp_path / "u.csv"
     unknown.write_text("time,gpus\n2020-05-01 00:00:00,3\n")
-    with pytest.raises(UserError, match=r"u\.csv: unknown columns"):
+    with pytest.raises(UserError) as info:
         load_demand_series(unknown)
+    message = str(info.value)
+    assert "u.csv: header time,gpus matches no demand-series layout" in message
+    for expected in ("time,running_gpu_num,pending_gpu_num,total_gpu_num", "time,active,total",
+                     "time,demand", "docs/forecaster.md"):
+        assert expected in message and "\n" not in message
+    untimed = tmp_path / "n.csv"
+    untimed.write_text("ts,demand\n2020-05-01 00:00:00,0.5\n")
+    with pytest.raises(UserError, match=r"n\.csv: no 'time' column; name .* 'time' .*forecaster"):
+        load_demand_series(untimed)
     zero_total = write_series(tmp_path / "z.csv", [0, 1], [1, 1], total=0)
     with pytest.raises(UserError, match=r"z\.csv, line 2: column 'total' is 0"):
         load_demand_series(zero_total)

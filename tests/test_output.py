@@ -11,7 +11,7 @@ import pytest
 from env.argtypes import SEED, above, at_least, within
 from env.cli import main
 from env.errors import UserError
-from env.output import prepare_out_dir, prepare_out_file, write_atomic
+from env.output import out_dir_for_run, prepare_out_dir, prepare_out_file, write_atomic
 
 
 def test_written_results_get_the_mode_open_would_give(tmp_path):
@@ -34,6 +34,16 @@ def test_out_dir_and_file_refusals_name_the_problem(tmp_path):
     with pytest.raises(UserError, match="is a directory"):
         prepare_out_file(tmp_path, force=False)
     assert (tmp_path / "a.json").read_text() == "old"
+
+
+def test_a_stopped_run_removes_only_the_empty_directories_it_created(tmp_path):
+    with pytest.raises(KeyboardInterrupt), out_dir_for_run(tmp_path / "a" / "b", [], False):
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(KeyboardInterrupt), out_dir_for_run(tmp_path / "a" / "b", [], False) as out:
+        write_atomic(out / "part.json", "{}")
+        raise KeyboardInterrupt
+    assert (tmp_path / "a" / "b" / "part.json").read_text() == "{}"
 
 
 @pytest.mark.parametrize("kind, good, bad", [

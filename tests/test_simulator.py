@@ -281,6 +281,28 @@ def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatc
     assert len(warnings) == 1 and "warning: idle left 2 of 2 jobs unfinished" in warnings[0]
 
 
+def test_simulate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatch, capsys):
+    from env.cli import main
+
+    class Stopped:
+        name = "stopped"
+
+        @staticmethod
+        def act(state):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("agent.registry.load_policy", lambda name: Stopped())
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for out in (tmp_path / "new" / "out", existing / "out", existing):
+        assert main(["simulate", "--workload", "synthetic:3", "--out", str(out)]) == 130
+        assert "rlalloc: interrupted" in capsys.readouterr().err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        Path("existing"), Path("existing/notes.txt")]
+    assert (existing / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e9", "-1", "abc", ""])
 def test_bad_failure_rates_are_one_line_errors(text):
     with pytest.raises(UserError) as info:

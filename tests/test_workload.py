@@ -104,7 +104,7 @@ def test_pollux_unknown_application(tmp_path):
         "name,time,application,num_replicas,batch_size\na,0,ncf,1,256\nb,5,gpt5,2,64\n",
     )
     message = rejected(path)
-    assert f"{path}: row 2 (line 3): unknown application" in message
+    assert f"{path}: row 2 (line 3): unknown application 'gpt5'" in message
 
 
 # --- canonical CSV -----------------------------------------------------------------------------
@@ -198,6 +198,9 @@ def test_unknown_header(tmp_path):
          "row 1 (line 2): restore_s must be at most 86,400 s"),
         ("job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus\na,0,1,10,1,inf\n",
          "row 1 (line 2): max_gpus must be a whole number"),
+        # an elastic ceiling above the cluster is lowered, not a reason for a larger cluster
+        ("job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus\na,0,1,10,1,100\n",
+         "max_gpus exceeds the cluster's 64 GPUs; lower it to at most 64 or leave the cell"),
         (PHILLY_HEADER + "2017-10-01 00:00:00,inf,1,10,a\n", "row 1 (line 2): duration must be"),
         (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\n2019-10-01 00:00:00,10,1,10,a\n",
          "row 2 (line 3): timestamp is more than 365 days after the earliest"),
@@ -248,7 +251,7 @@ def test_canonical_unknown_application(tmp_path):
         "job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
         "a,0,1,10,,\nb,0,2,,llama,256\n",
     )
-    assert f"{path}: row 2 (line 3): unknown application" in rejected(path)
+    assert f"{path}: row 2 (line 3): unknown application 'llama'" in rejected(path)
 
 
 def test_bad_synthetic_source():

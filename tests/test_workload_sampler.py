@@ -118,3 +118,11 @@ def test_malformed_trace_names_the_row(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "row 2 (line 3): duration must be a number of seconds" in error
     assert error.count("\n") == 1
+
+
+def test_a_directory_as_trace_says_a_file_is_needed(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["workload", "sample", "--philly", str(tmp_path), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert f"{tmp_path} is a directory; --philly needs a file" in error
+    assert "IsADirectoryError" not in error and error.count("\n") == 1 and not out.exists()

@@ -127,7 +127,12 @@ def load_canonical(
         "needs min_gpus <= num_gpus <= max_gpus",
         "fix the elastic range",
     )
-    reject_beyond_cluster(path, max_gpus, "max_gpus", total)
+    reject_rows(
+        path,
+        max_gpus > total,
+        f"max_gpus exceeds the cluster's {total} GPUs",
+        f"lower it to at most {total} or leave the cell empty for the default",
+    )
     restore = seconds(path, df, "restore_s", MAX_RESTORE_S,
                       where=df["restore_s"].notna().to_numpy())
 

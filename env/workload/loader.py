@@ -21,7 +21,7 @@ from env.workload.philly import PHILLY_COLUMNS, load_philly
 from env.workload.pollux import POLLUX_COLUMNS, load_pollux
 from env.workload.spec import Workload
 from env.workload.synthetic import SyntheticConfig, generate
-from env.workload.table import require_columns
+from env.workload.table import reject_directory, require_columns
 
 SYNTHETIC = "synthetic"
 """Source name of the embedded generator (`env.workload.synthetic`)."""
@@ -48,8 +48,7 @@ def load_workload(
     if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
         return generate(_synthetic_config(source, seed), cluster)
     path = Path(source)
-    if path.is_dir():
-        raise UserError(f"{source} is a directory; a workload is a CSV file: {_USAGE}")
+    reject_directory(path, f"a workload is a CSV file: {_USAGE}")
     if not path.is_file():
         raise UserError(f"{source}: no such workload file; {_USAGE}")
     header = _header(path)

@@ -42,10 +42,12 @@ def check_applications(
     if where is None:
         where = np.ones(len(applications), dtype=bool)
     known = sorted(profiles)
+    unknown = where & ~np.isin(applications, known)
+    named = f" {applications[unknown][0]!r}" if unknown.any() else ""
     reject_rows(
         path,
-        where & ~np.isin(applications, known),
-        "unknown application",
+        unknown,
+        f"unknown application{named}",
         f"use one of {', '.join(known)} (the folders of the profiles root)",
     )
     for name in np.unique(applications[where]).tolist():

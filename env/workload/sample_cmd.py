@@ -17,6 +17,7 @@ from env.workload.pollux_sampler import (
     read_philly_pool,
     sample_workload,
 )
+from env.workload.table import reject_directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +64,7 @@ def parse_seeds(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
     seeds = parse_seeds(args.seeds)
+    reject_directory(args.philly, "--philly needs a file: the Pollux artifact's philly.csv")
     options_of = model_configurations(
         require_profiles(args.profiles, "`workload sample` without --profiles"))
     pool = read_philly_pool(args.philly)

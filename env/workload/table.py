@@ -39,6 +39,13 @@ MAX_COUNT = 1_000_000_000
 to stay exact in the simulator's integer columns."""
 
 
+def reject_directory(path: Path, usage: str) -> None:
+    """One-line `UserError` if `path` is a directory: reading it would fail with an
+    IsADirectoryError that names no fix. `usage` says which file to give instead."""
+    if Path(path).is_dir():
+        raise UserError(f"{path} is a directory; {usage}")
+
+
 def read_table(
     path: Path, required: tuple[str, ...], fmt: str, text: tuple[str, ...] = ()
 ) -> pd.DataFrame:
