@@ -12,10 +12,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+import yaml
 
 from agent import training
 from agent.training import TrainConfig, train
 from env.cli import main
+from env.cluster import parse_cluster
 from env.errors import UserError
 
 torch.set_num_threads(1)
@@ -26,6 +28,9 @@ CONFIG = TrainConfig(workloads=TINY, cluster="2x4", timesteps=128, n_envs=1, n_s
 TRAIN = ["train", "--workload", TINY[0], "--cluster", "2x4", "--n-envs", "1", "--n-steps",
          "128", "--batch-size", "64", "--dagger-rounds", "0", "--timesteps", "128"]
 """A tiny `rlalloc train` command line; a bad flag added after it overrides its value."""
+CLUSTER_YAML = ("nodes:\n  - {count: 1, gpus: 4}\n"
+                "  - {count: 1, gpus: 4, gpu_type: a100, rack: 3}\n")
+"""A cluster file whose content a card must keep: the shape `1x4+1x4:A100` alone has no rack."""
 EVALUATE = ["evaluate", "--workload", "synthetic:8:1.0", "--cluster", "2x4", "--seeds", "1",
             "--jobs", "1", "--failures", "none"]
 
@@ -104,6 +109,46 @@ def test_resume_before_the_first_checkpoint_says_to_start_again_with_force(tmp_p
     (tmp_path / "train_config.json").write_text("{}")  # all a run interrupted early leaves
     with pytest.raises(UserError, match="nothing to resume .* start it again with --force"):
         train(CONFIG, tmp_path, resume=True, log=quiet)
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_resume_where_there_is_no_run_says_to_leave_out_resume(tmp_path, capsys, made):
+    """Nothing is there to replace, so --force would be the wrong advice; the refusal leaves
+    no directory behind."""
+    out = tmp_path / "model"
+    if made:
+        out.mkdir()
+    code, error, _ = run_cli([*TRAIN, "--resume", "--out", str(out)], capsys)
+    assert code == 2 and "there is no run in" in error, error
+    assert "leave out --resume to start one" in error and "--force" not in error, error
+    assert out.exists() == made and (not made or not any(out.iterdir()))
+
+
+def assert_cluster_recorded(recorded: dict, path, cluster, tmp_path) -> None:
+    """`recorded` (a card's ``cluster_file``) names `path` and, saved as YAML once the file
+    is gone, gives `cluster` back."""
+    assert recorded["path"] == str(path) and recorded["shape"] == "1x4+1x4:A100"
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(recorded["content"]))
+    assert parse_cluster(str(again)) == cluster
+
+
+def test_a_model_card_records_a_cluster_file_as_it_was_used(tmp_path, trained):
+    """A run on a YAML cluster can be re-run once the file has moved: card.json keeps its
+    content, card.md shows it; a NODESxGPUS spec is its own record."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER_YAML)
+    cluster = parse_cluster(str(path))
+    out = tmp_path / "model"
+    train(replace(CONFIG, cluster=str(path), timesteps=0), out, log=quiet)
+    path.unlink()
+    card = json.loads((out / "card.json").read_text())
+    assert card["config"]["cluster"] == str(path)
+    assert_cluster_recorded(card["cluster_file"], path, cluster, tmp_path)
+    markdown = (out / "card.md").read_text()
+    assert f"- cluster: {path} (1x4+1x4:A100," in markdown and "  rack: 3\n" in markdown
+    assert json.loads((trained / "card.json").read_text())["cluster_file"] is None
+    assert "```yaml" not in (trained / "card.md").read_text()
 
 
 @pytest.mark.parametrize("checkpointed", [True, False])
@@ -224,4 +269,24 @@ def test_evaluate_labels_a_saved_model_named_like_a_built_in_by_its_path(
     assert list(report["policies"]) == ["elastic", label]
     assert report["sources"] == {"elastic": "elastic", label: str(model)}
     assert f"| {label} |" in (out / "results.md").read_text()
+    capsys.readouterr()
+
+
+def test_evaluate_records_a_cluster_file_as_it_was_used(tmp_path, capsys):
+    """results.json's ``cluster`` stays --cluster as given (a string); ``cluster_file`` keeps
+    a YAML file's content, and results.md shows it."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER_YAML)
+    cluster = parse_cluster(str(path))
+    out = tmp_path / "out"
+    assert main([*EVALUATE, "--cluster", str(path), "--policies", "static",
+                 "--out", str(out)]) == 0
+    path.unlink()
+    report = json.loads((out / "results.json").read_text())
+    assert report["cluster"] == str(path)
+    assert_cluster_recorded(report["cluster_file"], path, cluster, tmp_path)
+    assert "  rack: 3\n" in (out / "results.md").read_text()
+    assert main([*EVALUATE, "--policies", "static", "--out", str(out), "--force"]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["cluster"] == "2x4" and report["cluster_file"] is None
     capsys.readouterr()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -249,16 +250,15 @@ def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():
     assert time_limit_s(sim) >= 2 * days_40
 
 
+def _every_policy_is(monkeypatch, name: str, act) -> None:
+    """Make every policy name load a policy called `name` that answers `act(state)`."""
+    stub = SimpleNamespace(name=name, act=act)
+    monkeypatch.setattr("agent.registry.load_policy", lambda _: stub)
+
+
 def _never_finishes(monkeypatch) -> None:
     """Make every policy name load a policy that never starts a job."""
-    class Idle:
-        name = "idle"
-
-        @staticmethod
-        def act(state):
-            return NOOP
-
-    monkeypatch.setattr("agent.registry.load_policy", lambda name: Idle())
+    _every_policy_is(monkeypatch, "idle", lambda state: NOOP)
 
 
 def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatch, capsys):
@@ -284,14 +284,10 @@ def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatc
 def test_simulate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatch, capsys):
     from env.cli import main
 
-    class Stopped:
-        name = "stopped"
+    def stop(state):
+        raise KeyboardInterrupt
 
-        @staticmethod
-        def act(state):
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr("agent.registry.load_policy", lambda name: Stopped())
+    _every_policy_is(monkeypatch, "stopped", stop)
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "notes.txt").write_text("mine")
