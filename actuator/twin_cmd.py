@@ -26,8 +26,10 @@ from env.errors import UserError
 from env.failures import (
     FAILURE_PRESETS,
     LLAMA3_FAILURES_PER_GPU_DAY,
+    MAX_FAILURES_PER_GPU_DAY,
     STRESS_FAILURES_PER_GPU_DAY,
     FailureParams,
+    parse_failure_rate,
 )
 from env.output import prepare_out_dir
 from env.params import SimParams
@@ -52,13 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="NODESxGPUS or a cluster YAML file (default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0,
                         help="seed of workload and failures (default: %(default)s)")
-    parser.add_argument("--failures", choices=sorted(FAILURE_PRESETS), default="stress",
-                        help="random node failures (default: stress, "
+    parser.add_argument("--failures", default="stress", metavar="RATE",
+                        help="random node failures, as for simulate and evaluate: failures per "
+                             f"GPU-day (0 to {MAX_FAILURES_PER_GPU_DAY:g}) or a preset, "
+                             f"{'|'.join(FAILURE_PRESETS)} (default: stress, "
                              f"{STRESS_FAILURES_PER_GPU_DAY:g} per GPU-day: a few per simulated "
-                             "day, most announced by XID/ECC warnings); the preset named "
-                             "`default` is the Llama 3 rate "
-                             f"({LLAMA3_FAILURES_PER_GPU_DAY:g} per GPU-day, the default of "
-                             "simulate and evaluate), `none` leaves only --fail-node ones")
+                             "day, most announced by XID/ECC warnings); `default` is the Llama "
+                             f"3 rate ({LLAMA3_FAILURES_PER_GPU_DAY:g} per GPU-day, the default "
+                             "of simulate and evaluate), `none` or 0 leaves only --fail-node ones")
     parser.add_argument("--speed", type=above(0.0), default=60.0,
                         help="simulated seconds per wall second (default: %(default)s)")
     parser.add_argument("--tick-s", type=above(0.0), default=0.25,
@@ -98,12 +101,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
     # the URL goes into actuator.yaml: refuse now what `actuate` would refuse there
     load_config(environ={}, overrides={"prometheus_url": args.prometheus_url})
+    rate = parse_failure_rate(args.failures)
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
     _check_failing_nodes(failures, scenario.cluster)
     out = prepare_out_dir(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir")
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
-                       failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS[args.failures]))
+                       failures=FailureParams(failures_per_gpu_day=rate))
     running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
                          namespace=args.namespace, epoch_s=_midnight_utc(), params=params,
                          host=args.host, kube_port=args.kube_port,

@@ -6,7 +6,9 @@ spread to measure, and results.md shows n/a there), DIR/results.md (a table with
 change against `static`, where static was evaluated) and plots: JCT CDF per policy, GPU
 utilisation and queue length over time. results.json's ``sources`` maps each label to the
 --policies entry it stands for (a saved model is labelled by its directory's name, or by its
-path where that name is taken: see `policy_labels`).
+path where that name is taken: see `policy_labels`). Its ``cluster`` is --cluster as given;
+``cluster_file`` records a cluster YAML's content as it was used (`env.cluster.cluster_record`;
+null for NODESxGPUS), and results.md shows it.
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from env.argtypes import POSITIVE_INT, AppendOnce, unique_names
+from env.cluster import cluster_markdown, cluster_record
 from env.efficiency import EFFICIENCY_MODES, add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
@@ -187,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     for workload in workloads:  # fails fast on a bad workload, cluster or profile
         for mode in modes:
             build_scenario(workload, args.cluster, seed=0, efficiency=mode)
+    cluster_file = cluster_record(args.cluster)  # the path alone dangles once the file moves
     rate = parse_failure_rate(args.failures)
     # after the checks (a refused run leaves no directory), before hours of runs; a stopped
     # run leaves no new directory behind
@@ -207,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
                     bar.update()
         report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
                            args.efficiency)
+        report["cluster_file"] = cluster_file
         report["paired"] = paired_changes(results, names, reference)
         write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md and plots")
@@ -351,6 +356,8 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
                   "JCTs count only the finished jobs).")
     paired_png = f", {PAIRED_PLOT}" if reference is not None else ""
     md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
+    if report.get("cluster_file"):
+        md += ["", *cluster_markdown(report["cluster_file"])]
     write_atomic(out / "results.md", "\n".join(md) + "\n")
     _plots(results, names, out, reference)
     if reference is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,8 @@ FORMAT_VERSION = 1
 
 CurveKey = tuple[float, float, float]
 """A job's speed curve, rounded so that jobs sharing a profile share a key."""
+JobKind = tuple[str, int]
+"""A job's application and global batch size: what fixes its curve, in words a person reads."""
 
 
 def _curve_key(speed_1gpu: float, alpha: float, beta: float) -> CurveKey:
@@ -54,6 +56,9 @@ class JobSizeHistory:
     work_s: dict[CurveKey, float]
     jobs: dict[CurveKey, int]
     """How many past jobs each median is over."""
+    kinds: dict[CurveKey, tuple[JobKind, ...]] = field(default_factory=dict)
+    """The application and batch size of the past jobs of each curve, for the people reading
+    the table (a policy sees only the curve); absent from tables saved before it was kept."""
 
     @staticmethod
     def fit(scenarios: Sequence[Scenario]) -> JobSizeHistory:
@@ -62,14 +67,17 @@ class JobSizeHistory:
         one median would stand for all of their sizes, worse than each job's own estimate:
         they are left out and keep it."""
         sizes: dict[CurveKey, list[float]] = defaultdict(list)
+        kinds: dict[CurveKey, set[JobKind]] = defaultdict(set)
         for scenario in scenarios:
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True):
                 if job.application is None:
                     continue
                 key = _curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
                 sizes[key].append(job.work / speed.speed_1gpu)
+                kinds[key].add((job.application, int(job.batch_size)))
         return JobSizeHistory({key: float(np.median(work)) for key, work in sizes.items()},
-                              {key: len(work) for key, work in sizes.items()})
+                              {key: len(work) for key, work in sizes.items()},
+                              {key: tuple(sorted(kinds[key])) for key in sizes})
 
     def remaining_work(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
         """Predicted remaining work (seconds on one GPU) of jobs `rows`: the rest of their
@@ -84,19 +92,27 @@ class JobSizeHistory:
         total = work[kind_of.ravel()]
         return (1.0 - jobs.progress[rows].astype(np.float64)) * total
 
-    def to_json(self) -> list[dict[str, float]]:
-        """One entry per curve, largest jobs first."""
+    def to_json(self) -> list[dict]:
+        """One entry per curve, largest jobs first; ``kinds`` lists the application and batch
+        size of its past jobs where the table knows them."""
         return [{"speed_1gpu": key[0], "scaling_alpha": key[1], "scaling_beta": key[2],
-                 "work_s": work, "jobs": self.jobs[key]}
+                 "work_s": work, "jobs": self.jobs[key],
+                 **({"kinds": [{"application": application, "batch_size": batch_size}
+                               for application, batch_size in self.kinds[key]]}
+                    if key in self.kinds else {})}
                 for key, work in sorted(self.work_s.items(), key=lambda item: -item[1])]
 
     @staticmethod
-    def from_json(entries: list[dict[str, float]]) -> JobSizeHistory:
-        """The inverse of `to_json`."""
+    def from_json(entries: list[dict]) -> JobSizeHistory:
+        """The inverse of `to_json`, entries without ``kinds`` (older files) included."""
         keys = [_curve_key(e["speed_1gpu"], e["scaling_alpha"], e["scaling_beta"])
                 for e in entries]
-        return JobSizeHistory({k: float(e["work_s"]) for k, e in zip(keys, entries, strict=True)},
-                              {k: int(e["jobs"]) for k, e in zip(keys, entries, strict=True)})
+        pairs = list(zip(keys, entries, strict=True))
+        return JobSizeHistory({k: float(e["work_s"]) for k, e in pairs},
+                              {k: int(e["jobs"]) for k, e in pairs},
+                              {k: tuple((str(kind["application"]), int(kind["batch_size"]))
+                                        for kind in e["kinds"])
+                               for k, e in pairs if "kinds" in e})
 
 
 def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
@@ -112,24 +128,44 @@ def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
 
 
 def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
-                      fitted_on: Sequence[str], command: str) -> None:
-    """Write `SIZES_FILE` and a card for `base` told job sizes by `sizes`."""
+                      fitted_on: Sequence[str], command: str, cluster: str) -> None:
+    """Write `SIZES_FILE` and a card for `base` told job sizes by `sizes`, fitted on the
+    workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's content is
+    recorded too, `cluster_record`)."""
+    from env.cluster import cluster_markdown, cluster_record
     from env.output import write_atomic, write_json
 
+    cluster_file = cluster_record(cluster)
     write_json(directory / SIZES_FILE, {"format_version": FORMAT_VERSION, "base": base,
-                                        "fitted_on": list(fitted_on),
+                                        "fitted_on": list(fitted_on), "cluster": cluster,
+                                        "cluster_file": cluster_file,
                                         "curves": sizes.to_json()})
-    rows = [f"| {e['speed_1gpu']:.4g} | {e['scaling_alpha']:.4g} | {e['scaling_beta']:.4g} | "
-            f"{e['work_s']:,.0f} | {e['jobs']} |" for e in sizes.to_json()]
+    rows = [f"| {_kinds_label(e['kinds'])} | {e['work_s']:,.0f} | {e['jobs']} |"
+            for e in sizes.to_json()]
+    shape = f" ({cluster_file['shape']}, the file as used is below)" if cluster_file else ""
     write_atomic(directory / "card.md", "\n".join([
         f"# `{base}`, told job sizes from history", "",
         f"The heuristic `{base}` with each job's remaining work taken from the median size of "
         "past jobs with the same speed curve (`agent/job_sizes.py`), where it would otherwise "
-        "extrapolate it from progress. Jobs whose curve is not below keep the estimate.", "",
-        f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}.", "",
+        "extrapolate it from progress. A job runs on the curve of its application and batch "
+        "size; jobs of a kind not below keep the estimate. (The curves themselves are in "
+        f"{SIZES_FILE}.)", "",
+        f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}; cluster "
+        f"{cluster}{shape}.", "",
         f"Command: `{command}`", "",
-        "| speed on 1 GPU (it/s) | alpha | beta | median size (1-GPU s) | past jobs |",
-        "|---|---|---|---|---|", *rows, ""]))
+        "| application (batch size) | median size (1-GPU s) | past jobs |",
+        "|---|---|---|", *rows,
+        *(["", *cluster_markdown(cluster_file)] if cluster_file else []), ""]))
+
+
+def _kinds_label(kinds: list[dict]) -> str:
+    """``bert (batch 12)``, ``cifar10 (batch 128, 256)``: the jobs behind one curve of the
+    table, by application and batch size."""
+    batches: dict[str, list[str]] = defaultdict(list)
+    for kind in kinds:
+        batches[kind["application"]].append(str(kind["batch_size"]))
+    return "; ".join(f"{application} (batch {', '.join(sizes)})"
+                     for application, sizes in batches.items())
 
 
 def told_sizes(base: str, remaining_work: RemainingWork | None, name: str) -> ElasticPolicy:

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                         f"--workload {' '.join(args.workloads)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
-    save_sized_policy(args.out, args.base, sizes, args.workloads, command)
+    save_sized_policy(args.out, args.base, sizes, args.workloads, command, args.cluster)
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(sizes.jobs.values())} past jobs) and card.md; compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "

@@ -45,6 +45,7 @@ from agent.residual import (
     make_residual,
     residual_teachers,
 )
+from env.cluster import cluster_markdown, cluster_record
 from env.errors import UserError
 from env.failures import FailureParams, parse_failure_rate
 from env.gym_env import ClusterAllocEnv, RewardWeights
@@ -278,6 +279,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     checkpoint = _check_out(config, out, resume, force)
     eval_workloads = config.eval_workloads or config.workloads[:2]
     scenarios = _check_workloads(config, eval_workloads)
+    cluster_file = cluster_record(config.cluster)  # the path alone dangles once the file moves
     eval_jobs = sum(len(scenarios[w].workload.jobs) for w in eval_workloads)
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
@@ -294,7 +296,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
                         "them again with this rlalloc and these --residual heuristics")
     _start_run_dir(config, out, force, log)
     started = time.perf_counter()
-    summary: dict = {"config": asdict(config), "evaluations": []}
+    summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": []}
     with progress_bar() as progress:
         if resume:
             model = _load_model(config, checkpoint, vec_env)
@@ -408,14 +410,18 @@ def check_config(config: TrainConfig) -> None:
 def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Path | None:
     """The checkpoint a resumed run continues from (None for a new run); a `UserError` if
     `out` holds an earlier run and neither `resume` nor `force` says what to do with it, or
-    if a resume changes the network's algorithm or action space or would add no steps."""
+    if a resume finds no run there, changes the network's algorithm or action space or would
+    add no steps."""
+    earlier = [name for name in RUN_FILES if (out / name).exists()]
     if not resume:
-        earlier = [name for name in RUN_FILES if (out / name).exists()]
         if earlier and not force:
             raise UserError(f"{out}: holds an earlier run ({', '.join(earlier)}); pass --force "
                             "to replace all of it (checkpoints and TensorBoard logs included),"
                             " --resume to continue it, or choose another --out")
         return None
+    if not earlier:
+        raise UserError(f"--resume: there is no run in {out} to resume; leave out --resume to "
+                        "start one there")
     checkpoint = latest_checkpoint(out)
     if checkpoint is None:
         raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR}, "
@@ -601,12 +607,14 @@ def _describe_export(summary: dict) -> str:
 def card_markdown(summary: dict) -> str:
     """A readable model card from the training summary (card.json holds the same facts)."""
     config = summary["config"]
+    cluster_file = summary.get("cluster_file")  # cards of older rlalloc versions lack it
+    shape = f" ({cluster_file['shape']}, the file as used is below)" if cluster_file else ""
     lines = [
         f"# {config['algo'].upper()} allocation policy",
         "",
         f"- command: `{config['extra'].get('command', '(API call)')}`",
         f"- workloads: {', '.join(Path(w).name for w in config['workloads'])}",
-        f"- cluster: {config['cluster']}; failures: {config['failures']}; "
+        f"- cluster: {config['cluster']}{shape}; failures: {config['failures']}; "
         f"efficiency: {config.get('efficiency', 'none')}; seed {config['seed']}",
         f"- RL timesteps: {summary['timesteps']:,}; wall time {summary['wall_s']:.0f} s "
         f"(2-core machine, 1 torch thread)",
@@ -623,6 +631,7 @@ def card_markdown(summary: dict) -> str:
         "",
         "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "
         "spec, layer sizes), train_config.json (re-runnable configuration).",
+        *(["", *cluster_markdown(cluster_file)] if cluster_file else []),
     ]
     return "\n".join(lines) + "\n"
 

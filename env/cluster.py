@@ -94,13 +94,37 @@ def uniform_cluster(
 
 def parse_cluster(spec: str) -> ClusterSpec:
     """Parse ``NxG`` (optionally ``NxG:TYPE``) or the path of a YAML cluster file."""
+    return _cluster_and_content(spec)[0]
+
+
+def cluster_record(spec: str) -> dict | None:
+    """How a card records the cluster of a YAML file `spec`: its path, `describe()` and its
+    groups as used (``content``: every key filled in, defaults included; saved as YAML it gives
+    the same cluster back), since the path alone names nothing once the file moves or changes.
+    None for ``NODESxGPUS[:TYPE]``, which is its own record. It reads the file again: call it
+    where the cluster is built."""
+    cluster, content = _cluster_and_content(spec)
+    return None if content is None else {"path": spec, "shape": cluster.describe(),
+                                         "content": content}
+
+
+def cluster_markdown(record: dict) -> list[str]:
+    """Markdown lines showing a `cluster_record`: its content as a YAML block to save as a
+    file and pass as --cluster."""
+    return [f"Cluster file `{record['path']}` ({record['shape']}) as it was used; saved as a "
+            ".yaml file, this gives the same cluster:", "", "```yaml",
+            yaml.safe_dump(record["content"], sort_keys=False).rstrip(), "```"]
+
+
+def _cluster_and_content(spec: str) -> tuple[ClusterSpec, dict | None]:
+    """`parse_cluster`, and the content of a YAML file as read (None for a short spec)."""
     match = _SHORT_SPEC.match(spec)
     if match:
         where = f"cluster spec {spec!r}"
         num_nodes = _whole(int(match.group(1)), f"{where}: nodes", 1, MAX_NODES)
         gpus = _whole(int(match.group(2)), f"{where}: GPUs per node", 1, MAX_GPUS_PER_NODE)
         return uniform_cluster(num_nodes, gpus,
-                               gpu_type_named(match.group(3) or DEFAULT_GPU_TYPE, where))
+                               gpu_type_named(match.group(3) or DEFAULT_GPU_TYPE, where)), None
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml") and not path.exists():
         raise UserError(f"cluster file {spec}: no such file; check the path, or give "
@@ -132,8 +156,9 @@ def _whole(value: object, where: str, minimum: int, maximum: int) -> int:
     return value
 
 
-def _cluster_from_yaml(path: Path) -> ClusterSpec:
-    """The nodes of a YAML cluster file (module docstring); every key is checked."""
+def _cluster_from_yaml(path: Path) -> tuple[ClusterSpec, dict]:
+    """The nodes of a YAML cluster file (module docstring), every key checked, and the file
+    as read: its values checked, defaults filled in (for `cluster_record`)."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
@@ -149,6 +174,7 @@ def _cluster_from_yaml(path: Path) -> ClusterSpec:
     per_rack = _whole(doc.get("racks_of", DEFAULT_NODES_PER_RACK), f"{path}: racks_of", 1,
                       MAX_NODES)
     nodes: list[NodeSpec] = []
+    groups: list[dict] = []
     for index, group in enumerate(doc["nodes"]):
         where = f"{path}: nodes[{index}]"
         if not isinstance(group, dict):
@@ -165,7 +191,9 @@ def _cluster_from_yaml(path: Path) -> ClusterSpec:
             NodeSpec(f"{prefix}{i:04d}", gpus, gpu_type, i // per_rack if rack is None else rack)
             for i in range(len(nodes), len(nodes) + count)
         )
-    return ClusterSpec(tuple(nodes))
+        groups.append({"count": count, "gpus": gpus, "gpu_type": gpu_type,
+                       **({} if rack is None else {"rack": rack}), "name_prefix": prefix})
+    return ClusterSpec(tuple(nodes)), {"racks_of": per_rack, "nodes": groups}
 
 
 def _yaml_position(err: yaml.YAMLError) -> str:

@@ -41,6 +41,7 @@ from actuator.twin.kube_api import (
 from actuator.twin.render import cluster_objects, query_results
 from env.cli import main as cli_main
 from env.errors import UserError
+from env.failures import STRESS_FAILURES_PER_GPU_DAY
 from env.state import (
     NOOP,
     Action,
@@ -570,7 +571,29 @@ def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
     assert f"on 127.0.0.1:{port} (Address already in use); choose another {flag}" in err[0]
 
 
+def test_twin_takes_a_failure_rate_as_simulate_and_evaluate_do(tmp_path, capsys, monkeypatch):
+    """--failures is a preset or failures per GPU-day, read by `parse_failure_rate`."""
+    from actuator.twin import harness
+
+    start_twin, rates = harness.start_twin, []
+
+    def recording(scenario, **kwargs):
+        rates.append(kwargs["params"].failures.failures_per_gpu_day)
+        return start_twin(scenario, **kwargs)
+
+    monkeypatch.setattr(harness, "start_twin", recording)
+    for value in ("0.2", "stress"):
+        assert cli_main(["twin", "--workload", "synthetic:3", "--cluster", "2x4", "--failures",
+                         value, "--kube-port", "0", "--metrics-port", "0", "--duration-s", "1",
+                         "--out-dir", str(tmp_path / value)]) == 0
+    assert rates == [0.2, STRESS_FAILURES_PER_GPU_DAY]
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("argv, expected", [
+    (["twin", "--failures", "often"], "--failures 'often': give failures per GPU-day, a number "
+                                      "from 0 to 10"),
+    (["twin", "--failures", "11"], "--failures '11': give failures per GPU-day"),
     (["twin", "--scrape-interval-s", "0"], "argument --scrape-interval-s: 0: must be > 0"),
     (["twin", "--metrics-port", "70000"],
      "argument --metrics-port: 70000: must be within [0, 65535]"),

@@ -147,6 +147,40 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
         load_policy(str(out))
 
 
+@needs_pollux
+def test_sizes_fit_card_names_the_jobs_and_cluster_and_older_tables_still_load(tmp_path):
+    """card.md lists each entry by the application and batch size of its past jobs, not by
+    speed-curve numbers, and keeps the cluster file as used; a sizes.json of an older rlalloc,
+    without either, loads as before."""
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
+                     "a,30,1,,cifar10,512\nb,40,2,,ncf,2048\nc,50,1,,ncf,2048\n")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {count: 2, gpus: 4, rack: 7}\n")
+    out = tmp_path / "sized"
+    proc = _cli("sizes", "fit", "--workload", str(trace), "--cluster", str(cluster),
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    card = (out / "card.md").read_text()
+    assert "| ncf (batch 2048) |" in card and "| cifar10 (batch 512) |" in card
+    assert "alpha" not in card and "  rack: 7\n" in card
+    saved = json.loads((out / SIZES_FILE).read_text())
+    assert saved["cluster"] == str(cluster) and saved["cluster_file"]["shape"] == "2x4"
+    kinds = sorted((k["application"], k["batch_size"]) for c in saved["curves"]
+                   for k in c["kinds"])
+    assert kinds == [("cifar10", 512), ("ncf", 2048)]
+    sim = build_scenario(str(trace), "2x4").simulator(NO_FAILURES, 0)
+    run_policy(sim, load_policy("elastic").act, limit_s=60.0)
+    state = sim.state()
+    rows = np.arange(state.jobs.count)
+    told = load_policy(str(out)).remaining_times(state, rows)
+    assert len(rows) == 2 and np.isfinite(told).all()
+    older = {key: value for key, value in saved.items() if not key.startswith("cluster")}
+    older["curves"] = [{k: v for k, v in c.items() if k != "kinds"} for c in saved["curves"]]
+    (out / SIZES_FILE).write_text(json.dumps(older))
+    np.testing.assert_array_equal(load_policy(str(out)).remaining_times(state, rows), told)
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--workload", "synthetic:20"], "same speed curve"),
     (["--workload", "synthetic:20", "--base", "tiresias"], "tiresias"),

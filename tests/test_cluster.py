@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from env.cluster import parse_cluster
+from env.cluster import cluster_record, parse_cluster
 from env.errors import UserError
 
 
@@ -24,6 +25,22 @@ def test_yaml_groups_make_a_heterogeneous_cluster(tmp_path):
     assert [n.gpus for n in cluster.nodes] == [4, 4, 8]
     assert cluster.nodes[2].gpu_type == "A100" and cluster.nodes[2].rack == 5
     assert cluster.describe() == "2x4+1x8:A100"
+
+
+def test_a_cluster_record_gives_the_same_cluster_back_without_the_file(tmp_path):
+    """What a card keeps of a cluster file: saved again as YAML, its content is the same
+    cluster (defaults filled in, the GPU type's case settled); a short spec needs none."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text("racks_of: 2\nnodes:\n  - {count: 3, gpus: 4, name_prefix: a-}\n"
+                    "  - {count: 1, gpus: 8, gpu_type: a100, rack: 5}\n")
+    cluster = parse_cluster(str(path))
+    record = cluster_record(str(path))
+    path.unlink()
+    assert record["path"] == str(path) and record["shape"] == cluster.describe() == "3x4+1x8:A100"
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(record["content"]))
+    assert parse_cluster(str(again)) == cluster
+    assert cluster_record("16x4:a100") is None
 
 
 @pytest.mark.parametrize("text, fragment", [

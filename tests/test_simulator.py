@@ -342,8 +342,8 @@ def test_an_unknown_flag_points_to_the_help_of_the_command_given_it(capsys, argv
                  "none, unlike simulate and evaluate)",
                  "(default: 100000), rounded up to whole rollouts"]),
     (["evaluate"], ["synthetic draws too; default: 3)"]),
-    (["twin"], ["(default: stress, 0.05 per GPU-day", "the preset named `default` is the Llama "
-                "3 rate (0.00047 per GPU-day"]),
+    (["twin"], ["(default: stress, 0.05 per GPU-day", "`default` is the Llama 3 rate "
+                "(0.00047 per GPU-day, the default of simulate and evaluate)"]),
 ])
 def test_help_shows_the_defaults_that_differ_between_commands(capsys, monkeypatch, command,
                                                               shown):
