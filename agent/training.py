@@ -437,8 +437,9 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
                         f"'{','.join(residual)}'{flag}; resume it with the same (they fix the "
                         "network), or start a new run in another --out")
     done = checkpoint_timesteps(checkpoint)
-    if done >= config.timesteps:
+    if done >= config.timesteps and _finished(out):
         # it would train nothing, yet rewrite the card and config with this command's numbers
+        # (a run stopped after its last steps still resumes: its final evaluation is missing)
         raise UserError(f"--resume: {out} is already at {done:,} steps, --timesteps "
                         f"{config.timesteps:,} adds none; give a larger --timesteps (the "
                         "total to reach, not the steps to add)")
@@ -463,6 +464,12 @@ def _start_run_dir(config: TrainConfig, out: Path, force: bool,
     if force and (removed := remove_outputs(out, RUN_FILES)):
         log(f"--force: removed the earlier run's {', '.join(removed)} from {out}")
     write_json(out / CONFIG_FILE, asdict(config))
+
+
+def _finished(out: Path) -> bool:
+    """Whether the run in `out` ended (its card has the totals written at the end)."""
+    card = out / CARD_FILE
+    return card.is_file() and "timesteps" in json.loads(card.read_text())
 
 
 def _resume_summary(summary: dict, out: Path) -> float:

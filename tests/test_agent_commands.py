@@ -199,6 +199,19 @@ def test_a_resume_that_adds_no_steps_is_refused_and_leaves_the_run_as_it_was(tmp
     assert files(out) == before
 
 
+def test_a_run_stopped_after_its_last_steps_still_resumes_to_its_end(tmp_path):
+    """Killed between its last RL step and the end (final evaluation, card totals), a run has
+    all its steps but no finished card: resuming it with the same --timesteps completes it."""
+    out = tmp_path / "model"
+    train(CONFIG, out, log=quiet)
+    card = json.loads((out / "card.json").read_text())
+    for total in ("timesteps", "wall_s", "best_avg_jct_s", "exported_timesteps"):
+        card.pop(total)  # as the card written at each evaluation, before the end
+    (out / "card.json").write_text(json.dumps(card))
+    train(CONFIG, out, resume=True, log=quiet)
+    assert json.loads((out / "card.json").read_text())["timesteps"] == CONFIG.timesteps
+
+
 @pytest.mark.parametrize("argv, named", [
     ([*TRAIN, "--eval-every", "0"], "--eval-every"),
     ([*TRAIN, "--eval-every", "-5"], "--eval-every"),
