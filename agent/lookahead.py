@@ -15,7 +15,10 @@ seconds. ``inf`` (future "known") is an oracle, an upper bound and not a policy 
 run; ``0`` (future "none") is all a live controller knows, the jobs already submitted; in
 between, the exact jobs (size and length) arriving within the horizon: more than a demand
 forecast over it could tell, so an upper bound on such a forecast's value. The gaps between
-them are the value of knowing the arrivals. A *sampled* future (``sampled-1h``) is what a live
+them are the value of knowing the arrivals. Every fork runs the jobs already in the system
+with their true remaining work (it is a copy of the simulator): on the Pollux workloads a size
+table of past jobs knows it exactly (`agent.job_sizes`), elsewhere that is knowledge a
+controller lacks. A *sampled* future (``sampled-1h``) is what a live
 controller could do instead: each fork gets the jobs that arrived within the horizon at the same
 time of day in one of a few history workloads (`HistoryArrivals`), the same draws for every
 candidate, and a candidate replaces the base's proposal only if it wins in every draw. The
