@@ -28,6 +28,7 @@ from env.errors import UserError
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.progress import progress_bar
 from env.state import Action, ClusterState
+from env.workload.loader import workload_format
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
                  / "pollux" / "philly.csv")
@@ -155,9 +156,10 @@ def run(args: argparse.Namespace) -> int:
     from agent.registry import load_policy
 
     # every flag is checked before minutes of measuring, not after the first benchmark
-    if not args.trace.is_file():
-        raise UserError(f"--trace {args.trace}: no such file; pass --trace PATH to a workload "
-                        "CSV")
+    try:
+        workload_format(args.trace)  # its header; the rows are read with the replay
+    except UserError as err:
+        raise UserError(f"--trace {err}") from None
     replay_cluster = parse_cluster(args.cluster)
     parse_cluster(args.env_cluster)
     policy = load_policy(args.policy)

@@ -357,13 +357,18 @@ def test_help_shows_the_defaults_that_differ_between_commands(capsys, monkeypatc
 
 
 @pytest.mark.parametrize("flags", [["--policy", "nope"], ["--cluster", "4x0"],
-                                   ["--env-cluster", "abc"], ["--trace", "/no/such.csv"]])
-def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, flags):
+                                   ["--env-cluster", "abc"], ["--trace", "/no/such.csv"],
+                                   ["--trace", __file__]])  # a file, but no workload's header
+def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, tmp_path, capsys, flags):
     from env.cli import main
 
     def measured(*args, **kwargs):
         raise AssertionError("a benchmark ran before the flags were checked")
 
+    trace = tmp_path / "trace.csv"
+    trace.write_text("job_id,submit_s,num_gpus,duration_s\na,0,1,60\n")
     monkeypatch.setattr("env.bench_sim.bench_env_steps", measured)
-    monkeypatch.setattr("env.bench_sim.DEFAULT_TRACE", Path(__file__))  # exists
+    monkeypatch.setattr("env.bench_sim.DEFAULT_TRACE", trace)
     assert main(["bench", "sim", "--ppo-steps", "0", *flags]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and flags[1] in error[0], error

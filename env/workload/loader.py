@@ -48,11 +48,8 @@ def load_workload(
     if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
         return generate(_synthetic_config(source, seed), cluster)
     path = Path(source)
-    reject_directory(path, f"a workload is a CSV file: {_USAGE}")
-    if not path.is_file():
-        raise UserError(f"{source}: no such workload file; {_USAGE}")
+    fmt = workload_format(path)
     header = _header(path)
-    fmt = _format_of(path, header)
     if fmt == "Philly":
         return load_philly(path, cluster)
     if fmt == "Pollux":
@@ -60,6 +57,17 @@ def load_workload(
     needs_profiles = "application" in header
     profiles = _profiles(profiles_root, path, required=False) if needs_profiles else None
     return load_canonical(path, cluster, profiles)
+
+
+def workload_format(path: Path) -> str:
+    """The format of the workload CSV at `path` ("Philly", "Pollux" or "canonical"), from its
+    header alone; a one-line `UserError` for a directory, a missing file or a header of no
+    format. Cheap, so a command can check a file this way before minutes of other work and
+    load its rows later."""
+    reject_directory(path, f"a workload is a CSV file: {_USAGE}")
+    if not path.is_file():
+        raise UserError(f"{path}: no such workload file; {_USAGE}")
+    return _format_of(path, _header(path))
 
 
 def _format_of(path: Path, header: set[str]) -> str:
