@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +33,8 @@ from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.output import (
     add_out_flags,
-    new_staging_dir,
     prepare_out_dir,
-    remove_outputs,
+    staged_outputs,
     write_atomic,
     write_json,
 )
@@ -217,10 +216,11 @@ def run(args: argparse.Namespace) -> int:
     # after the checks (a refused run leaves no directory), before the runs
     prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
                     args.force)
-    # recordings go to a hidden directory first and replace the old ones only once every run
-    # has finished: a run stopped halfway keeps an earlier run's, which took as long to make
-    staging = new_staging_dir(args.out) if args.record else None
-    try:
+    # recordings go to a hidden directory first and replace the old ones (as a whole) only once
+    # every run has finished: a run stopped halfway keeps an earlier run's, as long to make
+    with staged_outputs(args.out) if args.record else nullcontext() as staging:
+        if staging is not None:
+            (staging / RECORDINGS_DIR).mkdir()
         specs = [HeadroomRun(w, f, args.base, alternatives, args.cluster, args.seed,
                              tuple(args.history), args.samples,
                              recording_path(staging, w, f) if staging and f else None,
@@ -235,13 +235,6 @@ def run(args: argparse.Namespace) -> int:
             for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
                 results[spec] = result
                 bar.update()
-        if staging is not None:
-            remove_outputs(args.out, [RECORDINGS_DIR])
-            if (staging / RECORDINGS_DIR).is_dir():
-                os.replace(staging / RECORDINGS_DIR, args.out / RECORDINGS_DIR)
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     columns = [*futures, *map(sizes_column, sizes)]
     report = summarise(results, workloads, columns, args)
     write_json(args.out / "headroom.json", report)

@@ -91,6 +91,24 @@ def new_staging_dir(out: Path, flag: str = "--out") -> Path:
                         "directory") from err
 
 
+@contextmanager
+def staged_outputs(out: Path, flag: str = "--out") -> Iterator[Path]:
+    """A new hidden directory inside `out` (`new_staging_dir`) to write results into; what it
+    holds moves into `out` (one rename each, replacing an entry of the same name) only when the
+    block ends without an error, so a run stopped or failing halfway leaves the earlier results
+    whole. The directory is removed in any case."""
+    staging = new_staging_dir(out, flag)
+    try:
+        yield staging
+        for path in sorted(staging.iterdir()):
+            target = Path(out) / path.name
+            if path.is_dir():  # a rename cannot replace a directory that holds files
+                remove_outputs(out, [path.name])
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _is_abandoned(staging: Path) -> bool:
     """Whether `staging` (made by `new_staging_dir`) belongs to a process of this host that is
     gone. Names of another shape (an older version's, another host's) are never abandoned."""

@@ -9,14 +9,12 @@ directory never holds half of one run's files and half of another's.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from env.output import new_staging_dir, prepare_out_dir
+from env.output import prepare_out_dir, staged_outputs
 from forecaster.baselines import HoltWintersParams
 
 BASELINES_FILE = "baselines.json"
@@ -56,12 +54,7 @@ def staged_model_dir(out: Path, produces: list[str], force: bool) -> Iterator[Pa
     ``out`` that is a file or cannot be written fails here.
     """
     out = prepare_out_dir(out, produces, force)
-    staging = new_staging_dir(out)  # also removes what runs killed outright left behind
-    try:
+    with staged_outputs(out) as staging:
         yield staging
-        written = sorted(staging.iterdir())
-        assert {p.name for p in written} == set(produces), (written, produces)
-        for path in written:
-            os.replace(path, out / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        written = {p.name for p in staging.iterdir()}
+        assert written == set(produces), (written, produces)

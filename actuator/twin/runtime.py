@@ -124,7 +124,6 @@ class Twin:
         self._target_s += wall_dt_s * self.speed
         while not self.sim.done and self.sim.time_s < self._target_s:
             self.sim.advance()
-        self._unbind_requeued_jobs(self.sim.state())
         self._fail_scripted_nodes()
         self._mirror(self.sim.state())
 
@@ -194,25 +193,21 @@ class Twin:
             return state
         return self.sim.state()
 
-    def _unbind_requeued_jobs(self, state: ClusterState) -> None:
-        """Set Pending the workers of jobs whose GPUs the simulator took back on its own: a node
-        failure requeues every job on the node (all its workers, on every node). Left bound,
-        the pods would show GPUs as used that the simulator has freed, and the next reconcile
-        would hand it the old placement again, which it refuses ("not enough free GPUs" on the
-        failed node). Only the simulator's failures take GPUs: every other change the twin
-        makes itself, so a job's bound pods are otherwise within its simulated placement."""
-        names = state.nodes.name
-        for row, sim_id in enumerate(state.jobs.job_id):
-            job = self._jobs.get(sim_id)
-            if job is None:
-                continue
-            held = Counter(names[i] for i in state.jobs.placement[row])
-            bound = Counter(p.node for p in job.pods if p.node is not None)
-            if bound - held:
-                log.info("twin: %s lost its GPUs to a node failure; its workers are Pending",
-                         job.name)
-                for pod in job.pods:
-                    pod.node = None
+    @staticmethod
+    def _unbind_if_requeued(state: ClusterState, row: int, job: _Job) -> None:
+        """Set Pending the workers of a job whose GPUs the simulator took back on its own: a
+        node failure requeues every job on the node (all its workers, on every node). Left
+        bound, the pods would show GPUs as used that the simulator has freed, and the next
+        reconcile would hand it the old placement again, which it refuses ("not enough free
+        GPUs" on the failed node). Only the simulator's failures take GPUs: every other change
+        the twin makes itself, so a job's bound pods are otherwise within its placement."""
+        held = Counter(state.nodes.name[i] for i in state.jobs.placement[row])
+        bound = Counter(p.node for p in job.pods if p.node is not None)
+        if bound - held:
+            log.info("twin: %s lost its GPUs to a node failure; its workers are Pending",
+                     job.name)
+            for pod in job.pods:
+                pod.node = None
 
     def _fail_scripted_nodes(self) -> None:
         for failure in self._scripted:
@@ -251,6 +246,7 @@ class Twin:
                                  self.epoch_s + float(jobs.submit_s[row]),
                                  float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
                                  float(jobs.scaling_beta[row]), float(jobs.restore_s[row])))
+            self._unbind_if_requeued(state, row, self._jobs[sim_id])
             self._mirror_job(state, row, self._jobs[sim_id])
         for job in self._jobs.values():
             if job.sim_id not in active and not job.finished:
