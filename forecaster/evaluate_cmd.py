@@ -11,18 +11,26 @@ Results already in the directory are replaced only with ``--force``.
 from __future__ import annotations
 
 import argparse
+import pickle
 from pathlib import Path
 
 import torch
 
 from env.errors import UserError
-from env.output import prepare_out_dir, write_atomic, write_json
-from forecaster.artifacts import CARD_FILE, load_baselines, read_card
+from env.output import out_dir_for_run, write_atomic, write_json
+from forecaster.artifacts import BASELINES_FILE, CARD_FILE, load_baselines, read_card
+from forecaster.baselines import HoltWintersParams
 from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, evaluate_series
-from forecaster.model import CONFIG_FILE, SHIPPED_MODEL_DIR, load_demand_forecaster
+from forecaster.model import (
+    CONFIG_FILE,
+    SHIPPED_MODEL_DIR,
+    WEIGHTS_FILE,
+    LSTMForecaster,
+    load_demand_forecaster,
+)
 from forecaster.plot import plot_sample_day
 from forecaster.series import load_demand_series
-from forecaster.standin import load_standin
+from forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
 from forecaster.train_cmd import TORCH_THREADS
 
 RESULT_FILE = "forecast.json"
@@ -53,29 +61,47 @@ def run(args: argparse.Namespace) -> int:
     if args.origin_stride < 1:
         raise UserError(f"--origin-stride {args.origin_stride}: must be at least 1 minute")
     _refuse_training_series(args.series, args.model)
-    lstm = load_demand_forecaster(args.model)
+    lstm, standin, holt_winters = _load_models(args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
     series = load_demand_series(args.series, min_points=needed)
-    prepare_out_dir(args.out, [RESULT_FILE, PLOT_FILE], args.force)
-    evaluation = evaluate_series(
-        series, lstm, load_standin(args.model), load_baselines(args.model), args.origin_stride
-    )
-    result = {
-        "horizons_min": list(evaluation.horizons_min),
-        "models": evaluation.scores(),
-        "mape_min_demand": MAPE_MIN_DEMAND,
-        "mape_targets": evaluation.mape_targets(),
-        "series": str(args.series),
-        "model_dir": str(args.model),
-        "origins": int(len(evaluation.actual)),
-        "filled_minutes": series.filled_minutes,
-    }
-    png = plot_sample_day(evaluation)  # before any write, so a failure leaves both old files
-    write_json(args.out / RESULT_FILE, result)
-    write_atomic(args.out / PLOT_FILE, png)
-    print(format_table(result))
-    print(f"wrote {args.out / RESULT_FILE} and {args.out / PLOT_FILE}")
+    with out_dir_for_run(args.out, [RESULT_FILE, PLOT_FILE], args.force):
+        evaluation = evaluate_series(series, lstm, standin, holt_winters, args.origin_stride)
+        result = {
+            "horizons_min": list(evaluation.horizons_min),
+            "models": evaluation.scores(),
+            "mape_min_demand": MAPE_MIN_DEMAND,
+            "mape_targets": evaluation.mape_targets(),
+            "series": str(args.series),
+            "model_dir": str(args.model),
+            "origins": int(len(evaluation.actual)),
+            "filled_minutes": series.filled_minutes,
+        }
+        png = plot_sample_day(evaluation)  # before any write, so a failure leaves both old files
+        write_json(args.out / RESULT_FILE, result)
+        write_atomic(args.out / PLOT_FILE, png)
+        print(format_table(result))
+        print(f"wrote {args.out / RESULT_FILE} and {args.out / PLOT_FILE}")
     return 0
+
+
+def _load_models(model: Path) -> tuple[LSTMForecaster, EWMAForecaster, HoltWintersParams]:
+    """The LSTM, its stand-in and the fitted baselines of a trained model directory, loaded
+    before anything is written: a directory missing one of them (a run that was copied in part,
+    or the output of another command) is one line naming the file, not a traceback."""
+    for name in (WEIGHTS_FILE, STANDIN_FILE, BASELINES_FILE):
+        if not (model / name).is_file():
+            raise UserError(f"--model {model}: no {name}; pass a complete `forecast train "
+                            "--out` directory, or train one again into it with --force")
+    try:
+        return load_demand_forecaster(model), load_standin(model), load_baselines(model)
+    except pickle.UnpicklingError as err:
+        raise UserError(f"--model {model}: {WEIGHTS_FILE} is not a torch state_dict; train it "
+                        "again with `forecast train --out DIR --force`") from err
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        cause = (f"no {err} entry" if isinstance(err, KeyError)
+                 else str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise UserError(f"--model {model}: cannot load the model ({cause[:200]}); train it "
+                        "again with `forecast train --out DIR --force`") from err
 
 
 def _refuse_training_series(series: Path, model: Path) -> None:

@@ -93,7 +93,8 @@ def _train_demand(args: argparse.Namespace) -> int:
             "model": "LSTM demand forecaster",
             "demand": "(running_gpu_num + pending_gpu_num) / total_gpu_num "
                       "(Philly: active / total)",
-            "trained_on": [str(p) for p in args.series],
+            # absolute: `forecast evaluate` refuses these files from any working directory
+            "trained_on": [str(p.resolve()) for p in args.series],
             "command": _command_line(),
             "config": config.to_json(),
             "training": asdict(report),

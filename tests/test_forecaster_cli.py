@@ -15,7 +15,7 @@ import pytest
 
 import forecaster.train
 from env.cli import main
-from forecaster import train_cmd
+from forecaster import evaluate_cmd, train_cmd
 from forecaster.baselines import HoltWintersParams
 from forecaster.evaluate import Evaluation
 from forecaster.evaluate_cmd import format_table
@@ -216,6 +216,20 @@ def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, 
     assert snapshot(out) == {"forecast.json": b"{}"}
 
 
+def test_evaluate_stopped_before_writing_leaves_no_new_out_dir(trained_dir, tmp_path,
+                                                                 monkeypatch):
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    out = tmp_path / "new" / "eval"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_cmd, "evaluate_series", interrupted)
+    assert main(["forecast", "evaluate", "--series", str(held_out), "--model",
+                 str(trained_dir), "--out", str(out)]) == 130
+    assert not (tmp_path / "new").exists()
+
+
 def test_evaluate_refuses_the_series_the_model_was_trained_on(trained_dir, tmp_path, capsys):
     linked = tmp_path / "same.csv"  # another name for the training file is still the same file
     linked.symlink_to(trained_dir.parent / "train.csv")
@@ -242,3 +256,42 @@ def test_mape_without_large_enough_targets_is_null_and_explained():
     table = format_table(result)
     assert "| n/a | n/a | 2.0 % |" in table
     assert "MAPE n/a at 5 min, 15 min: no actual demand reached 0.05" in table
+
+
+@pytest.mark.parametrize("damage", ["no weights", "bad weights", "bad standin", "no config key"])
+def test_evaluate_model_dir_with_missing_or_broken_files_is_one_line_error(
+        trained_dir, tmp_path, capsys, damage):
+    model = tmp_path / "model"
+    shutil.copytree(trained_dir, model)
+    if damage == "no weights":
+        (model / "weights.pt").unlink()
+    elif damage == "bad weights":
+        (model / "weights.pt").write_bytes(b"not a state dict")
+    elif damage == "bad standin":
+        (model / "standin.json").write_text("{")
+    else:
+        (model / "config.json").write_text('{"format_version": 1}')
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    out = tmp_path / "eval"
+    assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(model),
+                 "--out", str(out)]) == 2
+    one_line_error(capsys, f"--model {model}", "forecast train")
+    assert not out.exists()
+
+
+def test_card_names_training_series_absolutely_so_evaluate_refuses_them_anywhere(
+        trained_dir, tmp_path, monkeypatch, capsys):
+    (tmp_path / "data").mkdir()
+    shutil.copy(trained_dir.parent / "train.csv", tmp_path / "data" / "train.csv")
+    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
+        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
+    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
+        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    monkeypatch.chdir(tmp_path / "data")
+    assert main(["forecast", "train", "--series", "train.csv", "--out", str(tmp_path / "model"),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    assert main(["forecast", "evaluate", "--series", "data/train.csv", "--model", "model",
+                 "--out", "eval"]) == 2
+    one_line_error(capsys, "trained on it")

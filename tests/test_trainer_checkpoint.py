@@ -6,6 +6,9 @@ and a peer failure's emergency save does not trust a save of the same step that 
 
 from __future__ import annotations
 
+import errno
+import os
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from env.errors import UserError
 from trainer_jobs import layout
@@ -135,6 +139,36 @@ def test_emergency_save_writes_a_step_whose_earlier_save_never_committed(world_o
     checkpointer.close()
     info, problems = layout.latest_valid(root)
     assert info.step == 2 and not problems
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "emergency"])
+def test_a_save_the_volume_cannot_hold_is_one_line_and_keeps_the_last_checkpoint(
+        world_of_one, tmp_path, monkeypatch, mode):
+    root = tmp_path / "ckpt"
+    state = _state(0)
+    checkpointer = _checkpointer(root, CONFIG)
+    _train_step(state)
+    checkpointer.save(state, "sync", "periodic")
+    _train_step(state)
+
+    @contextmanager
+    def full_disk(self, path, open_mode):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        yield
+
+    monkeypatch.setattr(FileSystem, "create_stream", full_disk)
+    with pytest.raises(UserError) as refused:
+        if mode == "emergency":
+            checkpointer.emergency_save(state)
+        else:
+            checkpointer.save(state, mode, "periodic")
+            checkpointer.close()  # an async save's failure comes out at the next wait
+    message = str(refused.value)
+    assert "\n" not in message and f"--checkpoint-dir {root}" in message
+    assert "step 2" in message and "No space left on device" in message
+    assert [p.name for p in root.iterdir()] == [layout.step_dir_name(1)]  # no half-written .tmp
+    info, problems = layout.latest_valid(root)
+    assert info.step == 1 and not problems
 
 
 def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():

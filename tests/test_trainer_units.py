@@ -20,11 +20,19 @@ from torch.distributed.run import get_args_parser
 
 from env.cli import main as rlalloc_main
 from env.errors import UserError
-from env.telemetry_names import MANAGED_LABEL
+from env.telemetry_names import (
+    MANAGED_LABEL,
+    TRAINER_LAST_CHECKPOINT_STEP,
+    TRAINER_LAST_CHECKPOINT_TIME,
+    TRAINER_STEP,
+    TRAINER_TOTAL_STEPS,
+    TRAINER_WORLD_SIZE,
+)
 from trainer_jobs import bench_recovery, layout
 from trainer_jobs.config import TrainConfig, add_train_arguments, config_from_args, resume_conflicts
 from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from trainer_jobs.metrics import TrainerMetrics
 from trainer_jobs.model import ModelConfig, format_count
 from trainer_jobs.train import _open_outputs, main
 
@@ -161,6 +169,34 @@ def test_setup_problems_are_one_line_errors_naming_the_flag(tmp_path):
             with pytest.raises(UserError, match=flag) as refused:
                 _open_outputs(config, rank=0)
             assert "\n" not in str(refused.value)
+
+
+def test_existing_checkpoint_dir_that_cannot_be_written_is_refused_at_start():
+    unwritable = Path("/proc")  # a directory that exists and that not even root can write into
+    with pytest.raises(UserError, match="--checkpoint-dir /proc") as refused:
+        _open_outputs(TrainConfig(model=ModelConfig(), checkpoint_dir=unwritable), rank=0)
+    assert "\n" not in str(refused.value)
+
+
+def _exported(metrics: TrainerMetrics) -> dict[str, float]:
+    """Series name -> value of everything the exporter would serve."""
+    return {sample.name: sample.value for family in metrics.registry.collect()
+            for sample in family.samples}
+
+
+def test_metrics_show_a_resumed_job_at_its_step_and_checkpoint_never_at_zero():
+    fresh = TrainerMetrics("lm", "default", total_steps=100)
+    # before anything is known, nothing but the configured total: a 0 step or checkpoint time
+    # would read as "progress lost" and "checkpoint taken in 1970" to the actuator
+    assert _exported(fresh) == {TRAINER_TOTAL_STEPS: 100.0}
+    fresh.on_resumed(0, world_size=2, checkpoint_step=None, checkpoint_unix=None)
+    assert TRAINER_LAST_CHECKPOINT_TIME not in _exported(fresh)
+    resumed = TrainerMetrics("lm", "default", total_steps=100)
+    resumed.on_resumed(40, world_size=2, checkpoint_step=40, checkpoint_unix=1.7e9)
+    exported = _exported(resumed)
+    assert exported[TRAINER_STEP] == 40.0 and exported[TRAINER_WORLD_SIZE] == 2.0
+    assert exported[TRAINER_LAST_CHECKPOINT_STEP] == 40.0
+    assert exported[TRAINER_LAST_CHECKPOINT_TIME] == 1.7e9
 
 
 def test_bench_recovery_refuses_a_used_work_dir(tmp_path, capsys):

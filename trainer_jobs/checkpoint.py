@@ -17,6 +17,10 @@ Keeping the async stall small: the in-memory copy goes into the same buffers eve
 and torch.save's per-record CRC-32 is off, because `layout.commit` already records the CRC-32 of
 every file and `layout.verify` checks it before anything is loaded: computing it twice only takes
 CPU away from the training steps that overlap the background write.
+
+A save that cannot be written (a full or read-only volume) ends the job with one `UserError`
+line naming the directory, instead of a traceback: its half-written `.tmp` is removed, and a
+restart resumes from the newest committed checkpoint, which the failed save never touched.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
@@ -85,6 +90,20 @@ class TrainState(Stateful):
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=state_dict["optim"])
         self.progress = Progress.from_tensor(state_dict["progress"])
+
+
+_WRITE_ERRORS = (OSError, CheckpointException)
+"""What a failed write raises: an OSError in the committing process, DCP's CheckpointException
+(one per failed rank, gathered onto every rank) from a save."""
+
+
+def _first_cause(err: BaseException) -> str:
+    """The underlying error of a failed write, in a few words (`No space left on device`)."""
+    if isinstance(err, CheckpointException) and err.failures:
+        err = next(iter(err.failures.values()))[0]
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def _rng_key(rank: int) -> str:
@@ -156,14 +175,20 @@ class Checkpointer:
         tmp_dir = self.root / layout.tmp_dir_name(step)
         if self.rank == 0:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-            tmp_dir.mkdir(parents=True)
+            try:
+                tmp_dir.mkdir(parents=True)
+            except OSError as err:
+                raise self._write_failure(tmp_dir, step, err) from err
         dist.barrier(group=self.process_group)
         state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
         rng_ranks = list(range(self.world_size))
         if mode == "sync":
-            dcp.save(state_dict, checkpoint_id=tmp_dir, process_group=self.process_group)
-            if self.rank == 0:
-                self._commit(tmp_dir, step, rng_ranks, started)
+            try:
+                dcp.save(state_dict, checkpoint_id=tmp_dir, process_group=self.process_group)
+                if self.rank == 0:
+                    self._commit(tmp_dir, step, rng_ranks, started)
+            except _WRITE_ERRORS as err:
+                raise self._write_failure(tmp_dir, step, err) from err
         else:
             response = dcp.async_save(state_dict, checkpoint_id=tmp_dir,
                                       process_group=self.process_group, async_stager=self._stager)
@@ -179,9 +204,23 @@ class Checkpointer:
     def _finish_async(self, upload: Future, tmp_dir: Path, step: int, rng_ranks: list[int],
                       started: float) -> None:
         """Background half of an async save: wait for DCP's writes, then commit on rank 0."""
-        upload.result()
-        if self.rank == 0:
-            self._commit(tmp_dir, step, rng_ranks, started)
+        try:
+            upload.result()
+            if self.rank == 0:
+                self._commit(tmp_dir, step, rng_ranks, started)
+        except _WRITE_ERRORS as err:
+            raise self._write_failure(tmp_dir, step, err) from err
+
+    def _write_failure(self, tmp_dir: Path, step: int, err: BaseException) -> UserError:
+        """Remove what a failed save left (rank 0, or the emergency saver that wrote it) and say
+        what to do; training on would only lose more work at the next failed save."""
+        if self.rank == 0 or tmp_dir.name.endswith(f"-rank{self.rank}"):
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        self.run_log.event("checkpoint_failed", step=step, error=str(err)[:200])
+        return UserError(
+            f"--checkpoint-dir {self.root}: could not write the checkpoint of step {step} "
+            f"({_first_cause(err)}); free space on its volume or pass a writable "
+            "--checkpoint-dir, and the restart resumes from the newest committed checkpoint")
 
     def emergency_save(self, state: TrainState) -> Path:
         """Save this rank's replica alone (no collectives) after a peer died mid-step; return the
@@ -200,12 +239,15 @@ class Checkpointer:
         started = time.perf_counter()
         tmp_dir = self.root / layout.tmp_dir_name(step, self.rank)
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        tmp_dir.mkdir(parents=True)
         state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
-        with warnings.catch_warnings():  # no_dist is the point here, not a misconfiguration
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
-        self._commit(tmp_dir, step, [self.rank], started)
+        try:
+            tmp_dir.mkdir(parents=True)
+            with warnings.catch_warnings():  # no_dist is the point here, not a misconfiguration
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
+            self._commit(tmp_dir, step, [self.rank], started)
+        except _WRITE_ERRORS as err:
+            raise self._write_failure(tmp_dir, step, err) from err
         self.last_saved_step = step
         self.run_log.event("checkpoint", step=step, mode="sync", reason="emergency",
                            blocked_s=time.perf_counter() - started)

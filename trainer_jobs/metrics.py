@@ -3,6 +3,11 @@
 The names come from `env.telemetry_names` so the actuator that queries them and the simulator that
 imitates them cannot drift. Labels: `job` (the PyTorchJob), `namespace`, `rank` (always "0":
 one exporter per job keeps the series count flat when the job scales).
+
+A gauge appears only once it has a value: a series that read 0 before the first step or commit
+would tell the actuator that a resumed job is back at step 0 and that its last checkpoint was
+taken in 1970. A restart sets the step and the last-checkpoint gauges from the checkpoint it
+resumed from (`on_resumed`); until then the job reads as silent, which the actuator handles.
 """
 
 from __future__ import annotations
@@ -28,41 +33,55 @@ class TrainerMetrics:
 
     def __init__(self, job: str, namespace: str, total_steps: int) -> None:
         self.registry = CollectorRegistry()
-        labels = {"job": job, "namespace": namespace, "rank": "0"}
+        self._labels = {"job": job, "namespace": namespace, "rank": "0"}
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, _LABELS, registry=self.registry).labels(**labels)
+            return Gauge(name, doc, _LABELS, registry=self.registry)
 
-        self.samples_per_s = gauge(TRAINER_SAMPLES_PER_S, "Training samples per second, whole job")
-        self.step = gauge(TRAINER_STEP, "Optimizer steps completed (continues across restarts)")
-        self.total_steps = gauge(TRAINER_TOTAL_STEPS, "Steps the job is configured to run")
-        self.world_size = gauge(TRAINER_WORLD_SIZE, "Workers in the current rendezvous")
-        self.loss = gauge(TRAINER_LOSS, "Training loss of the latest step")
-        self.last_checkpoint_time = gauge(
+        self._samples_per_s = gauge(TRAINER_SAMPLES_PER_S,
+                                    "Training samples per second, whole job")
+        self._step = gauge(TRAINER_STEP, "Optimizer steps completed (continues across restarts)")
+        self._total_steps = gauge(TRAINER_TOTAL_STEPS, "Steps the job is configured to run")
+        self._world_size = gauge(TRAINER_WORLD_SIZE, "Workers in the current rendezvous")
+        self._loss = gauge(TRAINER_LOSS, "Training loss of the latest step")
+        self._last_checkpoint_time = gauge(
             TRAINER_LAST_CHECKPOINT_TIME, "Unix time the latest complete checkpoint was committed")
-        self.last_checkpoint_step = gauge(
+        self._last_checkpoint_step = gauge(
             TRAINER_LAST_CHECKPOINT_STEP, "Step stored in the latest complete checkpoint")
-        self.checkpoint_duration = gauge(
+        self._checkpoint_duration = gauge(
             TRAINER_CHECKPOINT_DURATION,
             "Seconds the training loop was blocked by the latest checkpoint")
-        self.total_steps.set(total_steps)
+        self._set(self._total_steps, total_steps)
+
+    def _set(self, gauge: Gauge, value: float) -> None:
+        """Set the job's series of `gauge`, creating it on first use (see the module docstring)."""
+        gauge.labels(**self._labels).set(value)
 
     def start(self, port: int) -> None:
         """Serve the registry on all interfaces (Prometheus scrapes the pod's IP)."""
         start_http_server(port, registry=self.registry)
 
+    def on_resumed(self, step: int, world_size: int, checkpoint_step: int | None,
+                   checkpoint_unix: float | None) -> None:
+        """Record where a (re)started job stands before its first step: the restored step and,
+        when it resumed from one, the checkpoint it loaded (the latest committed one)."""
+        self._set(self._step, step)
+        self._set(self._world_size, world_size)
+        if checkpoint_step is not None and checkpoint_unix is not None:
+            self.on_checkpoint_committed(checkpoint_step, checkpoint_unix)
+
     def on_step(self, step: int, loss: float, samples_per_s: float, world_size: int) -> None:
         """Record one completed optimizer step."""
-        self.step.set(step)
-        self.loss.set(loss)
-        self.samples_per_s.set(samples_per_s)
-        self.world_size.set(world_size)
+        self._set(self._step, step)
+        self._set(self._loss, loss)
+        self._set(self._samples_per_s, samples_per_s)
+        self._set(self._world_size, world_size)
 
     def on_checkpoint_blocked(self, blocked_s: float) -> None:
         """Record how long the loop waited for the latest checkpoint call."""
-        self.checkpoint_duration.set(blocked_s)
+        self._set(self._checkpoint_duration, blocked_s)
 
     def on_checkpoint_committed(self, step: int, committed_unix: float) -> None:
         """Record a checkpoint that became loadable (the age the actuator weighs before a move)."""
-        self.last_checkpoint_step.set(step)
-        self.last_checkpoint_time.set(committed_unix)
+        self._set(self._last_checkpoint_step, step)
+        self._set(self._last_checkpoint_time, committed_unix)

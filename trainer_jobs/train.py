@@ -27,11 +27,13 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -132,6 +134,14 @@ def _flag_os_errors(flag: str, value: object, fix: str) -> Iterator[None]:
         raise UserError(f"{flag} {value}: {err.strerror or err}; {fix}") from err
 
 
+def _check_writable(directory: Path) -> None:
+    """Create and delete a file in `directory`: an existing directory that this process cannot
+    write would otherwise fail only at the first checkpoint, after that much training."""
+    handle, probe = tempfile.mkstemp(prefix=".write-test-", dir=directory)
+    os.close(handle)
+    os.unlink(probe)
+
+
 def _open_outputs(config: TrainConfig, rank: int) -> tuple[RunLog, TrainerMetrics | None]:
     """Create the checkpoint directory (rank 0), open the event log and start rank 0's exporter.
 
@@ -142,6 +152,7 @@ def _open_outputs(config: TrainConfig, rank: int) -> tuple[RunLog, TrainerMetric
         with _flag_os_errors("--checkpoint-dir", config.checkpoint_dir,
                              "pass a directory this process can create and write"):
             config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            _check_writable(config.checkpoint_dir)
     with _flag_os_errors("--log-jsonl", config.log_jsonl,
                          "create its directory first or pass another file"):
         run_log = RunLog(config.log_jsonl, rank)
@@ -182,6 +193,9 @@ def train(config: TrainConfig) -> int:
     info = checkpointer.restore(state)
     if info is None or rank not in info.rng_ranks:
         torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
+    if metrics:
+        metrics.on_resumed(state.progress.step, world_size, info.step if info else None,
+                           info.created_unix if info else None)
     if rank == 0:
         origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
         print(f"trainer: {format_count(parameters)} parameters, world size {world_size}, "
