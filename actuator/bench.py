@@ -32,12 +32,16 @@ from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench actuator`."""
-    parser.add_argument("--nodes", type=POSITIVE_INT, default=500, help="nodes (8 GPUs each)")
-    parser.add_argument("--jobs", type=at_least(0), default=1000, help="jobs in the system")
-    parser.add_argument("--policy", default="elastic", help="policy name (agent.registry)")
+    parser.add_argument("--nodes", type=POSITIVE_INT, default=500,
+                        help="nodes (8 GPUs each) (default: %(default)s)")
+    parser.add_argument("--jobs", type=at_least(0), default=1000,
+                        help="jobs in the system (default: %(default)s)")
+    parser.add_argument("--policy", default="elastic",
+                        help="policy name (agent.registry) (default: %(default)s)")
     parser.add_argument("--repeats", type=POSITIVE_INT, default=5,
-                        help="cycles timed (median reported)")
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of the synthetic cluster")
+                        help="cycles timed (median reported) (default: %(default)s)")
+    parser.add_argument("--seed", type=SEED, default=0,
+                        help="seed of the synthetic cluster (default: %(default)s)")
     add_bench_out_flags(parser)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -69,7 +70,7 @@ class Queries:
     Per-node queries must return one series per node labelled by `ActuatorConfig.node_label`
     (dcgm-exporter's `Hostname`) or, for kube-state-metrics, by `node`; per-job queries one series
     per job labelled `namespace` and `ActuatorConfig.trainer_job_label`. Windows are real time:
-    the twin (`rlalloc twin --print-config`) prints them scaled to its acceleration.
+    the twin (`rlalloc twin`) writes them scaled to its acceleration into its actuator.yaml.
     """
 
     gpu_util: str = f"avg by ({_H}) ({DCGM_GPU_UTIL}) / 100"
@@ -175,8 +176,11 @@ class ActuatorConfig:
     """Name of the Lease object."""
     lease_namespace: str = "rlalloc-system"
     """Namespace of the Lease object."""
-    lease_duration_s: float = 30.0
-    """How long a lease holds without renewal; a standby takes over after this."""
+    lease_duration_s: float = 90.0
+    """How long a lease holds without renewal; a standby takes over after this. The holder
+    renews it once per cycle, so it must last at least two `interval_s` (checked): a lease no
+    longer than a cycle lapses whenever one cycle runs late, and a standby takes it from a
+    healthy leader."""
     identity: str = ""
     """This replica's name in the Lease; empty = $POD_NAME, else the host name."""
     listen_host: str = "0.0.0.0"
@@ -233,6 +237,10 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     if config.max_actions_per_cycle < 1:
         problems["max_actions_per_cycle"] = (f"max_actions_per_cycle must be >= 1 "
                                              f"(got {config.max_actions_per_cycle})")
+    if config.leader_election and config.lease_duration_s < 2 * config.interval_s:
+        problems["lease_duration_s"] = (
+            f"lease_duration_s must be at least twice interval_s, as the Lease is renewed once "
+            f"per cycle (got {config.lease_duration_s:g} with interval_s {config.interval_s:g})")
     if not 0 <= config.listen_port <= 65535:
         problems["listen_port"] = f"listen_port must be a TCP port (got {config.listen_port})"
     if not config.prometheus_url.startswith(("http://", "https://")):
@@ -270,8 +278,15 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     try:
         return ActuatorConfig(**values)
     except InvalidSettings as err:
-        raise UserError("; ".join(f"{origins.get(name, 'default')}: invalid actuator setting: "
-                                  f"{problem}" for name, problem in err.problems.items())) from err
+        raise UserError("; ".join(
+            f"{origins.get(name) or origins.get(_CHECKED_AGAINST.get(name, ''), 'default')}: "
+            f"invalid actuator setting: {problem}" for name, problem in err.problems.items())
+        ) from err
+
+
+_CHECKED_AGAINST = {"lease_duration_s": "interval_s"}
+"""Settings checked against another one: a default that a new value of the other made wrong
+is blamed on where that value came from."""
 
 
 def _check_environment(environ: dict[str, str]) -> None:
@@ -281,12 +296,28 @@ def _check_environment(environ: dict[str, str]) -> None:
     settings = [f.name for f in fields(ActuatorConfig) if f.name != "queries"]
     known = [ENV_PREFIX + name.upper() for name in settings] + [CONFIG_ENV]
     for name in sorted(environ):
-        if name.startswith(ENV_PREFIX) and name not in known:
+        if name.startswith(ENV_PREFIX) and name not in known and not _is_service_link(
+                name, environ[name]):
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise UserError(f"environment variable {name}: unknown actuator setting; {hint}"
                             f"use {ENV_PREFIX}<SETTING> for one of {', '.join(settings)}, or "
                             f"{CONFIG_ENV}")
+
+
+_SERVICE_LINK = re.compile(r"(_\w+)?(_SERVICE_HOST|_SERVICE_PORT(_\w+)?"
+                           r"|_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)")
+"""The names of Kubernetes' service-link variables after the Service's own name."""
+
+
+def _is_service_link(name: str, value: str) -> bool:
+    """True for the variables Kubernetes puts into every pod for each Service of its namespace
+    (`enableServiceLinks`): a Service named rlalloc-actuator, the natural name for one in front
+    of /metrics, gives RLALLOC_ACTUATOR_SERVICE_HOST, RLALLOC_ACTUATOR_PORT=tcp://... and
+    more, which are no settings and must not stop the start-up."""
+    suffix = name[len(ENV_PREFIX) - 1:]
+    return bool(_SERVICE_LINK.fullmatch(suffix)) or (
+        name.endswith("_PORT") and value.startswith(("tcp://", "udp://", "sctp://")))
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -85,6 +85,12 @@ def _load_kubeconfig_file(path: Path, context: str, configuration: k8s.Configura
         problem = " ".join(line.strip() for line in str(err).splitlines())[:200]
         raise UserError(f"kubeconfig {path}: not usable ({problem or type(err).__name__}); "
                         "pass the file kubectl uses (kubectl config view --raw > FILE)") from err
+    if not str(configuration.host or "").startswith(("http://", "https://")):
+        # the client takes a missing or scheme-less server as is; every call would then fail
+        # (retried, with a urllib3 warning) instead of the start-up naming the file
+        raise UserError(f"kubeconfig {path}: the cluster's server is {configuration.host!r}, "
+                        "not an http:// or https:// URL; set clusters[].cluster.server to the "
+                        "API server's address (kubectl config view --raw > FILE)")
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -240,7 +246,7 @@ class KubeClient:
                 wait = max(delay, _retry_after(err))
             except (urllib3.exceptions.HTTPError, OSError) as err:
                 if attempt == attempts - 1:
-                    raise KubeError(f"{what}: {type(err).__name__} after {attempts} attempts"
+                    raise KubeError(f"{what}: {_unanswered(err)} after {attempts} attempts"
                                     ) from err
                 wait = delay
             log.debug("retrying %s in %.2fs", what, wait)
@@ -248,6 +254,16 @@ class KubeClient:
             self._sleep(wait)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _unanswered(err: Exception) -> str:
+    """Why a request got no answer, in one line: urllib3 wraps a refused connection, a failed
+    name lookup or a TLS mismatch in a MaxRetryError whose name alone says none of that, so
+    name the reason inside it."""
+    reason = getattr(err, "reason", None)
+    cause = reason if isinstance(reason, BaseException) else err
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0][:200]}" if lines else type(cause).__name__
 
 
 def _retry_after(err: ApiException) -> float:

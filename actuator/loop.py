@@ -72,6 +72,13 @@ class Controller:
     # ------------------------------------------------------------------------- one cycle
     def run_cycle(self) -> CycleReport:
         """Observe, decide and (if leader and not dry-run) act once."""
+        retries_before = self._kube.retries_done
+        try:
+            return self._run_cycle()
+        finally:  # every retry of the cycle: lists, the Lease and Events too, not only moves
+            self.metrics.api_retries.inc(self._kube.retries_done - retries_before)
+
+    def _run_cycle(self) -> CycleReport:
         started = time.perf_counter()
         self._cycle += 1
         report = CycleReport()
@@ -142,14 +149,11 @@ class Controller:
             return DRY_RUN, "dry run: nothing written"
         if self._elector and not self._elector.is_leader:
             return FAILED, "lost the lease before acting"
-        retries_before = self._kube.retries_done
         try:
             self._applier.apply(decision.action, built)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
             return FAILED, str(err)
-        finally:
-            self.metrics.api_retries.inc(self._kube.retries_done - retries_before)
         return APPLIED, ""
 
     def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> None:

@@ -226,6 +226,21 @@ def test_api_429_and_503_are_retried_and_the_move_applies_once(tmp_path):
         server.stop()
 
 
+def test_retries_of_lists_and_events_count_in_the_retry_metric(tmp_path):
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("GET", "/nodes", 503)  # the observe step's list, retried
+        server.api.inject_fault("POST", "/events", 429, retry_after_s=0)
+        start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
+        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        report = ctl.run_cycle()
+        assert report.observed and [o for _, o in report.outcomes] == ["applied"]
+        assert ctl.metrics.api_retries._value.get() == 2
+    finally:
+        server.stop()
+
+
 def test_api_5xx_beyond_the_retries_leaves_the_job_untouched(tmp_path):
     state = _state()
     server, config, kube, metrics = _world(tmp_path, state)
@@ -286,7 +301,7 @@ def test_api_409_is_retried(tmp_path):
 def test_only_the_leader_acts_and_a_standby_takes_over(tmp_path):
     state = _state()
     server, config, kube_a, metrics = _world(tmp_path, state)
-    config = replace(config, leader_election=True, lease_duration_s=2.0)
+    config = replace(config, leader_election=True, interval_s=1.0, lease_duration_s=2.0)
     try:
         kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
@@ -319,7 +334,7 @@ def test_only_the_leader_acts_and_a_standby_takes_over(tmp_path):
 def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
     state = _state()
     server, config, kube_a, metrics = _world(tmp_path, state)
-    config = replace(config, leader_election=True, lease_duration_s=30.0)
+    config = replace(config, leader_election=True, interval_s=1.0, lease_duration_s=30.0)
     try:
         kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
         a = Controller(config, kube_a, metrics, Scripted(), "replica-a")
@@ -365,6 +380,10 @@ def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
     ("max_disruptions_per_cycle: -1\n", "max_disruptions_per_cycle must be >= 0"),
     ("queries:\n  xid: foo\n", "queries.xid is not a known signal"),
     ("signals: prophet\n", "signals must be one of none, standin, lstm (got 'prophet')"),
+    # renewed once per cycle, a lease as long as the cycle lapses whenever a cycle runs late
+    ("interval_s: 30\nlease_duration_s: 30\n", "lease_duration_s must be at least twice "
+                                              "interval_s, as the Lease is renewed once per "
+                                              "cycle (got 30 with interval_s 30)"),
     ("- a\n- b\n", "expected a mapping of settings"),
 ])
 def test_malformed_config_is_one_clear_error_at_start_up(tmp_path, capsys, text, expected):
@@ -374,6 +393,14 @@ def test_malformed_config_is_one_clear_error_at_start_up(tmp_path, capsys, text,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlalloc: error: ")
     assert str(path) in err[0] and expected in err[0]
+
+
+def test_a_lease_left_short_by_a_longer_interval_flag_blames_the_flag(capsys):
+    assert cli_main(["actuate", "--interval-s", "60", "--once"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "rlalloc: error: flag --interval-s: invalid actuator setting: lease_duration_s must be at "
+        "least twice interval_s, as the Lease is renewed once per cycle (got 90 with interval_s "
+        "60)")
 
 
 def test_config_precedence_file_env_flags(tmp_path):
@@ -400,6 +427,27 @@ def test_an_unknown_environment_variable_is_one_clear_error():
         "mean RLALLOC_ACTUATOR_INTERVAL_S? use RLALLOC_ACTUATOR_<SETTING> for one of "
         "prometheus_url, ")
     assert str(err.value).endswith(", clock_speedup, or RLALLOC_ACTUATOR_CONFIG")
+
+
+def test_service_link_variables_of_a_service_named_like_the_actuator_are_no_settings():
+    from actuator.config import load_config
+
+    # what Kubernetes puts into the pod for Services rlalloc-actuator (port "http" 8080) and
+    # rlalloc-actuator-metrics in its namespace, unless enableServiceLinks is false
+    links = {"RLALLOC_ACTUATOR_SERVICE_HOST": "10.96.0.12",
+             "RLALLOC_ACTUATOR_SERVICE_PORT": "8080",
+             "RLALLOC_ACTUATOR_SERVICE_PORT_HTTP": "8080",
+             "RLALLOC_ACTUATOR_PORT": "tcp://10.96.0.12:8080",
+             "RLALLOC_ACTUATOR_PORT_8080_TCP": "tcp://10.96.0.12:8080",
+             "RLALLOC_ACTUATOR_PORT_8080_TCP_PROTO": "tcp",
+             "RLALLOC_ACTUATOR_PORT_8080_TCP_PORT": "8080",
+             "RLALLOC_ACTUATOR_PORT_8080_TCP_ADDR": "10.96.0.12",
+             "RLALLOC_ACTUATOR_METRICS_SERVICE_HOST": "10.96.0.13",
+             "RLALLOC_ACTUATOR_METRICS_PORT": "tcp://10.96.0.13:9090"}
+    assert load_config(None, {**links, "RLALLOC_ACTUATOR_INTERVAL_S": "7"}).interval_s == 7.0
+    # a misspelled setting that merely ends like one is still refused
+    with pytest.raises(UserError, match="RLALLOC_ACTUATOR_STATUS_PORT: unknown actuator"):
+        load_config(None, {"RLALLOC_ACTUATOR_STATUS_PORT": "9090"})
 
 
 def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
@@ -556,7 +604,35 @@ def test_once_names_an_api_server_that_is_down_even_for_the_lease(tmp_path, monk
     assert code == 2 and len(err) == 1  # not taken for a standby, which would exit 0
     assert err[0].startswith(f"rlalloc: error: --once: cannot use the Kubernetes API at {url} "
                              "(read lease default/rlalloc-actuator")
+    # the reason, not the name of urllib3's wrapper (MaxRetryError) around it
+    assert "NewConnectionError" in err[0] and "Connection refused" in err[0]
+    assert "MaxRetryError" not in err[0]
     assert err[0].endswith("check the kubeconfig and that the API server is up")
+
+
+def test_once_names_a_tls_mismatch_with_the_api_server(tmp_path, monkeypatch, capsys):
+    with EmptyPrometheus() as prometheus:  # a plain-HTTP server behind an https:// kubeconfig
+        url = prometheus.url.replace("http://", "https://")
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+            "prometheus_url": prometheus.url, "kubeconfig": _kubeconfig(tmp_path, url)},
+            "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert f"cannot use the Kubernetes API at {url} (list nodes: SSLError: " in err[0]
+
+
+@pytest.mark.parametrize("server", ["", "127.0.0.1:6443"])
+def test_a_kubeconfig_without_a_server_url_is_one_line_at_start_up(tmp_path, monkeypatch,
+                                                                   capsys, server):
+    path = _kubeconfig(tmp_path, "http://127.0.0.1:1")
+    doc = json.loads(open(path).read())
+    doc["clusters"][0]["cluster"]["server"] = server
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    code, err, logs = _actuate(tmp_path, monkeypatch, capsys, {"kubeconfig": path}, "--dry-run")
+    assert code == 2 and logs == [] and err == [  # refused before any cycle or warning
+        f"rlalloc: error: kubeconfig {path}: the cluster's server is {server!r}, not an "
+        "http:// or https:// URL; set clusters[].cluster.server to the API server's address "
+        "(kubectl config view --raw > FILE)"]
 
 
 @pytest.mark.parametrize("flag", ["--kube-port", "--metrics-port"])

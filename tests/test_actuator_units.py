@@ -366,7 +366,9 @@ def test_deploy_manifests_are_consistent(tmp_path):
         ("kubeflow.org", "pytorchjobs/scale"): {"patch"},
         ("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["enableServiceLinks"] is False  # no stray RLALLOC_ACTUATOR_* variables
+    container = pod_spec["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
 
@@ -468,13 +470,14 @@ def test_twin_default_ports_leave_the_training_example_its_own():
 @pytest.mark.parametrize("command, without_default", [
     ("twin", {"-h", "--force", "--fail-node"}),
     ("actuate", {"-h", "--once"}),
+    ("bench actuator", {"-h", "--out", "--force"}),
 ])
 def test_help_shows_every_default(monkeypatch, capsys, command, without_default):
     from env.cli import main
 
     monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside a default
     with pytest.raises(SystemExit):
-        main([command, "--help"])
+        main([*command.split(), "--help"])
     options = capsys.readouterr().out.split("options:")[1].split("\n\n")[0]
     for block in re.split(r"\n(?=  -)", options.strip("\n")):
         flag = block.split()[0].rstrip(",")
