@@ -193,9 +193,9 @@ def train(config: TrainConfig) -> int:
     info = checkpointer.restore(state)
     if info is None or rank not in info.rng_ranks:
         torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
-    if metrics:
-        metrics.on_resumed(state.progress.step, world_size, info.step if info else None,
-                           info.created_unix if info else None)
+    if metrics:  # a fresh start is where a restart would resume: step 0, now
+        metrics.on_resumed(state.progress.step, world_size, info.step if info else 0,
+                           info.created_unix if info else time.time())
     if rank == 0:
         origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
         print(f"trainer: {format_count(parameters)} parameters, world size {world_size}, "
