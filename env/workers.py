@@ -6,11 +6,18 @@ waiting for its next run would die of a KeyboardInterrupt raised inside concurre
 print its traceback under the command's one-line "rlalloc: interrupted". Workers from here
 leave quietly instead (exit status 130, the shell's for SIGINT); a worker in the middle of a run
 ends it at once, so the command stops without waiting for its runs to finish.
+
+Workers are forked, so a parent that loaded a saved model (to check a `--policy` or `--base`
+before any run) hands them a torch whose intra-op thread pool did not survive the fork: the
+first parallel torch call in a worker then waits for ever on those threads (`rlalloc headroom
+--base ppo` hung at 0 %). Workers therefore run torch on one thread, as the style guide asks
+of every simulation process on this machine anyway.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
 from typing import NoReturn
@@ -25,8 +32,12 @@ def worker_pool(max_workers: int) -> ProcessPoolExecutor:
 
 
 def _leave_quietly_on_interrupt() -> None:
-    """Worker initializer: SIGINT raises SystemExit, which a process ends on silently."""
+    """Worker initializer: SIGINT raises SystemExit, which a process ends on silently; torch,
+    if the parent imported it, keeps to the worker's own thread (see the module docstring)."""
     signal.signal(signal.SIGINT, _exit_interrupted)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _exit_interrupted(signum: int, frame: FrameType | None) -> NoReturn:

@@ -147,6 +147,15 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
         load_policy(str(out))
 
 
+def test_a_directory_with_a_size_table_and_a_trained_model_is_refused(tmp_path):
+    """`sizes fit --force` into a model's directory (or `train --force` into a size table's,
+    which keeps sizes.json) left a model that silently ran as the sized heuristic."""
+    (tmp_path / SIZES_FILE).write_text("{}")
+    (tmp_path / "policy.json").write_text("{}")
+    with pytest.raises(UserError, match="holds both a size table .* and a trained model"):
+        load_policy(str(tmp_path))
+
+
 @needs_pollux
 def test_sizes_fit_card_names_the_jobs_and_cluster_and_older_tables_still_load(tmp_path):
     """card.md lists each entry by the application and batch size of its past jobs, not by

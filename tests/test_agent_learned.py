@@ -3,6 +3,7 @@ mask, the CLI rejects bad policies in one line, and PPO learns a trivial scenari
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -119,6 +120,20 @@ def test_evaluate_rejects_unknown_policies_in_one_line(tmp_path, bad):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and bad in lines[0] and "static" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_file_of_a_saved_model_is_refused_naming_its_directory(tmp_path):
+    """`--policy DIR/policy.pt` said "unknown policy" and listed the built-in names."""
+    model = tmp_path / "my-ppo"
+    model.mkdir()
+    for name in ("policy.json", "policy.pt"):
+        (model / name).write_text("{}")
+    with pytest.raises(UserError, match="is a file, not a saved model; give its directory, "
+                                        + re.escape(str(model)) + "$"):
+        load_policy(str(model / "policy.pt"))
+    (tmp_path / "jobs.csv").write_text("job_id\n")
+    with pytest.raises(UserError, match="is a file, not a saved model; give the directory"):
+        load_policy(str(tmp_path / "jobs.csv"))
 
 
 def test_evaluate_writes_results_with_cis(tmp_path):

@@ -18,7 +18,7 @@ from agent.distill import load_recordings
 from agent.evaluation import finished_jcts_s, run_policy
 from agent.headroom_cmd import RECORDINGS_DIR, recording_path
 from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
-from agent.registry import load_policy
+from agent.registry import MODELS_DIR, load_policy
 from env.cli import main
 from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
@@ -214,6 +214,20 @@ def test_headroom_writes_its_report(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--force" in again.stderr
     assert json.loads((tmp_path / "headroom.json").read_text()) == report
+
+
+def test_headroom_runs_a_learned_base_in_its_workers(tmp_path):
+    """The parent loads the model to check --base before forking the workers; they hung for
+    ever in torch's thread pool until each worker kept torch to one thread."""
+    if not (MODELS_DIR / "ppo").is_dir():
+        pytest.skip("models/ppo not trained yet")
+    proc = subprocess.run(
+        [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
+         SMALL[1], "--base", "ppo", "--futures", "none", "--jobs", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "headroom.json").read_text())
+    assert report["workloads"][SMALL[0]]["base_avg_jct_s"] > 0
 
 
 def _report(columns):

@@ -215,6 +215,18 @@ def test_unknown_header(tmp_path):
         ("name,time,application,num_replicas\nj,0,ncf,1\n",
          "Pollux workload is missing column(s) batch_size"),
         ("", "the file is empty"),
+        # a misspelt, unknown or repeated column: the optional one would be silently ignored
+        ("job_id,submit_s,num_gpus,duration_s,max_gpu\na,0,1,10,4\n",
+         "column 'max_gpu' is not a canonical column; rename it to max_gpus"),
+        ("job_id,submit_s,num_gpus,duration_s,owner\na,0,1,10,me\n",
+         "column 'owner' is not a canonical column; rename or remove it"),
+        ("job_id,submit_s,num_gpus,duration_s,\na,0,1,10,\n",
+         "an unnamed column is not a canonical column; remove it"),
+        ("job_id,submit_s,num_gpus,duration_s,num_gpus\na,0,1,10,2\n",
+         "the header names column num_gpus twice"),
+        # pandas reads a column of only true/false as booleans, which are not GPU counts
+        (CANONICAL_HEADER + "a,0,true,10\n", "row 1 (line 2): num_gpus must be a whole number"),
+        (CANONICAL_HEADER + "a,0,1,True\n", "row 1 (line 2): duration_s must be a number"),
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):

@@ -25,8 +25,9 @@ Optional (a column may be absent, or a cell empty):
 * ``restore_s`` — checkpoint-restore seconds (0 to a day) paid on every (re)start or resize.
   Default: the Sia figure for the application, else 65 s.
 
-Every row has as many fields as the header (an empty cell keeps its comma); limits are the
-``MAX_*`` constants of `env.workload.table`.
+Every row has as many fields as the header (an empty cell keeps its comma); any other column is
+refused, since a misspelt optional one would be ignored; limits are the ``MAX_*`` constants of
+`env.workload.table`.
 
 Example::
 
@@ -74,7 +75,8 @@ def load_canonical(
 ) -> Workload:
     """Load a canonical workload CSV; `profiles` is needed only if a row names an application."""
     path = Path(path)
-    df = read_table(path, CANONICAL_COLUMNS, "canonical", text=("job_id", "application"))
+    df = read_table(path, CANONICAL_COLUMNS, "canonical", text=("job_id", "application"),
+                    optional=CANONICAL_OPTIONAL_COLUMNS)
     for column in CANONICAL_OPTIONAL_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan

@@ -7,6 +7,7 @@ the file line next to them so an editor can jump there.
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 from pathlib import Path
 
@@ -47,13 +48,16 @@ def reject_directory(path: Path, usage: str) -> None:
 
 
 def read_table(
-    path: Path, required: tuple[str, ...], fmt: str, text: tuple[str, ...] = ()
+    path: Path, required: tuple[str, ...], fmt: str, text: tuple[str, ...] = (),
+    optional: tuple[str, ...] | None = None,
 ) -> pd.DataFrame:
     """Read `path` as CSV and check `required` columns are present; `fmt` names the format.
     Columns in `text` stay strings (job ids such as ``01``, which as numbers would equal ``1``).
     Only a blank cell is missing: ``nan`` or ``NA`` is a value that is not a number, rejected
-    as such, not an empty optional cell."""
-    reject_ragged_rows(path)
+    as such, not an empty optional cell. A column named twice is refused; with `optional`
+    (a format of our own), so is any column neither required nor optional."""
+    header = reject_ragged_rows(path)
+    reject_bad_columns(path, header, fmt, None if optional is None else (*required, *optional))
     try:
         df = pd.read_csv(path, skipinitialspace=True, dtype=dict.fromkeys(text, str),
                          keep_default_na=False, na_values=[""])
@@ -80,10 +84,32 @@ def require_columns(path: Path, header: set[str], required: tuple[str, ...], fmt
         )
 
 
-def reject_ragged_rows(path: Path) -> None:
-    """Reject a row with more or fewer fields than the header. pandas would take one extra
-    field in every row as the index and shift each value one column left, and fill a short
-    row with empty cells, so either would load as a different job than the file says."""
+def reject_bad_columns(
+    path: Path, header: list[str], fmt: str, allowed: tuple[str, ...] | None
+) -> None:
+    """Reject a column named twice (pandas would read the first and rename the second ``x.1``)
+    and, if `allowed` is given, any other column: a misspelt optional column (``max_gpu``)
+    would be ignored, and its jobs would silently run with the defaults."""
+    repeated = [c for i, c in enumerate(header) if c and c in header[:i]]
+    if repeated:
+        raise UserError(f"{path}: the header names column {repeated[0]} twice; keep one of them")
+    unknown = [] if allowed is None else [c for c in header if c not in allowed]
+    if unknown:
+        if not unknown[0]:
+            named, fix = "an unnamed column", "remove it (a trailing comma in the header adds one)"
+        else:
+            close = difflib.get_close_matches(unknown[0], allowed, n=1)
+            named = f"column {unknown[0]!r}"
+            fix = f"rename it to {close[0]}" if close else "rename or remove it"
+        raise UserError(f"{path}: {named} is not a {fmt} column; {fix} (columns: "
+                        f"{','.join(allowed)}; see docs/workloads.md)")
+
+
+def reject_ragged_rows(path: Path) -> list[str]:
+    """Reject a row with more or fewer fields than the header, and return the header (names
+    stripped). pandas would take one extra field in every row as the index and shift each value
+    one column left, and fill a short row with empty cells, so either would load as a different
+    job than the file says."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             rows = csv.reader(handle, skipinitialspace=True)
@@ -95,6 +121,7 @@ def reject_ragged_rows(path: Path) -> None:
                 row += 1
                 if len(fields) != len(header):
                     _reject_field_count(path, row, rows.line_num, len(fields), len(header))
+            return [column.strip() for column in header]
     except FileNotFoundError as err:
         raise UserError(f"{path}: no such file; check the path") from err
     except (OSError, UnicodeDecodeError, csv.Error) as err:
@@ -124,8 +151,13 @@ def reject_rows(path: Path, bad: np.ndarray | pd.Series, problem: str, fix: str)
 
 
 def numeric(df: pd.DataFrame, column: str) -> np.ndarray:
-    """`column` as float64, NaN where a cell is empty or not a number."""
-    return pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+    """`column` as float64, NaN where a cell is empty or not a number. pandas reads a column
+    of only ``true``/``false`` cells as booleans, which would count as 1 and 0 (``num_gpus``
+    ``true`` ran as one GPU): they are not numbers either."""
+    values = df[column]
+    if values.dtype == bool or values.dtype == object:  # numeric columns hold no booleans
+        values = values.mask(values.map(lambda cell: isinstance(cell, (bool, np.bool_))))
+    return pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
 
 
 def seconds(
