@@ -242,11 +242,18 @@ def paired_runs(results: dict[RunSpec, dict], policy: str,
             if spec.policy == policy and (spec.workload, spec.seed) in base]
 
 
+NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01}
+"""Reference values too small to take a % change against: a reference that queued jobs for
+0.02 s on average made another policy's 15 s "+73,925 %", a figure that says nothing about
+either. Jobs run for hours, so a second of mean queueing or a restart per hundred jobs is none."""
+
+
 def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
     """Per run, the % change of `key` against the reference. Undefined where the reference's
-    value is 0 (e.g. no queueing at all): such runs are left out here and count only towards
-    better/worse in `paired_changes`."""
-    return [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if b[key]]
+    value is 0 or negligible (`NEGLIGIBLE_BASE`; e.g. no queueing at all): such runs are left
+    out here and count only towards better/worse in `paired_changes`."""
+    floor = NEGLIGIBLE_BASE.get(key, 0.0)
+    return [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if abs(b[key]) > floor]
 
 
 def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
