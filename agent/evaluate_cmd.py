@@ -384,7 +384,7 @@ def _cell_legend(report: dict) -> str:
 
 
 def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
-                 out: Path) -> None:
+                 out: Path, colors: dict[str, str]) -> None:
     """paired_avg_jct.png: every run's avg-JCT change against `reference`, per policy, with
     the mean: the spread the paired CI summarises, and which workloads drive it."""
     import matplotlib.pyplot as plt
@@ -393,7 +393,7 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
     fig, ax = plt.subplots(figsize=(7, 0.6 * len(others) + 1.8))
     for row, policy in enumerate(others):
         changes = percent_changes(paired_runs(results, policy, reference), "avg_jct_s")
-        ax.scatter(changes, np.full(len(changes), row), s=18, alpha=0.6)
+        ax.scatter(changes, np.full(len(changes), row), s=18, alpha=0.6, color=colors[policy])
         if changes:
             ax.plot([np.mean(changes)] * 2, [row - 0.3, row + 0.3], color="black", lw=2)
     ax.axvline(0.0, color="grey", lw=1)
@@ -419,8 +419,11 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # one colour per policy in every figure (the paired plot leaves the reference out, which
+    # would otherwise shift matplotlib's colour cycle by one there)
+    colors = {policy: f"C{i % 10}" for i, policy in enumerate(names)}
     if reference is not None:
-        _paired_plot(results, names, reference, out)
+        _paired_plot(results, names, reference, out, colors)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy, name in names.items():
@@ -428,7 +431,7 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
                                        if s.policy == policy] or [np.zeros(0)]))
         if len(jcts):  # a zero-length job (a zero duration in the trace) has no log position
             ax.plot(np.maximum(jcts, 1.0) / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts),
-                    label=name)
+                    label=name, color=colors[policy])
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("share of jobs")
@@ -454,7 +457,8 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
             if key == "alloc_gpus":
                 from env.cluster import parse_cluster
                 values = values / parse_cluster(spec.cluster).total_gpus
-            ax.plot(np.asarray(series["t"]) / 3600.0, values, label=name, lw=1)
+            ax.plot(np.asarray(series["t"]) / 3600.0, values, label=name, lw=1,
+                    color=colors[policy])
         ax.set_xlabel("time (h)")
         ax.set_ylabel(label)
         if first is not None:

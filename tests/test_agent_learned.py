@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,6 +185,34 @@ def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
     unpaired = confidence([r["metrics"]["avg_jct_s"] for s, r in results.items()
                            if s.policy == "b"])
     assert unpaired["ci95"] > 0.1 * unpaired["mean"]
+
+
+def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from agent import evaluate_cmd
+    from agent.evaluate_cmd import RunSpec
+
+    drawn = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: drawn.__setitem__(Path(path).name, fig))
+    results = {}
+    for i, policy in enumerate(("static", "elastic", "ppo")):
+        for seed in (0, 1):
+            results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
+                "metrics": {"avg_jct_s": 100.0 + 10 * i + seed},
+                "jcts_s": np.array([50.0, 100.0 + i]),
+                "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
+    names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
+    evaluate_cmd._plots(results, names, tmp_path, reference="static")
+    colour = {line.get_label(): matplotlib.colors.to_hex(line.get_color())
+              for line in drawn["jct_cdf.png"].axes[0].get_lines()}
+    for png in ("gpu_util.png", "queue_length.png"):
+        assert {line.get_label(): matplotlib.colors.to_hex(line.get_color())
+                for line in drawn[png].axes[0].get_lines()} == colour
+    dots = drawn["paired_avg_jct.png"].axes[0].collections  # one per policy but the reference
+    assert [matplotlib.colors.to_hex(d.get_facecolor()[0]) for d in dots] == [
+        colour["elastic"], colour["ppo"]]
 
 
 def test_evaluate_rejects_a_reference_not_evaluated(tmp_path, capsys):
