@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from env.argtypes import POSITIVE_INT, AppendOnce, unique_names
-from env.cluster import cluster_markdown, cluster_record
+from env.cluster import add_cluster_flag, cluster_markdown, cluster_record
 from env.efficiency import EFFICIENCY_MODES, add_efficiency_flag
 from env.errors import UserError
 from env.metrics import METRIC_KEYS
@@ -70,9 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT} (the embedded generator)")
-    parser.add_argument("--cluster", default="16x4",
-                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
-                             "(default: %(default)s)")
+    add_cluster_flag(parser)
     parser.add_argument("--policies", type=unique_names, default=DEFAULT_POLICIES,
                         help="comma-separated built-in names or saved-model directories, each "
                              "once "

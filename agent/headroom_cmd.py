@@ -29,6 +29,7 @@ import numpy as np
 from agent.job_sizes import JobSizeHistory, told_sizes
 from agent.lookahead import parse_future
 from env.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
+from env.cluster import add_cluster_flag
 from env.efficiency import add_efficiency_flag
 from env.errors import UserError
 from env.output import (
@@ -57,9 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload (repeatable, each once): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
                              f"default {EMBEDDED_DEFAULT}")
-    parser.add_argument("--cluster", default="16x4",
-                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
-                             "(default: %(default)s)")
+    add_cluster_flag(parser)
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the policy followed wherever the lookahead does not deviate, "
                              "and in every fork (default elastic-srpt-0.25)")

@@ -13,6 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
 
@@ -26,9 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         required=True,
                         help="past workload to learn job sizes from (repeatable): a CSV whose "
                              "jobs name their application and batch size")
-    parser.add_argument("--cluster", default="16x4",
-                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
-                             "(default: %(default)s)")
+    add_cluster_flag(parser)
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the elastic heuristic the sizes inform (default elastic-srpt-0.25)")
     add_out_flags(parser, Path("runs/sizes"))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.training import TrainConfig
 from env.argtypes import POSITIVE_INT, SEED, above, at_least, within
+from env.cluster import add_cluster_flag
 from env.efficiency import add_efficiency_flag
 
 _DEFAULTS = TrainConfig()
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training workload (repeatable): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]];"
                              f" default {_DEFAULTS.workloads[0]}")
-    parser.add_argument("--cluster", default=_DEFAULTS.cluster, help="cluster spec, e.g. 16x4")
+    add_cluster_flag(parser, _DEFAULTS.cluster)
     parser.add_argument("--timesteps", type=at_least(0), default=_DEFAULTS.timesteps,
                         help="RL environment steps after the warm start (default: "
                              "%(default)s), rounded up to whole rollouts: of --n-steps x "

@@ -19,6 +19,7 @@ H100), in any case; unknown keys, fractional counts and unknown types are one-li
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,13 @@ class ClusterSpec:
             for (gpus, gtype), count in groups.items()
         ]
         return "+".join(parts)
+
+
+def add_cluster_flag(parser: argparse.ArgumentParser, default: str = "16x4") -> None:
+    """--cluster, described alike by every command that simulates (`parse_cluster` reads it)."""
+    parser.add_argument("--cluster", default=default,
+                        help="NODESxGPUS (e.g. 16x4, 128x8:A100) or a cluster YAML "
+                             "(default: %(default)s)")
 
 
 def uniform_cluster(

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from env.argtypes import SEED, above
+from env.cluster import add_cluster_flag
 from env.efficiency import add_efficiency_flag
 from env.failures import parse_failure_rate
 from env.metrics import METRIC_KEYS
@@ -40,9 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=EMBEDDED_DEFAULT,
                         help="CSV path (Philly, Pollux or canonical) or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] (default: %(default)s)")
-    parser.add_argument("--cluster", default="16x4",
-                        help="NODESxGPUS (e.g. 16x4, 128x8) or a cluster YAML "
-                             "(default: %(default)s)")
+    add_cluster_flag(parser)
     parser.add_argument("--policy", default="static",
                         help="built-in policy name or path to a saved model "
                              "(default: %(default)s)")
