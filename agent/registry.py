@@ -39,7 +39,7 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
     "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
 }
 """Built-in heuristics by name."""
-_MODEL_META_FILE = "policy.json"
+MODEL_META_FILE = "policy.json"
 """`agent.deployed.META_FILE`, named here so that recognising a saved model imports no torch."""
 SHIPPED_MODELS = ("ppo", "dqn")
 """Names of the learned policies shipped in `MODELS_DIR`."""
@@ -75,9 +75,9 @@ def load_policy(name_or_path: str) -> Policy:
         return load_deployed(directory, name=name_or_path)
     path = Path(name_or_path)
     if (path / SIZES_FILE).is_file():
-        if (path / _MODEL_META_FILE).is_file():  # `--force` of one command into the other's OUT
+        if (path / MODEL_META_FILE).is_file():  # `--force` of one command into the other's OUT
             raise UserError(f"{path}: holds both a size table ({SIZES_FILE}, `rlalloc sizes fit`) "
-                            f"and a trained model ({_MODEL_META_FILE}, `rlalloc train`), so which "
+                            f"and a trained model ({MODEL_META_FILE}, `rlalloc train`), so which "
                             "policy it is is unclear; move one of them to a directory of its own")
         from agent.job_sizes import load_sized_policy
 
@@ -85,7 +85,7 @@ def load_policy(name_or_path: str) -> Policy:
     if path.is_dir():
         return load_deployed(path, name=path.name)
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files
-        saved = any((path.parent / f).is_file() for f in (SIZES_FILE, _MODEL_META_FILE))
+        saved = any((path.parent / f).is_file() for f in (SIZES_FILE, MODEL_META_FILE))
         hint = (f"give its directory, {path.parent}" if saved else
                 "give the directory that `rlalloc train` or `rlalloc sizes fit` wrote")
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")

@@ -13,6 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from agent.registry import MODEL_META_FILE
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
@@ -38,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
     from env.scenario import build_scenario
 
+    if (args.out / MODEL_META_FILE).exists():  # its card.md is the model's, not ours to replace
+        raise UserError(f"--out {args.out}: holds a model trained by `rlalloc train` "
+                        f"({MODEL_META_FILE}), which --force does not replace; choose another "
+                        "--out")
     try:
         told_sizes(args.base, None, args.base)
     except UserError as err:

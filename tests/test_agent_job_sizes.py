@@ -156,6 +156,24 @@ def test_a_directory_with_a_size_table_and_a_trained_model_is_refused(tmp_path):
         load_policy(str(tmp_path))
 
 
+@pytest.mark.parametrize("kept, argv", [
+    ("policy.json", ["sizes", "fit", "--workload", "synthetic:8:1.0", "--cluster", "2x4"]),
+    (SIZES_FILE, ["train", "--workload", "synthetic:8:1.0", "--cluster", "2x4",
+                  "--timesteps", "64"]),
+])
+def test_neither_command_writes_into_the_others_directory_even_with_force(tmp_path, kept,
+                                                                          argv):
+    """Both write card.md: `--force` of one into the other's directory replaced the other's
+    card and left a directory that is neither policy."""
+    (tmp_path / kept).write_text("{}")
+    (tmp_path / "card.md").write_text("the other command's card")
+    proc = _cli(*argv, "--out", str(tmp_path), "--force")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "which --force does not replace; choose another --out" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kept, "card.md"])
+    assert (tmp_path / "card.md").read_text() == "the other command's card"
+
+
 @needs_pollux
 def test_sizes_fit_card_names_the_jobs_and_cluster_and_older_tables_still_load(tmp_path):
     """card.md lists each entry by the application and batch size of its past jobs, not by
