@@ -13,21 +13,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
 
 from actuator.config import ActuatorConfig
 from actuator.kube import KubeClient, KubeError, now_rfc3339
+from actuator.state_builder import parse_time
 
 log = logging.getLogger(__name__)
 
 _SAFETY = 0.8
 """Act only within this share of the lease duration after the last renewal."""
-
-
-def _parse_micro(text: str | None) -> float:
-    if not text:
-        return 0.0
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 class LeaderElector:
@@ -104,7 +98,8 @@ class LeaderElector:
             self._renewed_at = self._clock()
             return
         duration = float(spec.get("leaseDurationSeconds") or self._duration_s)
-        expired = self._clock() - _parse_micro(spec.get("renewTime")) > duration
+        renewed = spec.get("renewTime")
+        expired = self._clock() - (parse_time(renewed) if renewed else 0.0) > duration
         if holder and not expired:
             if self._renewed_at is not None:
                 log.warning("lost the lease to %s", holder)

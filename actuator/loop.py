@@ -24,7 +24,7 @@ from actuator.observe import DEFAULT_HISTORY_MIN, MetricsSource, ObserveError
 from actuator.server import ActuatorMetrics, Health
 from actuator.state_builder import BuiltState, Ledger, Observation, build_state
 from env.signals import Signals, load_signals
-from env.state import ActionKind
+from env.state import Action, ActionKind
 from trainer_jobs.crd_schema import PyTorchJobValidationError
 
 log = logging.getLogger("rlalloc.actuator")
@@ -209,7 +209,7 @@ class Controller:
 _EVENT_REASONS = {REFUSED: "ActionRefused", FAILED: "ActionFailed"}
 
 
-def _applied_reason(action: object, built: BuiltState) -> str:
+def _applied_reason(action: Action, built: BuiltState) -> str:
     """Event reason of an applied action: Started, Scaled, Suspended or Migrated."""
     if action.kind == ActionKind.MIGRATE:
         return "Migrated"

@@ -31,7 +31,7 @@ from actuator.server import (
 )
 from env.errors import UserError
 from env.signals import Signals, load_signals
-from trainer_jobs.crd_schema import CRD_PATH_ENV, resolve_crd_path
+from trainer_jobs.crd_schema import check_crd
 
 _EPILOG = """\
 settings: defaults < YAML file (--config or $RLALLOC_ACTUATOR_CONFIG) < environment
@@ -92,10 +92,7 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("rlalloc.actuator")
     policy = load_policy(config.policy)
     signals = load_actuator_signals(config.signals)
-    crd_path = resolve_crd_path()
-    if not crd_path.is_file():
-        raise UserError(f"PyTorchJob CRD not found at {crd_path}; set {CRD_PATH_ENV} to "
-                        "kubeflow.org_pytorchjobs.v1.9.0.yaml (the image ships it)")
+    check_crd()  # every patch is validated against it: a wrong file must stop the start-up
     kube = KubeClient(config, api_client_from(config))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     metrics, health = ActuatorMetrics(), Health(stale_after_s=5 * config.interval_s + 60.0)

@@ -109,7 +109,14 @@ def _refuse_training_series(series: Path, model: Path) -> None:
     beats the baselines for the wrong reason; refuse it rather than print such a table."""
     if not (model / CARD_FILE).is_file() or not series.is_file():
         return
-    trained_on = read_card(model).get("trained_on", [])
+    try:
+        card = read_card(model)
+    except (OSError, ValueError):  # not JSON: one line below, not the parser's traceback
+        card = None
+    if not isinstance(card, dict):
+        raise UserError(f"--model {model}: {CARD_FILE} is not a readable model card; train it "
+                        "again with `forecast train --out DIR --force`")
+    trained_on = card.get("trained_on", [])
     if any(Path(path).is_file() and Path(path).samefile(series) for path in trained_on):
         raise UserError(f"--series {series}: --model {model} was trained on it (its "
                         f"{CARD_FILE}), so its errors there would flatter it; pass a series "

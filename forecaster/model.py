@@ -34,7 +34,7 @@ class LSTMForecaster:
         network: DemandLSTM,
         n_seq_features: int,
         n_scalar_features: int,
-    ):
+    ) -> None:
         self.config = config
         self.stats = stats
         self.network = network.eval()

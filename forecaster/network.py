@@ -14,7 +14,8 @@ class DemandLSTM(nn.Module):
     Outputs one scaled demand change per horizon (see `forecaster.features`).
     """
 
-    def __init__(self, config: ForecasterConfig, n_seq_features: int, n_scalar_features: int):
+    def __init__(self, config: ForecasterConfig, n_seq_features: int,
+                 n_scalar_features: int) -> None:
         super().__init__()
         self.lstm = nn.LSTM(n_seq_features, config.hidden_size, batch_first=True)
         self.head = nn.Sequential(

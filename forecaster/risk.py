@@ -71,7 +71,7 @@ class RiskModel:
         weights: np.ndarray,
         bias: float,
         threshold: float = 0.5,
-    ):
+    ) -> None:
         self.config = config
         self.feature_names = feature_names
         self.mean, self.std, self.weights, self.bias = mean, std, weights, bias
@@ -130,7 +130,7 @@ def load_risk_model(path: str | Path | None = None) -> RiskModel:
 def lagged(features: np.ndarray, lag_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """(T, N, F) features and the same shifted by ``lag_steps`` (zeros before the start)."""
     earlier = np.zeros_like(features)
-    earlier[lag_steps:] = features[:-lag_steps]
+    earlier[lag_steps:] = features[: len(features) - lag_steps]  # not [:-lag]: empty for 0
     return features, earlier
 
 

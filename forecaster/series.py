@@ -55,7 +55,6 @@ class DemandSegment:
 
     demand: np.ndarray
     start_minute_of_day: int
-    start_time: pd.Timestamp
 
     def minute_of_day(self) -> np.ndarray:
         """Minute of day (0..1439) of every sample; time-of-day features are built from it."""
@@ -232,7 +231,6 @@ def _segments(
             DemandSegment(
                 demand=demand[lo:hi][grid_source].astype(np.float32),
                 start_minute_of_day=start.hour * 60 + start.minute,
-                start_time=start,
             )
         )
     return segments, filled

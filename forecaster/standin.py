@@ -26,7 +26,8 @@ STANDIN_FILE = "standin.json"
 class EWMAForecaster:
     """Forecast every horizon as an exponentially weighted mean of the recent history."""
 
-    def __init__(self, half_lives_min: tuple[float, ...], horizons_min: tuple[int, ...]):
+    def __init__(self, half_lives_min: tuple[float, ...],
+                 horizons_min: tuple[int, ...]) -> None:
         if len(half_lives_min) != len(horizons_min):
             raise ValueError("one half-life per horizon")
         self.half_lives_min = tuple(float(h) for h in half_lives_min)

@@ -119,7 +119,6 @@ def _slice(segment: DemandSegment, lo: int, hi: int) -> DemandSegment:
     return DemandSegment(
         demand=segment.demand[lo:hi],
         start_minute_of_day=int(segment.minute_of_day()[lo]) if hi > lo else 0,
-        start_time=segment.start_time,
     )
 
 
@@ -152,7 +151,11 @@ def _tensors(
 def _validation_mae(
     network: DemandLSTM, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 ) -> float:
-    """Weighted absolute error on the validation windows (1.0 = the naive forecast's error)."""
+    """Weighted absolute error on the validation windows (1.0 = the naive forecast's error).
+
+    Where demand never moves in the validation windows (a cluster that stayed full), the naive
+    forecast is exact and nothing can be relative to it: the error is then the weighted
+    absolute one, which still ranks the epochs (the divisor is the same for all of them)."""
     network.eval()
     with torch.inference_mode():
         errors = [
@@ -160,4 +163,4 @@ def _validation_mae(
             for s, c, t, w in zip(*(part.split(4096) for part in data), strict=True)
         ]
     naive = (data[2].abs() * data[3]).sum().item()
-    return sum(errors) / naive
+    return sum(errors) / naive if naive > 0 else sum(errors) / len(data[2])

@@ -203,6 +203,19 @@ def wait_until(predicate: object, timeout_s: float, step_s: float = 0.2) -> bool
     return bool(predicate())
 
 
+class Scripted:
+    """A policy that proposes `actions` in turn, then no-ops."""
+
+    name = "scripted"
+
+    def __init__(self, *actions: Action) -> None:
+        self._actions = list(actions)
+
+    def act(self, state: ClusterState) -> Action:
+        """The next scripted action (NOOP once they are used up)."""
+        return self._actions.pop(0) if self._actions else NOOP
+
+
 class TinyElastic:
     """A small elastic policy with obvious answers, for tests (not a baseline).
 

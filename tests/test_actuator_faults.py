@@ -43,7 +43,6 @@ from env.cli import main as cli_main
 from env.errors import UserError
 from env.failures import STRESS_FAILURES_PER_GPU_DAY
 from env.state import (
-    NOOP,
     Action,
     ActionKind,
     ClusterState,
@@ -57,6 +56,7 @@ from env.state import (
 from tests.actuator_fixtures import (
     EmptyPrometheus,
     PrometheusServer,
+    Scripted,
     TinyElastic,
     controller,
     free_port,
@@ -102,18 +102,6 @@ def _world(tmp_path, state: ClusterState, **overrides: object):
     metrics = RecordedMetrics(MetricsSnapshot(
         query_results(state, "default", names, time.time()), state.time_s))
     return server, config, kube_client(tmp_path, Twinish, config), metrics
-
-
-class Scripted:
-    """A policy that proposes `actions` in turn, then no-ops."""
-
-    name = "scripted"
-
-    def __init__(self, *actions: Action) -> None:
-        self._actions = list(actions)
-
-    def act(self, state: ClusterState) -> Action:
-        return self._actions.pop(0) if self._actions else NOOP
 
 
 def _writes(api: TwinKubeAPI) -> list[str]:
@@ -509,6 +497,25 @@ def test_a_bad_kubeconfig_is_one_line_naming_it(tmp_path, monkeypatch, capsys, t
     code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {"kubeconfig": str(path)}, "--dry-run")
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"rlalloc: error: kubeconfig {path}: {expected}")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("kind: ConfigMap\n", "is not a CustomResourceDefinition"),
+    ("spec: [1, 2\n", "is not valid YAML"),
+    (None, "cannot read the PyTorchJob CRD"),
+])
+def test_a_wrong_crd_file_is_one_line_at_start_up(tmp_path, monkeypatch, capsys, text,
+                                                  expected):
+    # every patch is validated against the CRD: a wrong file must stop the start-up, not
+    # fail every cycle's first write (a dry run, which writes nothing, would never notice)
+    crd = tmp_path / "crd.yaml"
+    if text is not None:
+        crd.write_text(text)
+    monkeypatch.setenv("RLALLOC_CRD_PATH", str(crd))
+    code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+        "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}")}, "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert expected in err[0] and str(crd) in err[0] and "RLALLOC_CRD_PATH" in err[0]
 
 
 def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):

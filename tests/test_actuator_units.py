@@ -41,7 +41,6 @@ from env.failures import NODE_FEATURE_NAMES
 from env.params import SimParams
 from env.signals import load_signals
 from env.state import (
-    NOOP,
     Action,
     ActionKind,
     ClusterState,
@@ -52,6 +51,7 @@ from env.state import (
     NodeInfo,
     Nodes,
 )
+from tests.actuator_fixtures import Scripted
 from trainer_jobs.crd_schema import validate_pytorchjob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,16 +66,6 @@ def _world(time_s: float = 1000.0) -> ClusterState:
                 throughput=2.0),
         JobInfo("wait", JobStatus.QUEUED, 10.0, 4, 2, 4)])
     return ClusterState(time_s=time_s, nodes=nodes, jobs=jobs, demand=Demand(pending_gpus=4))
-
-
-class Scripted:
-    name = "scripted"
-
-    def __init__(self, *actions: Action) -> None:
-        self.actions = list(actions)
-
-    def act(self, state: ClusterState) -> Action:
-        return self.actions.pop(0) if self.actions else NOOP
 
 
 def _decide(*actions: Action, config: ActuatorConfig | None = None,
@@ -522,6 +512,23 @@ def test_twin_shows_a_job_the_simulator_failed_as_pending_in_the_same_tick(caplo
         sim.node_names[i] for i in sim.state().jobs.placement[0]]
 
 
+def test_a_stopped_twin_closes_both_its_ports():
+    import socket
+
+    from actuator.twin.harness import start_twin
+    from tests.actuator_fixtures import job, quiet_params, scenario
+
+    running = start_twin(scenario([job("a", 0, 1, 1, 1)], nodes=1, gpus=1),
+                         params=quiet_params(60.0, 0.2))
+    ports = [running.metrics_port, int(running.kube_url.rsplit(":", 1)[1])]
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5) as response:
+        assert b"rlalloc_twin_clock_seconds" in response.read()
+    running.stop()
+    for port in ports:  # a test run starts dozens of twins: none may keep listening
+        with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))
+
+
 # ------------------------------------------------------------------------------ benchmark
 def test_bench_measures_a_cycle():
     from actuator.bench import measure
@@ -539,8 +546,10 @@ def test_bench_cli_writes_cycle_s(tmp_path):
 
     out = tmp_path / "bench.json"
     assert main(["bench", "actuator", "--nodes", "20", "--jobs", "40", "--repeats", "1",
-                 "--out", str(out)]) == 0
-    assert "cycle_s" in yaml.safe_load(out.read_text())
+                 "--policy", "static", "--out", str(out)]) == 0
+    result = yaml.safe_load(out.read_text())
+    assert (result["nodes"], result["jobs"], result["policy"]) == (20, 40, "static")
+    assert result["pods"] > 0 and result["cycle_s"] > 0  # a busy cluster, really timed
 
 
 def test_actuator_needs_neither_the_simulator_nor_the_training_stack():

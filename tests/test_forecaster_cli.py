@@ -258,7 +258,8 @@ def test_mape_without_large_enough_targets_is_null_and_explained():
     assert "MAPE n/a at 5 min, 15 min: no actual demand reached 0.05" in table
 
 
-@pytest.mark.parametrize("damage", ["no weights", "bad weights", "bad standin", "no config key"])
+@pytest.mark.parametrize("damage", ["no weights", "bad weights", "bad standin", "no config key",
+                                    "bad card"])
 def test_evaluate_model_dir_with_missing_or_broken_files_is_one_line_error(
         trained_dir, tmp_path, capsys, damage):
     model = tmp_path / "model"
@@ -269,6 +270,8 @@ def test_evaluate_model_dir_with_missing_or_broken_files_is_one_line_error(
         (model / "weights.pt").write_bytes(b"not a state dict")
     elif damage == "bad standin":
         (model / "standin.json").write_text("{")
+    elif damage == "bad card":
+        (model / "card.json").write_text("{")
     else:
         (model / "config.json").write_text('{"format_version": 1}')
     held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)

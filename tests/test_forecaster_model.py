@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -25,8 +27,7 @@ def daily_cycle(days: int, seed: int) -> DemandSegment:
     minutes = np.arange(days * 1440)
     noise = np.random.default_rng(seed).normal(0.0, 0.005, len(minutes))
     demand = 0.5 + 0.3 * np.sin(2 * np.pi * minutes / 1440) + noise
-    return DemandSegment(demand=demand.astype(np.float32), start_minute_of_day=0,
-                         start_time=None)
+    return DemandSegment(demand=demand.astype(np.float32), start_minute_of_day=0)
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +91,17 @@ def test_ewma_standin_round_trip_and_constant_series(tmp_path):
     loaded = EWMAForecaster.load(tmp_path / "standin.json")
     np.testing.assert_allclose(loaded.predict(np.full(200, 0.4)), [0.4, 0.4, 0.4])
     assert loaded.half_lives_min == standin.half_lives_min
+
+
+def test_training_on_a_series_whose_validation_tail_never_moves():
+    # the cluster stays full for the last hours: the naive forecast is exact on every
+    # validation window, and the epochs must still be compared (not divided by zero)
+    segment = daily_cycle(3, seed=2)
+    demand = segment.demand.copy()
+    demand[-520:] = 1.0
+    flat_tail = replace(segment, demand=demand)
+    model, report = train_forecaster([flat_tail], replace(TINY, epochs=2), show_progress=False)
+    assert report.validation_windows > 0 and report.best_epoch in (1, 2)
+    assert all(np.isfinite(report.validation_mae_per_epoch))
+    forecast = model.predict(demand, last_minute_of_day=(len(demand) - 1) % 1440)
+    assert np.isfinite(forecast).all()

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from forecaster.risk import RiskConfig, RiskModel
+from forecaster.risk import RiskConfig, RiskModel, lagged
 from forecaster.risk_eval import any_xid_rule, roc_auc, score_risk
 from forecaster.risk_train import simulate, train_risk_model
 
@@ -51,3 +51,12 @@ def test_save_load_round_trip(model_and_test, tmp_path):
 def test_roc_auc_known_values():
     assert roc_auc(np.array([0.1, 0.2, 0.8, 0.9]), np.array([False, False, True, True])) == 1.0
     assert roc_auc(np.array([0.5, 0.5]), np.array([False, True])) == 0.5
+
+
+def test_lagged_shifts_by_the_lag_and_pads_with_zeros():
+    features = np.arange(1.0, 7.0).reshape(3, 2, 1)  # (T=3, nodes=2, F=1)
+    now, earlier = lagged(features, 1)
+    assert now is features
+    assert earlier[:, :, 0].tolist() == [[0.0, 0.0], [1.0, 2.0], [3.0, 4.0]]
+    assert lagged(features, 0)[1].tolist() == features.tolist()  # no lag: the same readings
+    assert not lagged(features, 5)[1].any()  # a lag longer than the sample: all zeros

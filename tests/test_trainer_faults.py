@@ -89,9 +89,11 @@ def test_killed_worker_restarts_from_checkpoint_and_sigterm_saves(tmp_path):
         # emergency save usually keeps them all).
         assert max(periodic) <= resume["step"] <= steps_before_kill
         # past every step logged before the kill: those events are still in the log, and
-        # stopping among them would leave replayed-later steps above the final stop
+        # stopping among them would leave replayed-later steps above the final stop; and past
+        # a periodic checkpoint of the restarted job (one in 20 steps), or its checkpoint
+        # duration gauge has no value yet to scrape
         wait_for_event(log, lambda e: e["event"] == "step" and e["time"] > resume["time"]
-                       and e["step"] >= max(resume["step"] + 15, steps_before_kill + 1),
+                       and e["step"] >= max(resume["step"] + 21, steps_before_kill + 1),
                        TIMEOUT_S, job)
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         for name in (TRAINER_SAMPLES_PER_S, TRAINER_STEP, TRAINER_TOTAL_STEPS, TRAINER_WORLD_SIZE,

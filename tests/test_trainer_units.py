@@ -11,6 +11,7 @@ import re
 import socket
 import tempfile
 import tomllib
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,17 +89,25 @@ def test_commit_verify_and_uncommitted_tmp_is_ignored(tmp_path):
     assert (info.step, info.rng_ranks, problems) == (10, (0, 1), [])
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "marker"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "marker", "config", "files"])
 def test_damaged_checkpoint_falls_back_to_previous(tmp_path, damage):
     _fake_checkpoint(tmp_path, 10)
     newest = _fake_checkpoint(tmp_path, 20)
     data = newest / "__0_0.distcp"
+    marker_path = newest / layout.COMMIT_MARKER
+    marker = json.loads(marker_path.read_text())
     if damage == "truncate":
         data.write_bytes(data.read_bytes()[:100])
     elif damage == "flip":
         data.write_bytes(b"\xff" + data.read_bytes()[1:])
+    elif damage == "marker":
+        marker_path.write_text("{not json")
+    elif damage == "config":  # valid JSON, a field missing: skipped, not a crash on restart
+        del marker["config"]
+        marker_path.write_text(json.dumps(marker))
     else:
-        (newest / layout.COMMIT_MARKER).write_text("{not json")
+        marker["files"]["__0_0.distcp"] = {"size": 1024}
+        marker_path.write_text(json.dumps(marker))
     info, problems = layout.latest_valid(tmp_path)
     assert info.step == 10 and len(problems) == 1
     assert (tmp_path / "step-000000020.corrupt").is_dir()  # kept for inspection, not deleted
@@ -299,7 +308,8 @@ def test_layout_marker_records_checksums(tmp_path):
     committed = _fake_checkpoint(tmp_path, 5)
     marker = json.loads((committed / layout.COMMIT_MARKER).read_text())
     assert set(marker["files"]) == {".metadata", "__0_0.distcp"}
-    assert marker["files"]["__0_0.distcp"]["bytes"] == 1024
+    assert marker["files"]["__0_0.distcp"] == {
+        "bytes": 1024, "crc32": zlib.crc32((committed / "__0_0.distcp").read_bytes())}
 
 
 def test_parameter_counts_read_well_at_every_size():

@@ -34,17 +34,33 @@ def resolve_crd_path(crd_path: Path | str | None = None) -> Path:
     return Path(crd_path or os.environ.get(CRD_PATH_ENV) or DEFAULT_CRD_PATH)
 
 
+def check_crd(crd_path: Path | str | None = None) -> Path:
+    """Load the CRD now and return its path (resolved as in `resolve_crd_path`), or raise a
+    one-line `UserError` naming it: a service that writes PyTorchJobs calls this at start-up,
+    so a missing or wrong CRD file stops it there, not at its first write."""
+    path = resolve_crd_path(crd_path)
+    _validator(path)
+    return path
+
+
 @functools.lru_cache(maxsize=4)
 def _validator(crd_path: Path) -> jsonschema.protocols.Validator:
     """Parse the CRD once per path and build a validator for its `v1` openAPIV3Schema."""
+    fix = f"set {CRD_PATH_ENV} to kubeflow.org_pytorchjobs.v1.9.0.yaml"
     try:
         crd = yaml.safe_load(crd_path.read_text())
     except OSError as err:
         raise UserError(f"cannot read the PyTorchJob CRD at {crd_path} ({err.strerror}); "
-                        f"set {CRD_PATH_ENV} to kubeflow.org_pytorchjobs.v1.9.0.yaml") from err
-    versions = {v["name"]: v for v in crd["spec"]["versions"]}
+                        f"{fix}") from err
+    except yaml.YAMLError as err:
+        raise UserError(f"the PyTorchJob CRD at {crd_path} is not valid YAML; {fix}") from err
+    try:
+        versions = {v["name"]: v for v in crd["spec"]["versions"]}
+    except (KeyError, TypeError) as err:
+        raise UserError(f"{crd_path} is not a CustomResourceDefinition (no spec.versions); "
+                        f"{fix}") from err
     if "v1" not in versions:
-        raise UserError(f"{crd_path} has no v1 version; is it the PyTorchJob CRD?")
+        raise UserError(f"{crd_path} has no v1 version; is it the PyTorchJob CRD? {fix}")
     schema = versions["v1"]["schema"]["openAPIV3Schema"]
     validator_class = jsonschema.validators.validator_for(
         schema, default=jsonschema.Draft7Validator)

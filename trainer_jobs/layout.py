@@ -122,31 +122,34 @@ def verify(path: Path) -> CheckpointInfo:
         raise CorruptCheckpointError(f"{path}: not a step-<N> checkpoint directory")
     try:
         marker = json.loads((path / COMMIT_MARKER).read_text())
-        files = marker["files"]
-        step = int(marker["step"])
+        # every field is read here: a marker that parses but lacks one (hand-edited, or a
+        # write that went wrong) is a corrupt checkpoint to skip, not a crash on every restart
+        files = {str(name): (int(entry["bytes"]), int(entry["crc32"]))
+                 for name, entry in marker["files"].items()}
+        info = CheckpointInfo(
+            step=int(marker["step"]), path=path, world_size=int(marker["world_size"]),
+            rng_ranks=tuple(int(r) for r in marker["rng_ranks"]), config=dict(marker["config"]),
+            created_unix=float(marker["created_unix"]),
+        )
     except FileNotFoundError as err:
         raise CorruptCheckpointError(f"{path}: no {COMMIT_MARKER} (incomplete save)") from err
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CorruptCheckpointError(f"{path}: unreadable {COMMIT_MARKER} ({err})") from err
-    if step != int(match.group(1)):
-        raise CorruptCheckpointError(f"{path}: marker says step {step}, directory disagrees")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CorruptCheckpointError(f"{path}: unreadable {COMMIT_MARKER} ({err!r})") from err
+    if info.step != int(match.group(1)):
+        raise CorruptCheckpointError(f"{path}: marker says step {info.step}, directory disagrees")
     if ".metadata" not in files:
         raise CorruptCheckpointError(f"{path}: marker lists no DCP .metadata file")
-    for name, expected in files.items():
+    for name, (expected_bytes, expected_crc32) in files.items():
         file_path = path / name
         if not file_path.is_file():
             raise CorruptCheckpointError(f"{path}: {name} is missing")
         size = file_path.stat().st_size
-        if size != expected["bytes"]:
+        if size != expected_bytes:
             raise CorruptCheckpointError(
-                f"{path}: {name} has {size} bytes, marker says {expected['bytes']} (truncated?)")
-        if _crc32(file_path) != expected["crc32"]:
+                f"{path}: {name} has {size} bytes, marker says {expected_bytes} (truncated?)")
+        if _crc32(file_path) != expected_crc32:
             raise CorruptCheckpointError(f"{path}: {name} fails its CRC-32 check (corrupted)")
-    return CheckpointInfo(
-        step=step, path=path, world_size=int(marker["world_size"]),
-        rng_ranks=tuple(int(r) for r in marker["rng_ranks"]), config=dict(marker["config"]),
-        created_unix=float(marker["created_unix"]),
-    )
+    return info
 
 
 def committed_dirs(root: Path) -> list[tuple[int, Path]]:

@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from trainer_jobs.config import (
     resume_fixed_flags,
 )
 from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from trainer_jobs.launch import free_port
 from trainer_jobs.metrics import TrainerMetrics
 from trainer_jobs.model import TransformerLM, count_parameters, format_count
 from trainer_jobs.runlog import RunLog
@@ -84,18 +84,11 @@ class StopSignal:
             self.received_monotonic = time.monotonic()
 
 
-def _free_port() -> int:
-    """A free TCP port on the loopback interface for a single-process run's rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _init_distributed() -> tuple[int, int, torch.device]:
     """Join torchrun's process group (or make a world of one); return rank, world size, device."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)

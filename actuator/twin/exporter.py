@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -106,6 +107,7 @@ class TwinExporter:
     frame: TelemetryFrame = field(default_factory=lambda: TelemetryFrame(0.0))
     _frozen: dict[str, _Frozen] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: WSGIServer | None = None
 
     def publish(self, frame: TelemetryFrame) -> None:
         """Make `frame` what the next scrape sees."""
@@ -123,8 +125,15 @@ class TwinExporter:
         """Serve /metrics on `port` (0 = any free port); returns the port."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        server, _thread = start_http_server(port, addr=host, registry=registry)
-        return server.server_address[1]
+        self._server, _thread = start_http_server(port, addr=host, registry=registry)
+        return self._server.server_address[1]
+
+    def stop(self) -> None:
+        """Stop serving and close the port (a no-op when not serving)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of the latest frame (called by prometheus_client on a scrape)."""

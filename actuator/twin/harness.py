@@ -44,8 +44,9 @@ class RunningTwin:
         return self.server.call(fn, *args)
 
     def stop(self) -> None:
-        """Stop ticking and serving the API (the exporter thread is a daemon)."""
+        """Stop ticking and serving the API and the exporter (both ports are closed)."""
         self.server.stop()
+        self.exporter.stop()
 
 
 def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: float = 0.25,
@@ -63,8 +64,12 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     except OSError as err:
         raise listen_error("the twin's Kubernetes API", host, kube_port, err, "--kube-port",
                            "--host") from err
-    sim = scenario.simulator(params, seed)
-    twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
+    try:
+        sim = scenario.simulator(params, seed)
+        twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
+    except BaseException:
+        server.stop()  # no API left serving a twin that never started
+        raise
     exporter = TwinExporter()
     exporter.publish(twin.frame)
     try:
