@@ -9,6 +9,8 @@ import importlib.util
 import json
 import re
 import socket
+import subprocess
+import sys
 import tempfile
 import tomllib
 import zlib
@@ -230,6 +232,20 @@ def test_bench_recovery_removes_its_temporary_work_dir_after_a_failure(tmp_path,
     with pytest.raises(RuntimeError):
         rlalloc_main(["bench", "recovery"])
     assert used and not used[0].exists()
+
+
+@pytest.mark.timeout(60)
+def test_bench_recovery_reads_a_failed_runs_long_stderr_without_blocking(tmp_path, monkeypatch):
+    """A child that writes more than a pipe holds (64 KB) before it exits would block on a
+    pipe read only at the end, and the benchmark with it."""
+    from rich.progress import Progress
+
+    popen = subprocess.Popen
+    noisy = "import sys; sys.stderr.write('w' * 200_000 + 'LAST'); sys.exit(1)"
+    monkeypatch.setattr(subprocess, "Popen",
+                        lambda command, **kw: popen([sys.executable, "-c", noisy], **kw))
+    with pytest.raises(RuntimeError, match="stall run \\(sync\\) failed: w+LAST$"):
+        bench_recovery._stall_phase(tmp_path, "sync", 1, Progress())
 
 
 def _pytorchjobs() -> list[dict]:

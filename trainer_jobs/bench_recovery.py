@@ -101,8 +101,10 @@ def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress
     command = [sys.executable, "-m", "trainer_jobs.train", "--max-steps", str(max_steps),
                "--checkpoint-every-steps", str(every), "--checkpoint-mode", mode,
                "--checkpoint-dir", str(work_dir / f"ckpt-{mode}"), "--log-jsonl", str(log)]
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = work_dir / f"stall-{mode}.stderr"  # a file, not a pipe read only at the end:
+    with errors.open("w") as stderr:  # a child that fills a pipe's 64 KB would block for ever
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     while job.poll() is None:
         try:
             job.wait(0.5)
@@ -112,7 +114,7 @@ def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress
             steps = [e["step"] for e in read_events(log) if e["event"] == "step"]
             progress.update(task, completed=max(steps, default=0))
     if job.returncode != 0:
-        raise RuntimeError(f"stall run ({mode}) failed: {job.stderr.read()[-2000:]}")
+        raise RuntimeError(f"stall run ({mode}) failed: {errors.read_text()[-2000:]}")
     return read_events(log)
 
 
