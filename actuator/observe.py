@@ -109,7 +109,8 @@ class PrometheusSource:
     def _scalar(self, query: str, at_s: float) -> float:
         result = self._query("clock", query, at_s)
         if not result:
-            raise ObserveError(f"the clock query {query!r} returned no series")
+            raise ObserveError(f"the clock query {query!r} returned no series; is the exporter "
+                               "that serves it (the twin's) up, and is Prometheus scraping it?")
         return float(result[0]["value"][1])
 
     def _demand_history(self, at_s: float, clock_s: float, minutes: int) -> np.ndarray:

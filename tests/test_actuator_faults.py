@@ -21,12 +21,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
-from actuator.config import ActuatorConfig
+from actuator.config import ActuatorConfig, Queries
 from actuator.guardrails import DecisionHistory, decide
 from actuator.kube import KubeError
 from actuator.leader import LeaderElector
 from actuator.loop import Controller
-from actuator.observe import MetricsSnapshot, PrometheusSource, RecordedMetrics
+from actuator.observe import MetricsSnapshot, ObserveError, PrometheusSource, RecordedMetrics
 from actuator.server import StatusServer
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.kube_api import (
@@ -589,6 +589,18 @@ def test_once_names_a_url_that_is_not_prometheus(tmp_path, monkeypatch, capsys, 
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"rlalloc: error: --once: cannot read Prometheus at {url} (")
     assert reason in err[0]
+
+
+def test_a_clock_query_without_series_asks_whether_its_exporter_is_up():
+    """A twin stopped under a running actuator leaves its clock series to go stale: the
+    cycle's error should point at the exporter, not only say that a query came back empty."""
+    with EmptyPrometheus() as server:
+        source = PrometheusSource(ActuatorConfig(
+            prometheus_url=server.url, queries=Queries(clock="rlalloc_twin_clock_seconds")))
+        with pytest.raises(ObserveError, match="returned no series; is the exporter that "
+                                               "serves it .* up, and is Prometheus scraping it"):
+            source.fetch(None, 0)
+        source.close()
 
 
 def test_once_names_an_api_server_that_answers_404(tmp_path, monkeypatch, capsys):
