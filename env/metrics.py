@@ -14,8 +14,9 @@ that `rlalloc simulate` and `rlalloc evaluate` report (keys in `METRIC_KEYS`). D
 - mean_recovery_s: time from a failure to the affected job training again.
 - progress_preserved: 1 - training GPU-seconds lost to failures / training GPU-seconds run.
 - ettr: effective training time ratio, sum of kept training time / sum of (finish - first start).
-- energy_kwh: sum over GPUs of busy or idle power (see `env.params.GPU_POWER_W`) over the run;
-  down nodes draw nothing.
+- energy_kwh: sum over GPUs of their own type's busy or idle power (see
+  `env.params.GPU_POWER_W`) from time 0 of the trace to the end of the run; down nodes draw
+  nothing.
 """
 
 from __future__ import annotations
@@ -46,23 +47,32 @@ class RunAccounting:
         self._params = params
         total = int(sim._gpus_total.sum())
         self.total_gpus = total
-        watts = np.array([GPU_POWER_W.get(t, DEFAULT_GPU_POWER_W) for t in sim._gpu_types])
-        weights = sim._gpus_total / max(total, 1)
-        self._idle_w, self._busy_w = (float(weights @ watts[:, 0]), float(weights @ watts[:, 1]))
+        # per node, what training adds to one GPU's idle draw, and the whole node's idle draw:
+        # GPUs are charged at their own node's type, not at a cluster average (which would
+        # charge a mixed cluster's busy A100s like its T4s)
+        watts = [GPU_POWER_W.get(t, DEFAULT_GPU_POWER_W) for t in sim._gpu_types]
+        self._gpu_extra_w = [busy - idle for idle, busy in watts]
+        self._node_gpus = sim._gpus_total.tolist()
+        self._node_idle_w = [idle * gpus for (idle, _), gpus in
+                             zip(watts, self._node_gpus, strict=True)]
         # current levels
         self.alloc_gpus = 0
         self.busy_gpus = 0
         self.up_gpus = total
         self.queued_gpus = 0
         self.queued_jobs = 0
+        self.up_idle_w = float(sum(self._node_idle_w))
+        """Idle draw of the GPUs of the nodes that are up."""
+        self.busy_extra_w = 0.0
+        """What the training GPUs draw beyond their idle power."""
         # integrals
         self._t = 0.0
         self.alloc_gpu_s = 0.0
         self.busy_gpu_s = 0.0
-        self.up_gpu_s = 0.0
         self.jobs_in_system_s = 0.0
         self.lost_gpu_s = 0.0
         self.lost_train_gpu_s = 0.0
+        self.energy_j = 0.0
         # per job (grown by `add_jobs`)
         for name, column in _job_columns(0).items():
             setattr(self, name, column)
@@ -100,7 +110,7 @@ class RunAccounting:
             self._next_demand += 60.0
         self.alloc_gpu_s += self.alloc_gpus * dt
         self.busy_gpu_s += self.busy_gpus * dt
-        self.up_gpu_s += self.up_gpus * dt
+        self.energy_j += (self.up_idle_w + self.busy_extra_w) * dt
         self.jobs_in_system_s += self._sim.jobs_in_system * dt
         self._t = t
 
@@ -125,14 +135,28 @@ class RunAccounting:
         return np.asarray(self._demand[max(0, end - minutes):end])
 
     # --- hooks -----------------------------------------------------------------------------
-    def change(self, alloc: int = 0, busy: int = 0, up: int = 0, queued_gpus: int = 0,
-               queued_jobs: int = 0) -> None:
+    def change(self, alloc: int = 0, queued_gpus: int = 0, queued_jobs: int = 0) -> None:
         """Levels change now (the caller has advanced the clock already)."""
         self.queued_jobs += queued_jobs
         self.alloc_gpus += alloc
-        self.busy_gpus += busy
-        self.up_gpus += up
         self.queued_gpus += queued_gpus
+        self._check_levels()
+
+    def gpus_busy(self, placement: tuple[int, ...], busy: bool) -> None:
+        """The GPUs of `placement` (a node index per GPU) start (`busy`) or stop training now."""
+        sign = 1 if busy else -1
+        self.busy_gpus += sign * len(placement)
+        self.busy_extra_w += sign * sum(map(self._gpu_extra_w.__getitem__, placement))
+        self._check_levels()
+
+    def node_up(self, node: int, up: bool) -> None:
+        """The GPUs of `node` come back from repair (`up`) or go down (and draw nothing) now."""
+        sign = 1 if up else -1
+        self.up_gpus += sign * self._node_gpus[node]
+        self.up_idle_w += sign * self._node_idle_w[node]
+        self._check_levels()
+
+    def _check_levels(self) -> None:
         assert 0 <= self.busy_gpus <= self.alloc_gpus <= self.up_gpus <= self.total_gpus, (
             self.busy_gpus, self.alloc_gpus, self.up_gpus, self.total_gpus)
 
@@ -170,9 +194,8 @@ class RunAccounting:
 
     # --- results ---------------------------------------------------------------------------
     def energy_kwh(self) -> float:
-        """GPU energy so far: busy GPUs at busy power, other up GPUs at idle power."""
-        idle_gpu_s = self.up_gpu_s - self.busy_gpu_s
-        return (self.busy_gpu_s * self._busy_w + idle_gpu_s * self._idle_w) / 3.6e6
+        """GPU energy so far: busy GPUs at their type's busy power, other up GPUs at idle power."""
+        return self.energy_j / 3.6e6
 
     def summary(self) -> dict[str, float]:
         """All metrics of `METRIC_KEYS` for the run so far (finished jobs only for JCTs)."""

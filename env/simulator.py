@@ -172,8 +172,13 @@ class Simulator:
     # ------------------------------------------------------------------ public API
     @property
     def done(self) -> bool:
-        """True when every job of the workload has finished."""
-        return self.accounting.jobs_completed == len(self.job_ids)
+        """True when every job of the workload (of a fork: that it knows of) has finished.
+
+        Counted as 'no job in the system and none to arrive' rather than as completions, so
+        that a fork told only a horizon of arrivals ends (`run`, `advance`) when its known jobs
+        have finished instead of waiting for arrivals it dropped.
+        """
+        return not self._active and not self._arrivals_pending
 
     @property
     def jobs_in_system(self) -> int:
@@ -249,13 +254,17 @@ class Simulator:
         """Make `node_name` fail at `time_s` (after a warning episode of `warning_lead_s`).
 
         For tests, demos and the digital twin: the failure follows the same path as one drawn
-        by the failure process (lost work, restart, repair after `repair_s`).
+        by the failure process (lost work, restart, repair after `repair_s`). A warning that
+        would have begun before now begins now, as the failure process shortens a warning
+        cut by the start of its time chunk: the simulator's clock never goes back.
         """
-        assert time_s >= self.time_s, (time_s, self.time_s)
+        assert time_s >= self.time_s and warning_lead_s >= 0, (time_s, self.time_s,
+                                                                warning_lead_s)
         node = self.node_index[node_name]
         events = []
         if warning_lead_s > 0:
-            episode = WarningEpisode(node, time_s - warning_lead_s, time_s, time_s)
+            start_s = max(time_s - warning_lead_s, self.time_s)
+            episode = WarningEpisode(node, start_s, time_s, time_s)
             episode.xid_s.extend(np.linspace(episode.start_s, time_s, 8, endpoint=False))
             events.append(HealthEvent(episode.start_s, "warn", node, episode))
         events.append(HealthEvent(time_s, "fail", node))
@@ -465,11 +474,11 @@ class Simulator:
         self._attained[row] += self._workers[row] * held
         self._run_s[row] += held
         workers = int(self._workers[row])
-        was_training = self._status[row] == _RUNNING
-        if was_training:
+        if self._status[row] == _RUNNING:
             self.accounting.training_stopped(row, t)
-        self.accounting.change(alloc=-workers, busy=-workers if was_training else 0,
-                               queued_gpus=int(self._requested[row]), queued_jobs=1)
+            self.accounting.gpus_busy(self._placement[row], busy=False)
+        self.accounting.change(alloc=-workers, queued_gpus=int(self._requested[row]),
+                               queued_jobs=1)
         for node in self._placement[row]:
             self._gpus_free[node] += 1
             self._node_jobs[node].discard(row)
@@ -578,7 +587,7 @@ class Simulator:
     def _on_restored(self, row: int, t: float) -> None:
         self._status[row] = _RUNNING
         self._allocation_changed()
-        self.accounting.change(busy=int(self._workers[row]))
+        self.accounting.gpus_busy(self._placement[row], busy=True)
         self.accounting.training_started(row, t)
         self._schedule_run_end(row, t)
 
@@ -636,7 +645,7 @@ class Simulator:
             self._down[node] = False
             self._gpus_free[node] = self._gpus_total[node]
             self._health_changed()
-            self.accounting.change(up=int(self._gpus_total[node]))
+            self.accounting.node_up(node, up=True)
 
     def _fail_node(self, node: int, t: float) -> None:
         for row in sorted(self._node_jobs[node]):
@@ -651,7 +660,7 @@ class Simulator:
         self._down[node] = True
         self._gpus_free[node] = 0
         self._health_changed()
-        self.accounting.change(up=-int(self._gpus_total[node]))
+        self.accounting.node_up(node, up=False)
 
     # ------------------------------------------------------------------ observation parts
     def _node_snapshot(self) -> Nodes:

@@ -65,3 +65,36 @@ def check_invariants(state: ClusterState) -> None:
     assert ((jobs.workers[~queued] >= jobs.min_workers[~queued])
             & (jobs.workers[~queued] <= jobs.max_workers[~queued])).all()
     assert ((jobs.progress >= 0) & (jobs.progress <= 1)).all()
+
+
+def check_accounting(sim: Simulator, state: ClusterState) -> None:
+    """The levels the run's metrics integrate (allocated, training, up and queued GPUs) agree
+    with the state: gpu_util, goodput and energy are only as right as these."""
+    nodes, jobs, acc = state.nodes, state.jobs, sim.accounting
+    assert acc.alloc_gpus == int(jobs.workers.sum())
+    assert acc.busy_gpus == int(jobs.workers[jobs.status == JobStatus.RUNNING].sum())
+    assert acc.up_gpus == int(nodes.gpus_total[nodes.ready].sum())
+    queued = jobs.status == JobStatus.QUEUED
+    assert acc.queued_gpus == state.demand.pending_gpus == int(jobs.requested_gpus[queued].sum())
+
+
+class WorkLedger:
+    """Checks work conservation across the states of one run: a job's progress never exceeds
+    its work and never decreases except by a node failure's rollback (which re-queues it)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+        self._progress: dict[str, float] = {}
+        self._failures = 0
+
+    def check(self, state: ClusterState) -> None:
+        """Compare `state` with the states seen before."""
+        jobs = state.jobs
+        failed = self._sim.accounting.failures > self._failures
+        self._failures = self._sim.accounting.failures
+        assert ((jobs.progress >= 0) & (jobs.progress <= 1)).all()
+        for row, job_id in enumerate(jobs.job_id):
+            now, before = float(jobs.progress[row]), self._progress.get(job_id, 0.0)
+            if now < before - 1e-6:
+                assert failed and jobs.status[row] == JobStatus.QUEUED, (job_id, before, now)
+            self._progress[job_id] = now

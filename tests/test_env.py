@@ -35,26 +35,38 @@ def test_gymnasium_and_sb3_checkers_pass():
     sb3_check_env(small_env())
 
 
-def test_masked_actions_are_exactly_the_ones_the_simulator_accepts():
-    environment = small_env(params=NO_FAILURES)
+@pytest.mark.parametrize("failures_per_gpu_day", [0.0, 2.0])
+def test_masked_actions_are_exactly_the_ones_the_simulator_accepts(failures_per_gpu_day):
+    """Every allowed index decodes to an action the simulator accepts, every other one to a
+    no-op or a refused action; with failures, also on states with warned and down nodes, where
+    migrations are allowed."""
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=failures_per_gpu_day))
+    environment = small_env(params=params)
     environment.reset(seed=0)
-    rng = np.random.default_rng(0)
-    checked = 0
+    featurizer, rng = environment.featurizer, np.random.default_rng(0)
+    checked = {"valid": 0, "migrations": 0, "warned": 0, "down": 0}
     for _ in range(300):
-        state = environment._state
+        state, sim = environment._state, environment.sim
         mask = environment.action_masks()
+        checked["warned"] += bool(state.nodes.warned.any())
+        checked["down"] += not bool(state.nodes.ready.all())
         for index in np.flatnonzero(mask)[1:]:
-            action = environment.featurizer.decode(state, int(index))
+            action = featurizer.decode(state, int(index))
             assert action.kind != ActionKind.NOOP, index
-            assert environment.sim.validate(action) == "", (index, action)
-            checked += 1
-        for index in np.flatnonzero(~mask)[:20]:
-            action = environment.featurizer.decode(state, int(index))
-            assert action.kind == ActionKind.NOOP or environment.sim.validate(action), index
-        _, _, terminated, truncated, _ = environment.step(int(rng.choice(np.flatnonzero(mask))))
+            assert sim.validate(action) == "", (index, action)
+            checked["valid"] += 1
+            checked["migrations"] += action.kind == ActionKind.MIGRATE
+        for index in np.flatnonzero(~mask):
+            action = featurizer.decode(state, int(index))
+            assert action.kind == ActionKind.NOOP or sim.validate(action), index
+        valid = np.flatnonzero(mask)
+        action = 0 if rng.random() < 0.4 else int(rng.choice(valid))
+        _, _, terminated, truncated, _ = environment.step(action)
         if terminated or truncated:
             environment.reset()
-    assert checked > 100
+    assert checked["valid"] > 100
+    if failures_per_gpu_day:
+        assert min(checked.values()) > 0, checked
 
 
 def test_episode_return_is_minus_total_jct_in_hours():

@@ -9,12 +9,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from env.cluster import ClusterSpec, NodeSpec
 from env.errors import UserError
 from env.failures import FAILURE_PRESETS, FailureParams, parse_failure_rate
-from env.params import SimParams
-from env.simulator import time_limit_s
+from env.params import GPU_POWER_W, SimParams
+from env.simulator import Simulator, time_limit_s
 from env.state import NOOP, Action, ActionKind
-from tests.sim_helpers import GENERIC, check_invariants, fifo, job, simulator
+from env.workload.spec import Workload
+from tests.sim_helpers import (
+    GENERIC,
+    WorkLedger,
+    check_accounting,
+    check_invariants,
+    fifo,
+    job,
+    simulator,
+)
 
 
 def run_checked(sim, policy) -> None:
@@ -124,6 +134,84 @@ def test_migration_moves_a_job_without_losing_work():
     assert finish_times(sim)["a"] == pytest.approx(9000.0 / rate + 50.0, rel=1e-9)
 
 
+def test_metrics_of_a_resize_and_a_failure_during_the_restore_by_hand():
+    """gpu_util, gpu_busy_util, goodput, lost GPU-hours, ettr, recovery and energy against their
+    definitions (env/metrics.py) on one job: 2 GPUs on node 0, grown to 4 there at 600 s, hit
+    by node 0's failure at 620 s while it restores, restarted on node 1 at 620 s."""
+    sim = simulator([job("a", 0.0, 2, work=5000.0, restore_s=40.0)])
+    sim.schedule_failure("node-0000", 620.0)
+    sim.advance()
+    assert sim.apply(fifo(sim.state()))
+    while sim.time_s < 600.0:
+        sim.advance()
+    assert sim.apply(Action(ActionKind.SCALE, "a", 4, ("node-0000",) * 4))
+    sim.advance()
+    assert sim.time_s == 620.0 and sim.state().jobs.status[0] == 0
+    assert sim.apply(Action(ActionKind.SCALE, "a", 4, ("node-0001",) * 4))
+    sim.run(lambda s: NOOP)
+    end = 660.0 + (5000.0 - 600.0 * GENERIC.iterations_per_s((2,))) / GENERIC.iterations_per_s((4,))
+    assert end < 620.0 + FailureParams().repair_s  # node 0 stays down to the end
+    alloc = 2 * 600.0 + 4 * 20.0 + 4 * (end - 620.0)
+    busy = 2 * 600.0 + 4 * (end - 660.0)
+    m = sim.accounting.summary()
+    assert m["makespan_s"] == pytest.approx(end, rel=1e-12)
+    assert m["gpu_util"] == pytest.approx(alloc / (8 * end), rel=1e-9)
+    assert m["gpu_busy_util"] == pytest.approx(busy / (8 * end), rel=1e-9)
+    assert m["goodput"] == pytest.approx(busy / alloc, rel=1e-9)  # the restore lost no training
+    assert m["lost_gpu_hours"] == pytest.approx(4 * 20.0 / 3600.0, rel=1e-9)
+    assert m["progress_preserved"] == 1.0 and m["failures"] == 1
+    assert m["ettr"] == pytest.approx((600.0 + end - 660.0) / end, rel=1e-9)
+    assert m["mean_recovery_s"] == pytest.approx(40.0) and m["restarts_per_job"] == 2.0
+    idle_w, busy_w = GPU_POWER_W["T4"]
+    idle_j = 8 * idle_w * 620.0 + 4 * idle_w * (end - 620.0)  # node 0 down from 620 s
+    assert m["energy_kwh"] == pytest.approx((idle_j + (busy_w - idle_w) * busy) / 3.6e6,
+                                            rel=1e-9)
+
+
+def test_energy_charges_each_busy_gpu_at_its_own_type():
+    """On a mixed cluster a job on the A100 node draws A100 power, not the cluster average."""
+    cluster = ClusterSpec((NodeSpec("a100-0", 4, "A100", 0), NodeSpec("t4-0", 4, "T4", 0)))
+    sim = Simulator(cluster, Workload("mixed", (job("a", 0.0, 4, work=1000.0),)), [GENERIC],
+                    SimParams(failures=FailureParams(failures_per_gpu_day=0.0)))
+    sim.advance()
+    assert sim.apply(Action(ActionKind.SCALE, "a", 4, ("a100-0",) * 4))
+    sim.run(lambda s: NOOP)
+    end = 1000.0 / GENERIC.iterations_per_s((4,))
+    watts = 4 * GPU_POWER_W["A100"][1] + 4 * GPU_POWER_W["T4"][0]
+    assert sim.accounting.summary()["energy_kwh"] == pytest.approx(watts * end / 3.6e6,
+                                                                   rel=1e-9)
+
+
+def test_a_warning_longer_than_the_time_to_the_failure_starts_now():
+    """schedule_failure with a lead beyond now used to push a warning into the past, and the
+    clock went backwards (AssertionError in the accounting)."""
+    sim = simulator([job("a", 0.0, 2, work=50_000.0)])
+    sim.advance()
+    assert sim.apply(fifo(sim.state()))
+    while sim.time_s < 1000.0:
+        sim.advance()
+    now = sim.time_s
+    sim.schedule_failure("node-0000", now + 100.0, warning_lead_s=600.0)
+    sim.advance()
+    assert sim.time_s == now and sim.state().nodes.warned[0]
+    while sim.time_s < now + 100.0:
+        sim.advance()
+    assert not sim.state().nodes.ready[0] and sim.accounting.failures == 1
+
+
+def test_a_fork_told_no_future_arrivals_ends_with_its_known_jobs():
+    """A fork that knows only the jobs submitted so far is done when they have finished:
+    `run` used to advance past them and fail on an empty event queue."""
+    sim = simulator([job("a", 0.0, 2, work=500.0), job("b", 5000.0, 2, work=500.0)])
+    sim.advance()
+    assert sim.apply(fifo(sim.state()))
+    fork = sim.fork(arrivals_known_s=0.0)
+    assert fork.run(fifo)
+    assert fork.done and fork.jobs_in_system == 0 and not fork.has_pending_arrivals
+    assert fork.time_s < 5000.0 and fork.accounting.jobs_completed == 1
+    assert not sim.done and sim.run(fifo) and sim.accounting.jobs_completed == 2
+
+
 def test_invalid_actions_change_nothing_and_are_counted():
     sim = simulator([job("a", 0.0, 2, work=100.0), job("b", 0.0, 8, work=100.0)])
     sim.advance()
@@ -153,11 +241,14 @@ def test_invariants_hold_under_random_valid_actions(failures):
                 float(rng.uniform(200, 3000))) for i in range(40)]
     sim = simulator(jobs, nodes=3, params=params)
     featurizer = Featurizer()
+    ledger = WorkLedger(sim)
     random_moves = 0
 
     def random_policy(state):
         # mostly FIFO so jobs finish; now and then any valid action (resize, move, suspend)
         nonlocal random_moves
+        check_accounting(sim, state)
+        ledger.check(state)
         if rng.random() < 0.3:
             random_moves += 1
             mask = featurizer.action_mask(state)
@@ -167,6 +258,12 @@ def test_invariants_hold_under_random_valid_actions(failures):
     run_checked(sim, random_policy)
     summary = sim.accounting.summary()
     assert summary["jobs_completed"] == 40
+    # each job finished once, no sooner than on its fastest placement from its submission
+    finish = sim.accounting._finish
+    assert np.isfinite(finish).all() and sim.done and sim.jobs_in_system == 0
+    fastest = max(GENERIC.iterations_per_s((n,)) for n in range(1, 9))
+    ideal_s = np.array([j.work for j in jobs]) / fastest
+    assert (finish - np.array([j.submit_s for j in jobs]) >= ideal_s).all()
     assert random_moves > 10
     assert summary["invalid_actions"] == 0  # the mask is exact
     assert 0 < summary["gpu_busy_util"] <= summary["gpu_util"] <= 1
