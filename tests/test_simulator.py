@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -285,6 +289,22 @@ def test_same_seed_gives_identical_metrics_and_different_seed_differs():
     first = metrics(1)
     assert first == metrics(1)
     assert first != metrics(2)  # the failure process depends on the seed
+
+
+def test_a_seed_gives_the_same_run_in_processes_with_other_hash_seeds(tmp_path):
+    """Set or dict order that leaked into decisions would differ between processes (Python
+    salts str hashes per process) while a run repeated in one process would still agree."""
+    def simulate(hash_seed: str) -> dict:
+        out = tmp_path / hash_seed
+        subprocess.run([sys.executable, "-m", "env.cli", "simulate", "--workload",
+                        "synthetic:40:1.5", "--cluster", "3x4", "--policy", "elastic",
+                        "--failures", "5", "--seed", "3", "--out", str(out)],
+                       env={**os.environ, "PYTHONHASHSEED": hash_seed}, check=True,
+                       capture_output=True, timeout=120)
+        return json.loads((out / "metrics.json").read_text())
+
+    first = simulate("1")
+    assert first["failures"] > 0 and first == simulate("12345")
 
 
 def test_snapshot_is_not_changed_by_later_simulation():
