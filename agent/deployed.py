@@ -17,6 +17,7 @@ trained SB3 model, and a test checks it picks the same actions as SB3's ``predic
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from torch import nn
 from agent.job_sizes import JobSizeHistory
 from env.errors import UserError
 from env.featurizer import FeatureSpec, Featurizer
+from env.output import write_atomic
 from env.state import Action, ClusterState, Strategy
 
 FORMAT_VERSION = 3
@@ -162,10 +164,15 @@ class LearnedPolicy:
 
 
 def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
-    """Write policy.pt and policy.json into `directory` (created if missing)."""
+    """Write policy.pt and policy.json into `directory` (created if missing), each whole or
+    not at all: training re-exports at every better evaluation, and a run killed while writing
+    in place would leave a truncated policy that the next resume and the actuator cannot
+    load."""
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(state_dict, directory / WEIGHTS_FILE)
-    (directory / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    weights = io.BytesIO()
+    torch.save(state_dict, weights)
+    write_atomic(directory / WEIGHTS_FILE, weights.getvalue())
+    write_atomic(directory / META_FILE, json.dumps(asdict(meta), indent=2) + "\n")
 
 
 def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:

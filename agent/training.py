@@ -16,6 +16,7 @@ critic's warm start and the RL returns are on the same scale.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -225,7 +226,7 @@ def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ..
     return float(np.mean(jcts))
 
 
-def _build_model(config: TrainConfig, vec_env: object, tb_dir: Path) -> object:
+def _build_model(config: TrainConfig, vec_env: object) -> object:
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN
 
@@ -238,7 +239,7 @@ def _build_model(config: TrainConfig, vec_env: object, tb_dir: Path) -> object:
             rollout_buffer_class=_rollout_buffer_class(config),
             policy_kwargs={"net_arch": {"pi": list(config.net_arch),
                                         "vf": list(config.net_arch)}},
-            tensorboard_log=str(tb_dir), device="cpu", verbose=0)
+            device="cpu", verbose=0)
     start_eps, end_eps = config.dqn_exploration
     return DQN("MlpPolicy", vec_env, learning_rate=config.learning_rate,
                buffer_size=config.dqn_buffer_size, learning_starts=1000, batch_size=64,
@@ -246,7 +247,7 @@ def _build_model(config: TrainConfig, vec_env: object, tb_dir: Path) -> object:
                exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
                exploration_fraction=0.3, seed=config.seed,
                policy_kwargs={"net_arch": list(config.net_arch)},
-               tensorboard_log=str(tb_dir), device="cpu", verbose=0)
+               device="cpu", verbose=0)
 
 
 def _load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
@@ -269,7 +270,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     job, nothing is exported and the run ends in a `UserError` once its checkpoints and
     card are saved.
     """
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     assert not (resume and force), "resume continues the run in out, force replaces it"
@@ -301,8 +302,10 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         if resume:
             model = _load_model(config, checkpoint, vec_env)
             started -= _resume_summary(summary, out)
+            model.set_logger(tensorboard_logger(out, config.algo, model.num_timesteps + 1))
         else:
-            model = _build_model(config, vec_env, out / TB_DIR)
+            model = _build_model(config, vec_env)
+            model.set_logger(tensorboard_logger(out, config.algo))
             summary["warm_start"] = _start(config, model, log, progress, recordings, sizes)
         best = min(map(_jct_read, summary["evaluations"]), default=math.inf)
 
@@ -320,37 +323,40 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
                 best = jct
                 export_model(model, config.algo, spec, out, residual=config.residual,
                              sizes=sizes)
-            log(f"step {step}: avg JCT {jct:,.0f} s on {len(eval_workloads)} training "
-                f"workload(s) (best {best:,.0f} s)")
+            log(f"step {step}: avg JCT {_seconds(_jct_json(jct))} on {len(eval_workloads)} "
+                f"training workload(s) (best {_seconds(_jct_json(best))})")
+            # at its own step, now: SB3 dumps at rollout or episode ends, by which time a later
+            # evaluation may have replaced it (DQN), and never after the last step
+            model.logger.record("eval/avg_jct_s", jct)
+            model.logger.dump(step)
             return jct
 
-        if not resume:
-            evaluate_now(0)
+        evaluated = {e["timesteps"] for e in summary["evaluations"]}
+        if model.num_timesteps not in evaluated:  # a new run, or one killed before evaluating
+            evaluate_now(model.num_timesteps)     # the checkpoint it resumes from
         remaining = config.timesteps - model.num_timesteps
         if remaining > 0:
             with _task(progress, "RL steps", remaining) as advance:
 
                 class StepsAndEvaluations(BaseCallback):
+                    """Counts the steps; every `eval_every`, checkpoints and then evaluates
+                    (in that order, so that every evaluation on the card has a checkpoint to
+                    resume from)."""
+
                     def _on_step(self) -> bool:
                         advance(vec_env.num_envs)
                         if self.num_timesteps % config.eval_every < vec_env.num_envs:
-                            self.logger.record("eval/avg_jct_s",
-                                               evaluate_now(self.num_timesteps))
+                            save_checkpoint(model, out / CHECKPOINT_DIR /
+                                            f"step_{self.num_timesteps}_steps.zip")
+                            evaluate_now(self.num_timesteps)
                         return True
 
-                callbacks = CallbackList([
-                    *_discount_callbacks(config),
-                    StepsAndEvaluations(),
-                    CheckpointCallback(max(config.eval_every // config.n_envs, 1),
-                                       str(out / CHECKPOINT_DIR), name_prefix="step"),
-                ])
-                model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume,
-                            tb_log_name=config.algo)
+                callbacks = CallbackList([*_discount_callbacks(config), StepsAndEvaluations()])
+                model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume)
             if not summary["evaluations"] or \
                     summary["evaluations"][-1]["timesteps"] != model.num_timesteps:
                 evaluate_now(model.num_timesteps)
-        (out / CHECKPOINT_DIR).mkdir(exist_ok=True)  # SB3 would warn that it creates it
-        model.save(out / CHECKPOINT_DIR / LAST_CHECKPOINT)
+        save_checkpoint(model, out / CHECKPOINT_DIR / LAST_CHECKPOINT)
         summary["timesteps"] = int(model.num_timesteps)
         summary["wall_s"] = time.perf_counter() - started
         summary["best_avg_jct_s"] = _jct_json(best)
@@ -396,6 +402,16 @@ def check_config(config: TrainConfig) -> None:
     if config.algo == "ppo" and config.n_steps * config.n_envs < 2:
         raise UserError(f"--n-steps {config.n_steps} x --n-envs {config.n_envs}: a PPO rollout "
                         "needs at least 2 steps (its advantages are normalised over them)")
+    if config.algo == "ppo" and config.batch_size > config.n_steps * config.n_envs:
+        # SB3 would take the whole rollout as one minibatch, silently ignoring the flag
+        raise UserError(f"--batch-size {config.batch_size} is more than a rollout's --n-steps "
+                        f"{config.n_steps} x --n-envs {config.n_envs} steps; give at most "
+                        f"{config.n_steps * config.n_envs} or a larger --n-steps")
+    if repeated := sorted({n for n in config.residual if config.residual.count(n) > 1}):
+        raise UserError(f"--residual {','.join(config.residual)}: {', '.join(repeated)} is given "
+                        "twice (its follow actions would be the same action); name each once")
+    if config.residual:
+        residual_teachers(config.residual)  # unknown names, before --out is looked at
     for flag, probability in (("--residual-veto-p", config.residual_veto_p),
                               ("--residual-raw-p", config.residual_raw_p),
                               ("--residual-switch-p", config.residual_switch_p)):
@@ -573,10 +589,45 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 
 def checkpoint_timesteps(checkpoint: Path) -> int:
-    """The RL steps an SB3 checkpoint zip had taken when it was saved."""
+    """The RL steps an SB3 checkpoint zip had taken when it was saved; a `UserError` naming
+    it if it cannot be read (one written by an older rlalloc that was killed while saving:
+    `save_checkpoint` now writes whole files only)."""
     from stable_baselines3.common.save_util import load_from_zip_file
 
-    return int(load_from_zip_file(checkpoint, load_data=True)[0]["num_timesteps"])
+    try:
+        return int(load_from_zip_file(checkpoint, load_data=True)[0]["num_timesteps"])
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise UserError(f"{checkpoint}: damaged checkpoint ({str(err).splitlines()[0][:80]}); "
+                        "delete it to resume from the one before, or start again with "
+                        "--force") from None
+
+
+def save_checkpoint(model: object, path: Path) -> None:
+    """Save `model` (SB3 zip) to `path` whole or not at all: SB3 writes the zip in place, so
+    a run killed while saving left a truncated checkpoint that `--resume` then picked."""
+    buffer = io.BytesIO()
+    model.save(buffer)
+    path.parent.mkdir(exist_ok=True)
+    write_atomic(path, buffer.getvalue())
+
+
+def tensorboard_logger(out: Path, algo: str, purge_from: int | None = None) -> object:
+    """The SB3 logger of a run: TensorBoard events in ``out/tb/<algo>_1`` (where SB3 would put
+    them; set on the model, so a resume writes there even if `out` has moved since the
+    checkpoint was saved). A resumed run purges the events from step `purge_from` on (its
+    checkpoint's step + 1): the stopped run's steps after its checkpoint are taken again, and
+    TensorBoard would otherwise draw both. (The checkpoint's own evaluation, if the stopped
+    run got to it, is on the card before it is logged, so it is not logged twice.)"""
+    from stable_baselines3.common.logger import Logger, TensorBoardOutputFormat
+    from torch.utils.tensorboard import SummaryWriter
+
+    class PurgingTensorBoard(TensorBoardOutputFormat):
+        def __init__(self, folder: str) -> None:  # SB3's, with the purge step
+            self.writer = SummaryWriter(log_dir=folder, purge_step=purge_from)
+            self._is_closed = False
+
+    folder = str(out / TB_DIR / f"{algo}_1")
+    return Logger(folder, [PurgingTensorBoard(folder)])
 
 
 def _describe_warm_start(info: dict | None) -> str:

@@ -9,6 +9,7 @@ import shutil
 import time
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,8 +85,10 @@ def test_a_new_run_refuses_every_file_of_an_earlier_one(tmp_path, earlier):
 def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_path,
                                                                          monkeypatch):
     monkeypatch.setattr(training, "evaluate_jct", lambda *args, **kwargs: float("inf"))
+    logged: list[str] = []
     with pytest.raises(UserError, match="no evaluation finished every job"):
-        train(CONFIG, tmp_path, log=quiet)
+        train(CONFIG, tmp_path, log=logged.append)
+    assert "step 0: avg JCT unfinished on 1 training workload(s) (best unfinished)" in logged
     assert not (tmp_path / "policy.json").exists()
     card = json.loads((tmp_path / "card.json").read_text(),
                       parse_constant=lambda name: pytest.fail(f"card.json holds {name}"))
@@ -227,6 +230,8 @@ def test_a_run_stopped_after_its_last_steps_still_resumes_to_its_end(tmp_path):
     ([*TRAIN, "--cluster", "0x4"], "0x4"),
     ([*TRAIN, "--warm-start", "nope"], "nope"),
     ([*TRAIN, "--residual", "elastic", "--residual-veto-p", "0"], "--residual-veto-p"),
+    ([*TRAIN, "--batch-size", "256"], "--batch-size 256 is more than a rollout's"),
+    ([*TRAIN, "--residual", "elastic,elastic-srpt,elastic"], "elastic is given twice"),
     ([*EVALUATE, "--jobs", "0"], "--jobs"),
     ([*EVALUATE, "--jobs", "-2"], "--jobs"),
     ([*EVALUATE, "--seeds", "0"], "--seeds"),
@@ -303,3 +308,112 @@ def test_evaluate_records_a_cluster_file_as_it_was_used(tmp_path, capsys):
     report = json.loads((out / "results.json").read_text())
     assert report["cluster"] == "2x4" and report["cluster_file"] is None
     capsys.readouterr()
+
+
+def tensorboard_steps(out, tag: str) -> list[int]:
+    """The steps of scalar `tag` in a run's TensorBoard logs, as TensorBoard shows them
+    (after purges)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (folder,) = (out / "tb").iterdir()
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def stop_after_checkpoint(out, step: int, evaluated: bool) -> None:
+    """Make `out` look like a run killed after saving its checkpoint at `step`, before or
+    after (`evaluated`) evaluating it: no later checkpoint or evaluation, no card totals."""
+    for checkpoint in (out / "checkpoints").glob("*.zip"):
+        if checkpoint.name == "last.zip" or training.checkpoint_timesteps(checkpoint) > step:
+            checkpoint.unlink()
+    card = json.loads((out / "card.json").read_text())
+    card["evaluations"] = [e for e in card["evaluations"]
+                           if e["timesteps"] < step or (evaluated and e["timesteps"] == step)]
+    for total in ("timesteps", "wall_s", "best_avg_jct_s", "exported_timesteps"):
+        card.pop(total)
+    (out / "card.json").write_text(json.dumps(card))
+
+
+def killed_while_writing(target) -> None:
+    """Write the start of a zip to `target` (a path or a file object) and stop, as a run
+    killed while saving would."""
+    if isinstance(target, (str, Path)):
+        target = Path(target).open("wb")  # left open, as by a kill
+    target.write(b"PK\x03\x04 truncated")
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_every_evaluation_is_in_tensorboard_at_its_own_step(tmp_path, monkeypatch, algo):
+    """SB3 dumps its logger at rollout (PPO) or episode (DQN) ends: recorded there, the
+    evaluations at step 0 and at the end never reached TensorBoard, and DQN's at a later
+    step, or not at all when a later one replaced it before the dump."""
+    monkeypatch.setattr(training, "evaluate_jct", lambda *args, **kwargs: 1000.0)
+    summary = train(replace(CONFIG, algo=algo, timesteps=256, eval_every=64), tmp_path,
+                    log=quiet)
+    assert tensorboard_steps(tmp_path, "eval/avg_jct_s") == [
+        e["timesteps"] for e in summary["evaluations"]] == [0, 64, 128, 192, 256]
+
+
+def test_a_resumed_run_continues_its_moved_tensorboard_curves_without_overlap(tmp_path):
+    """The resumed steps after the checkpoint replace the stopped run's in TensorBoard, and
+    the events go to the run's directory where it is now, not where it was trained."""
+    trained_in, out = tmp_path / "first", tmp_path / "moved"
+    train(replace(CONFIG, timesteps=256), trained_in, log=quiet)
+    shutil.move(trained_in, out)
+    stop_after_checkpoint(out, 128, evaluated=True)
+    train(replace(CONFIG, timesteps=256), out, resume=True, log=quiet)
+    assert not trained_in.exists()
+    assert tensorboard_steps(out, "time/fps") == [128, 256]
+    assert tensorboard_steps(out, "eval/avg_jct_s") == [0, 128, 256]
+
+
+def test_a_run_killed_between_a_checkpoint_and_its_evaluation_resumes_evaluating_it(
+        tmp_path):
+    """Checkpoints are saved before the evaluation at the same step, so a card's evaluations
+    all have a checkpoint; one not yet evaluated is evaluated when the run resumes."""
+    train(replace(CONFIG, timesteps=256), tmp_path, log=quiet)
+    stop_after_checkpoint(tmp_path, 256, evaluated=False)
+    resumed = train(replace(CONFIG, timesteps=384), tmp_path, resume=True, log=quiet)
+    assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256, 384]
+
+
+def test_a_run_killed_while_saving_a_checkpoint_leaves_no_truncated_one(tmp_path,
+                                                                        monkeypatch):
+    """SB3 writes its zip in place: killed mid-write, a run left a truncated checkpoint that
+    --resume picked as the newest and failed on with a traceback."""
+    from stable_baselines3.common import base_class
+
+    monkeypatch.setattr(base_class, "save_to_zip_file",
+                        lambda path, **kwargs: killed_while_writing(path))
+    with pytest.raises(KeyboardInterrupt):
+        train(CONFIG, tmp_path, log=quiet)
+    assert not list((tmp_path / "checkpoints").glob("*.zip"))
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error_naming_it(tmp_path, capsys):
+    """As an older rlalloc killed while saving it left it."""
+    out = tmp_path / "model"
+    train(replace(CONFIG, timesteps=256), out, log=quiet)
+    newest = out / "checkpoints" / "step_256_steps.zip"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    code, error, _ = run_cli([*TRAIN, "--timesteps", "384", "--resume", "--out", str(out)],
+                             capsys)
+    assert code == 2 and str(newest) in error and "damaged checkpoint" in error, error
+    assert "delete it to resume from the one before" in error, error
+
+
+def test_a_policy_killed_while_being_exported_keeps_the_earlier_one(tmp_path, monkeypatch):
+    """Exported at every better evaluation: written in place, a kill mid-write left a
+    truncated policy.pt that neither a resume nor the actuator could load."""
+    from agent import deployed
+
+    train(replace(CONFIG, timesteps=0), tmp_path, log=quiet)
+    before = (tmp_path / "policy.pt").read_bytes()
+
+    monkeypatch.setattr(deployed.torch, "save", lambda obj, f, **kw: killed_while_writing(f))
+    meta = deployed.load_deployed(tmp_path).meta
+    with pytest.raises(KeyboardInterrupt):
+        deployed.save_deployed(tmp_path, meta, {})
+    assert (tmp_path / "policy.pt").read_bytes() == before

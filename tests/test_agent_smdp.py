@@ -90,7 +90,7 @@ def test_train_flag_defaults_are_the_configs(flag):
     assert getattr(config, field) == getattr(TrainConfig(), field)
 
 
-def test_ppo_reads_the_step_discounts_of_a_time_discounted_env(tmp_path):
+def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     """With time_discount_s set, PPO's buffer holds exp(-elapsed/T) per step: 1 for actions
     at a decision point, below 1 for steps that advanced the clock."""
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -100,7 +100,7 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env(tmp_path):
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
                          batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
     vec_env = DummyVecEnv([lambda: ScaledReward(make_env(config), config.reward_scale)])
-    model = _build_model(config, vec_env, tmp_path)
+    model = _build_model(config, vec_env)
     model.learn(256, callback=_discount_callbacks(config))
     discounts = model.rollout_buffer.discounts
     assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
