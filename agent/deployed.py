@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -184,6 +185,8 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
                         f" create one with `rlalloc train`)")
     try:
         raw = json.loads(meta_path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError(f"{META_FILE} holds a {type(raw).__name__}, not an object")
         if raw.get("format_version") not in READABLE_VERSIONS:
             raise UserError(f"{meta_path}: format_version {raw.get('format_version')!r}, this "
                             f"rlalloc reads {READABLE_VERSIONS}; re-export the model")
@@ -197,10 +200,11 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
             tuple(norm["mean"]), tuple(norm["var"]), norm["clip"], norm["epsilon"]))
         net = PolicyNet(meta.obs_size, meta.hidden_sizes, meta.num_actions, meta.activation)
         net.load_state_dict(torch.load(directory / WEIGHTS_FILE, weights_only=True))
-    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        expected_obs_size = meta.expected_obs_size()  # a foreign feature_spec fails here
+    except (ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as err:
         raise UserError(f"{directory}: damaged saved policy ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0][:120]}); re-export it") from err
-    if meta.obs_size != meta.expected_obs_size():
+    if meta.obs_size != expected_obs_size:
         raise UserError(f"{meta_path}: observation size {meta.obs_size} does not match this "
                         f"rlalloc's featurizer; retrain the model")
     return LearnedPolicy(name or directory.name, meta, net)

@@ -11,8 +11,8 @@
   when higher-priority ones need their GPUs. Jobs still get exactly their requested GPUs.
 - `ElasticPolicy` ("elastic"): goodput-greedy elastic allocation in the spirit of Optimus and
   Pollux. Each GPU goes to the job whose speed-up (the state's scaling curve) gains most from
-  it, per GPU; a running job is resized only when the time it saves over its estimated
-  remaining run beats the checkpoint-restore time it pays (no thrashing).
+  it, per GPU; a running job is grown only when it then finishes at least `min_saving` (10%)
+  of its estimated remaining time sooner, checkpoint-restore time included (no thrashing).
   With ``failover=True`` ("reactive") jobs stopped by a failure restart at once on whatever GPUs
   are free (any size within min..max); with ``proactive=True`` ("proactive") jobs are also
   moved off nodes whose telemetry warns, before the node fails; with ``remaining_power=0.5``
@@ -60,6 +60,13 @@ def usable_gpus(state: ClusterState) -> tuple[int, int]:
     nodes = state.nodes
     usable = nodes.ready & ~nodes.cordoned
     return int(nodes.gpus_total[usable].sum()), int(nodes.gpus_free[usable].sum())
+
+
+def _packed_nodes(state: ClusterState, workers: np.ndarray | int) -> np.ndarray | int:
+    """Nodes that `workers` GPUs span when packed onto the largest nodes: what the speed-up
+    curve's cross-node term depends on, as the featurizer counts it."""
+    per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
+    return -(-workers // per_node)
 
 
 def _arrival_order(state: ClusterState, rows: np.ndarray) -> np.ndarray:
@@ -223,16 +230,14 @@ class ElasticPolicy:
         sizes = np.sort(np.where(allowed, candidates, np.iinfo(np.int64).max), axis=1)
         count = allowed.sum(axis=1)
         sizes[np.arange(n_levels + 1)[None, :] >= count[:, None]] = 0
-        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
-        speedups = speedup(sizes, -(-sizes // per_node), jobs.scaling_alpha[:, None],
+        speedups = speedup(sizes, _packed_nodes(state, sizes), jobs.scaling_alpha[:, None],
                            jobs.scaling_beta[:, None])
         return SizeTable(sizes, count, speedups)
 
     @staticmethod
     def _speedup(state: ClusterState, row: int, workers: int, nodes_used: int = 0) -> float:
         """Speed-up over one GPU of `workers` on `nodes_used` nodes (0: packed)."""
-        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
-        k = nodes_used or -(-workers // per_node)
+        k = nodes_used or _packed_nodes(state, workers)
         jobs = state.jobs
         return float(speedup(np.array([workers]), np.array([k]), jobs.scaling_alpha[row],
                              jobs.scaling_beta[row])[0])
@@ -261,8 +266,7 @@ class ElasticPolicy:
         """Speed-up over one GPU of jobs `rows` as placed now (1 for a job without GPUs)."""
         jobs = state.jobs
         workers = jobs.workers[rows]
-        per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
-        return np.where(workers > 0, speedup(workers, -(-workers // per_node),
+        return np.where(workers > 0, speedup(workers, _packed_nodes(state, workers),
                                              jobs.scaling_alpha[rows],
                                              jobs.scaling_beta[rows]), 1.0)
 
@@ -364,7 +368,7 @@ class ElasticPolicy:
     def _admit(self, state: ClusterState, table: SizeTable, target: np.ndarray,
                free: int) -> Action | None:
         jobs = state.jobs
-        waiting = [r for r in np.flatnonzero((jobs.status == _QUEUED) & (target > 0)).tolist()]
+        waiting = np.flatnonzero((jobs.status == _QUEUED) & (target > 0)).tolist()
         waiting.sort(key=lambda r: (jobs.attained_gpu_s[r], jobs.submit_s[r]))
         for row in waiting:
             sizes = table.of(row)
@@ -394,10 +398,12 @@ class ElasticPolicy:
             now, new = int(jobs.workers[row]), int(target[row])
             if new - now > free:
                 continue
+            remaining = self.remaining_s(state, row)
+            if remaining <= 0.0:  # done by the estimate (progress 1 while it saves its last
+                continue          # checkpoint, or a size told 0): growing saves nothing
             action = scale_action(state, row, new)
             if action is None or self._onto_risky(state, action):
                 continue
-            remaining = self.remaining_s(state, row)
             s_now = self._speedup(state, row, now, len(set(jobs.placement[row])))
             s_new = self._speedup(state, row, new, len(set(action.nodes)))
             after = float(jobs.restore_s[row]) + remaining * s_now / max(s_new, 1e-9)

@@ -187,6 +187,8 @@ def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     path = Path(directory) / SIZES_FILE
     try:
         raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError(f"it holds a {type(raw).__name__}, not an object")
         if raw.get("format_version") != FORMAT_VERSION:
             raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
                             f"rlalloc reads {FORMAT_VERSION}; fit it again with "

@@ -45,11 +45,6 @@ def job(job_id: str, status: JobStatus, requested: int, placement: tuple[int, ..
                    workers=len(placement), placement=placement, **kw)
 
 
-def run_to_noop(policy: Policy, state: ClusterState) -> list:
-    """The first action (policies are asked one action at a time)."""
-    return policy.act(state)
-
-
 def test_every_heuristic_satisfies_the_protocol():
     for name in HEURISTICS:
         policy = load_policy(name)
@@ -99,6 +94,28 @@ def test_tiresias_is_fifo_within_a_queue_and_does_not_preempt_peers():
     assert TiresiasPolicy().act(make_state([0, 0], [first, second])) == NOOP
 
 
+def test_tiresias_skips_a_job_that_does_not_fit_and_starts_the_next():
+    # Tiresias' scheduler walks the priority order past jobs too big for the cluster: the
+    # 8-GPU head job can never fit 4 GPUs, so the 2-GPU job behind it starts (static waits)
+    state = make_state([4], [job("big", Q, 8, submit_s=0.0), job("small", Q, 2, submit_s=1.0)])
+    action = TiresiasPolicy().act(state)
+    assert action.job_id == "small" and action.workers == 2
+    assert StaticPolicy().act(state) == NOOP
+
+
+def test_tiresias_never_preempts_a_restoring_job():
+    # a demoted job that is still restoring keeps its GPUs (it has not had its lease yet); the
+    # same job running is preempted for the new top-queue job
+    def state_with(status: JobStatus) -> ClusterState:
+        demoted = job("demoted", status, 4, placement=(0,) * 4, submit_s=0.0,
+                      attained_gpu_s=200_000.0, run_s=20_000.0)
+        return make_state([0], [demoted, job("new", Q, 4, submit_s=9_000.0)])
+
+    assert TiresiasPolicy().act(state_with(JobStatus.RESTARTING)) == NOOP
+    action = TiresiasPolicy().act(state_with(R))
+    assert action.job_id == "demoted" and action.workers == 0
+
+
 def test_tiresias_promotes_a_starving_job():
     demoted = job("starved", Q, 4, submit_s=0.0, attained_gpu_s=80_000.0, run_s=1_000.0)
     fresh = job("fresh", R, 4, placement=(0,) * 4, submit_s=9_500.0, attained_gpu_s=400.0,
@@ -139,6 +156,19 @@ def test_elastic_does_not_resize_when_the_restore_costs_more_than_it_saves():
     nearly_done = job("done-soon", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,
                       progress=0.9, run_s=9_000.0, restore_s=2_000.0)
     assert ElasticPolicy().act(make_state([3], [nearly_done])) == NOOP
+
+
+@pytest.mark.parametrize("name", ["elastic", "reactive", "proactive", "elastic-srpt"])
+def test_elastic_does_not_grow_a_job_whose_work_is_done(name):
+    # the actuator reads progress 1.0 while a finished trainer saves its last checkpoint: no
+    # time left to save, so no grow (the grow rule divided by that 0 and crashed)
+    done = job("done", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,
+               progress=1.0, run_s=9_000.0, restore_s=10.0)
+    assert load_policy(name).act(make_state([3], [done])) == NOOP
+    # the same job with work left does grow: the 0 is what stops it
+    busy = job("busy", R, 1, placement=(0,), scaling_alpha=0.0, scaling_beta=0.0,
+               progress=0.5, run_s=9_000.0, restore_s=10.0)
+    assert load_policy(name).act(make_state([3], [busy])).workers == 4
 
 
 def test_elastic_shrinks_a_wide_job_to_admit_a_queued_one():

@@ -145,6 +145,9 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
     (out / SIZES_FILE).write_text('{"format_version": 1, "base": "elastic"}')
     with pytest.raises(UserError, match="damaged size table"):
         load_policy(str(out))
+    (out / SIZES_FILE).write_text("[1, 2]")  # valid JSON, not a table: was an AttributeError
+    with pytest.raises(UserError, match="damaged size table"):
+        load_policy(str(out))
 
 
 def test_a_directory_with_a_size_table_and_a_trained_model_is_refused(tmp_path):

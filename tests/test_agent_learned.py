@@ -3,6 +3,7 @@ mask, the CLI rejects bad policies in one line, and PPO learns a trivial scenari
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def test_shipped_models_load_and_run(name):
     policy = load_policy(name)
     sim = build_scenario("synthetic:30:1.0", "16x4", seed=0).simulator(seed=0)
     result = run_policy(sim, policy.act)
-    assert result.metrics["jobs_completed"] > 0
+    assert result.finished and result.metrics["jobs_completed"] == 30
 
 
 @pytest.mark.parametrize("bad", ["nope", "/definitely/not/a/model"])
@@ -135,6 +136,28 @@ def test_a_file_of_a_saved_model_is_refused_naming_its_directory(tmp_path):
     (tmp_path / "jobs.csv").write_text("job_id\n")
     with pytest.raises(UserError, match="is a file, not a saved model; give the directory"):
         load_policy(str(tmp_path / "jobs.csv"))
+
+
+@pytest.mark.parametrize("damage", ["weights-not-torch", "meta-a-list", "meta-foreign-spec"])
+def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
+    """Each of these tracebacked (UnpicklingError, AttributeError, TypeError) instead of
+    naming the directory and the fix."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("policy.json", "policy.pt"):
+        (model / name).write_bytes((MODELS_DIR / "dqn" / name).read_bytes())
+    load_policy(str(model))  # intact, it loads
+    meta = json.loads((model / "policy.json").read_text())
+    if damage == "weights-not-torch":
+        (model / "policy.pt").write_text("not a torch file\n")
+    elif damage == "meta-a-list":
+        (model / "policy.json").write_text("[1, 2]\n")
+    else:
+        meta["feature_spec"]["slots"] = 16
+        (model / "policy.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=f"^{re.escape(str(model))}: damaged saved policy .*; "
+                                        "re-export it$"):
+        load_policy(str(model))
 
 
 def test_evaluate_writes_results_with_cis(tmp_path):
