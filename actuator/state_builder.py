@@ -226,7 +226,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
         annotations = obj["metadata"].get("annotations") or {}
         job_records.append(JobInfo(
             job_id=job_id, status=status, submit_s=created,
-            requested_gpus=_requested(annotations, replicas, min_w),
+            requested_gpus=_requested(annotations, replicas, min_w, max_w),
             min_workers=min_w, max_workers=max_w, workers=len(pods), placement=placement,
             speed_1gpu=_float(annotations, SPEED_ANNOTATION, _JOB_DEFAULTS.speed_1gpu),
             scaling_alpha=_float(annotations, ALPHA_ANNOTATION, _JOB_DEFAULTS.scaling_alpha),
@@ -455,11 +455,14 @@ def _elastic_range(obj: dict, replicas: int) -> tuple[int, int]:
     return low, max(int(elastic.get("maxReplicas", fixed)), low)
 
 
-def _requested(annotations: dict, replicas: int, min_workers: int) -> int:
+def _requested(annotations: dict, replicas: int, min_workers: int, max_workers: int) -> int:
+    """The job's requested workers: its annotation, else its replicas, kept within its elastic
+    range. The simulator's workloads guarantee min <= request <= max and the policies rely on
+    it (a request the range cannot hold gave elastic no size for the job, which it then
+    suspended); a PyTorchJob annotated outside its elasticPolicy cannot break that."""
     value = annotations.get(REQUESTED_WORKERS_ANNOTATION, "")
-    if value.isdigit():
-        return int(value)
-    return replicas if replicas > 0 else min_workers
+    requested = int(value) if value.isdigit() else replicas if replicas > 0 else min_workers
+    return min(max(requested, min_workers), max_workers)
 
 
 def _float(annotations: dict, key: str, default: float) -> float:

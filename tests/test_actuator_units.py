@@ -168,6 +168,18 @@ def test_state_counts_unmanaged_pods_and_ignores_unmanaged_jobs():
     assert built.state.jobs.job_id == ("ns/run",)
 
 
+def test_a_request_outside_the_elastic_range_is_kept_within_it():
+    """Policies rely on min <= request <= max, as every simulated workload has it; a
+    PyTorchJob annotated outside its elasticPolicy must not break that."""
+    state = _world()  # "wait": request 4 within 2..4
+    nodes, pods, jobs = cluster_objects(state, "ns", {j: j for j in state.jobs.job_id})
+    for value, expected in (("16", 4), ("1", 2), ("3", 3)):
+        jobs[1]["metadata"]["annotations"][REQUESTED_WORKERS_ANNOTATION] = value
+        built = build_state(Observation(state.time_s, nodes, pods, jobs, {}), ActuatorConfig(),
+                            Ledger())
+        assert built.state.jobs.requested_gpus.tolist()[1] == expected
+
+
 def test_ledger_integrates_gpu_seconds_and_counts_restarts():
     first = _observe(_world(time_s=1000.0))
     assert first.state.jobs.attained_gpu_s.tolist() == [0.0, 0.0]
