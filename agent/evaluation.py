@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from env.simulator import Simulator
 from env.state import ClusterState
 
@@ -34,15 +32,7 @@ def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
     `limit_s` passes, default `time_limit_s`) and summarise the run."""
     finished = sim.run(decide, on_progress, limit_s)
     metrics = {k: float(v) for k, v in sim.accounting.summary().items()}
-    return RunResult(metrics, finished, sim.accounting.series, finished_jcts_s(sim))
+    return RunResult(metrics, finished, sim.accounting.series,
+                     sim.accounting.finished_jcts_s().tolist())
 
 
-def finished_jcts_s(sim: Simulator) -> list[float]:
-    """JCT of every finished job (for CDF plots).
-
-    Reads the accounting's per-job finish times directly: `RunAccounting` exposes only the
-    summary statistics (a public accessor there would be the better home for this).
-    """
-    finish = sim.accounting._finish
-    done = ~np.isnan(finish)
-    return (finish[done] - sim._submit[done]).tolist()

@@ -197,11 +197,17 @@ class RunAccounting:
         """GPU energy so far: busy GPUs at their type's busy power, other up GPUs at idle power."""
         return self.energy_j / 3.6e6
 
+    def finished_jcts_s(self) -> np.ndarray:
+        """JCT of every job finished so far, in job order (what the JCT metrics and a CDF
+        plot are taken over)."""
+        done = ~np.isnan(self._finish)
+        return self._finish[done] - self._sim._submit[done]
+
     def summary(self) -> dict[str, float]:
         """All metrics of `METRIC_KEYS` for the run so far (finished jobs only for JCTs)."""
         sim = self._sim
         done = ~np.isnan(self._finish)
-        jct = self._finish[done] - sim._submit[done]
+        jct = self.finished_jcts_s()
         queue = self._first_start[done] - sim._submit[done]
         makespan = float(np.nanmax(self._finish) - self.first_submit) if done.any() else 0.0
         capacity = self.total_gpus * makespan

@@ -15,7 +15,7 @@ import pytest
 
 from agent import headroom_cmd
 from agent.distill import load_recordings
-from agent.evaluation import finished_jcts_s, run_policy
+from agent.evaluation import run_policy
 from agent.headroom_cmd import RECORDINGS_DIR, recording_path
 from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
 from agent.registry import MODELS_DIR, load_policy
@@ -71,7 +71,8 @@ def test_fork_repeats_the_run_with_the_same_failures_and_leaves_the_original_alo
     run_policy(fork, policy.act)
     assert (sim.time_s, sim.jobs_in_system, sim.events_processed) == before
     run_policy(sim, policy.act)
-    assert finished_jcts_s(fork) == finished_jcts_s(sim) == finished_jcts_s(reference)
+    jcts = [s.accounting.finished_jcts_s().tolist() for s in (fork, sim, reference)]
+    assert jcts[0] == jcts[1] == jcts[2]
 
 
 @pytest.mark.parametrize("known_s", [0.0, 1200.0])
@@ -83,7 +84,7 @@ def test_fork_knows_only_the_arrivals_within_its_horizon(known_s):
     fork = sim.fork(arrivals_known_s=known_s)
     cost_to_go(fork, load_policy("elastic"))
     assert fork.jobs_in_system == 0 and not fork.has_pending_arrivals
-    assert len(finished_jcts_s(fork)) == known
+    assert len(fork.accounting.finished_jcts_s()) == known
     assert sim.has_pending_arrivals  # the original still expects the rest
     told = [j.submit_s for j in sim.workload.jobs if j.submit_s <= sim.time_s + known_s]
     last_hour = sum(fork.time_s - 3600.0 < t <= fork.time_s for t in told)
@@ -101,7 +102,7 @@ def test_fork_told_the_real_arrivals_as_extra_jobs_repeats_the_known_future():
     told = sim.fork(0.0, renamed, tuple(scenario.speeds[row] for row in later))
     assert len(told.job_ids) == len(sim.job_ids) + len(later)
     assert cost_to_go(told, policy) == pytest.approx(cost_to_go(sim.fork(), policy), rel=1e-12)
-    assert len(finished_jcts_s(told)) == len(scenario.workload.jobs)
+    assert len(told.accounting.finished_jcts_s()) == len(scenario.workload.jobs)
     with pytest.raises(AssertionError, match="past"):
         sim.fork(0.0, (replace(renamed[0], submit_s=0.0),), scenario.speeds[:1])
 
@@ -141,7 +142,7 @@ def test_cost_to_go_is_the_rest_of_the_total_jct():
     cost = cost_to_go(sim.fork(), policy)
     run_policy(sim, policy.act)
     submit = np.array([j.submit_s for j in sim.workload.jobs])
-    finish = submit + np.array(finished_jcts_s(sim))  # all finished, in job order
+    finish = submit + sim.accounting.finished_jcts_s()  # all finished, in job order
     assert len(finish) == len(submit)
     spent_before = np.clip(np.minimum(finish, now) - submit, 0.0, None).sum()
     assert cost == pytest.approx(finish.sum() - submit.sum() - spent_before, rel=1e-9)
@@ -167,7 +168,8 @@ def test_lookahead_without_alternatives_is_its_base():
     run_policy(reference, base.act)
     run_policy(sim, lookahead.act)
     assert lookahead.contested == 0
-    assert finished_jcts_s(sim) == finished_jcts_s(reference)
+    assert sim.accounting.finished_jcts_s().tolist() == \
+        reference.accounting.finished_jcts_s().tolist()
 
 
 @pytest.mark.parametrize("flags, named", [(["--futures", "known,later"], "later"),
