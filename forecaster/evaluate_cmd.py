@@ -55,13 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Evaluate, write forecast.json and the figure, print the table."""
     torch.set_num_threads(TORCH_THREADS)
-    if not (args.model / CONFIG_FILE).is_file():
-        raise UserError(f"--model {args.model}: no {CONFIG_FILE}; pass a `forecast train --out` "
-                        "dir")
     if args.origin_stride < 1:
         raise UserError(f"--origin-stride {args.origin_stride}: must be at least 1 minute")
-    _refuse_training_series(args.series, args.model)
     lstm, standin, holt_winters = _load_models(args.model)
+    _refuse_training_series(args.series, args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
     series = load_demand_series(args.series, min_points=needed)
     with out_dir_for_run(args.out, [RESULT_FILE, PLOT_FILE], args.force):
@@ -88,7 +85,7 @@ def _load_models(model: Path) -> tuple[LSTMForecaster, EWMAForecaster, HoltWinte
     """The LSTM, its stand-in and the fitted baselines of a trained model directory, loaded
     before anything is written: a directory missing one of them (a run that was copied in part,
     or the output of another command) is one line naming the file, not a traceback."""
-    for name in (WEIGHTS_FILE, STANDIN_FILE, BASELINES_FILE):
+    for name in (CONFIG_FILE, WEIGHTS_FILE, STANDIN_FILE, BASELINES_FILE):
         if not (model / name).is_file():
             raise UserError(f"--model {model}: no {name}; pass a complete `forecast train "
                             "--out` directory, or train one again into it with --force")
