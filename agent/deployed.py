@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from agent.job_sizes import JobSizeHistory
+from agent.registry import MODEL_META_FILE as META_FILE
 from env.errors import UserError
 from env.featurizer import FeatureSpec, Featurizer
 from env.output import write_atomic
@@ -39,7 +40,6 @@ FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 """Versions this rlalloc loads (a version-1 file is a policy over the raw actions)."""
 WEIGHTS_FILE = "policy.pt"
-META_FILE = "policy.json"
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 

@@ -40,7 +40,8 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
 }
 """Built-in heuristics by name."""
 MODEL_META_FILE = "policy.json"
-"""`agent.deployed.META_FILE`, named here so that recognising a saved model imports no torch."""
+"""A saved model's metadata file (`agent.deployed` writes it), named here so that recognising a
+saved model imports no torch."""
 SHIPPED_MODELS = ("ppo", "dqn")
 """Names of the learned policies shipped in `MODELS_DIR`."""
 
