@@ -181,12 +181,14 @@ class KubeClient:
                 raise
 
     def create_event(self, namespace: str, involved: dict, reason: str, message: str,
-                     warning: bool, instance: str) -> None:
-        """Record a Kubernetes Event on `involved` (apiVersion/kind/name/namespace/uid)."""
+                     warning: bool, instance: str) -> str:
+        """Record a Kubernetes Event on `involved` (apiVersion/kind/name/namespace/uid) and
+        return its name."""
         now = now_rfc3339()
+        name = f"{involved['name']}.{time.time_ns():x}"
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{involved['name']}.{time.time_ns():x}", "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved, "reason": reason, "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": self._config.event_component, "host": instance},
@@ -196,6 +198,15 @@ class KubeClient:
         self._call(lambda: self._core.create_namespaced_event(
             namespace, body, _request_timeout=self._config.api_timeout_s),
             f"create event on {involved['name']}")
+        return name
+
+    def count_event(self, namespace: str, name: str, count: int) -> None:
+        """Set an Event's `count` (it happened again) and its `lastTimestamp` to now; raises
+        `KubeError` with status 404 when the Event has gone."""
+        patch = {"count": count, "lastTimestamp": now_rfc3339()}
+        self._call(lambda: self._core.patch_namespaced_event(
+            name, namespace, patch, _request_timeout=self._config.api_timeout_s),
+            f"count event {namespace}/{name}")
 
     # ------------------------------------------------------------------------------ leases
     def read_lease(self, namespace: str, name: str) -> dict | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from actuator.apply import Applier
 from actuator.config import ActuatorConfig
+from actuator.events import EventRecorder
 from actuator.guardrails import Decision, DecisionHistory, Policy, decide, rule_of
 from actuator.kube import KubeClient, KubeError, involved_pytorchjob
 from actuator.leader import LeaderElector
@@ -63,6 +64,7 @@ class Controller:
         self._policy = policy
         self._signals = load_signals(config.signals) if signals is None else signals
         self._applier = Applier(kube, config)
+        self._events = EventRecorder(kube)
         self._elector = (LeaderElector(kube, config, identity)
                          if config.leader_election and not config.dry_run else None)
         self._ledger = Ledger()
@@ -175,10 +177,10 @@ class Controller:
             action, built)
         message = action.describe() + (f": {detail}" if detail else "")
         try:
-            self._kube.create_event(ref.namespace, involved_pytorchjob(ref.namespace, ref.name,
-                                                                        ref.uid),
-                                    reason, message, warning=outcome != APPLIED,
-                                    instance=self.identity)
+            self._events.record(ref.namespace,
+                                involved_pytorchjob(ref.namespace, ref.name, ref.uid),
+                                reason, message, warning=outcome != APPLIED,
+                                instance=self.identity)
         except KubeError as err:
             self.metrics.errors.labels("event").inc()
             log.warning("could not record the event: %s", err)

@@ -247,6 +247,31 @@ def test_api_5xx_beyond_the_retries_leaves_the_job_untouched(tmp_path):
         server.stop()
 
 
+def test_a_move_failing_every_cycle_is_one_event_counted_again(tmp_path):
+    # a failed move is proposed again each cycle; its Events fold into one, as client-go's
+    # recorder does, and a new one is made when that Event has gone (expired or deleted)
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[403] * 3)
+        start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+        ctl = Controller(config, kube, metrics, Scripted(), "a-0")
+        for _ in range(2):
+            ctl._policy = Scripted(start)
+            assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+        events = server.call(server.api.list, EVENTS)
+        assert [(e["reason"], e["count"]) for e in events] == [("ActionFailed", 2)]
+        assert events[0]["lastTimestamp"] >= events[0]["firstTimestamp"]
+        server.call(server.api.remove, EVENTS, "default", events[0]["metadata"]["name"])
+        ctl._policy = Scripted(start)
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+        events = server.call(server.api.list, EVENTS)
+        assert [(e["reason"], e["count"]) for e in events] == [("ActionFailed", 1)]
+        assert ctl.metrics.errors.labels("event")._value.get() == 0
+    finally:
+        server.stop()
+
+
 def test_failover_stops_before_deleting_pods_when_the_cordon_fails(tmp_path):
     state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
     server, config, kube, metrics = _world(tmp_path, state)

@@ -364,7 +364,7 @@ def test_deploy_manifests_are_consistent(tmp_path):
              for group in rule["apiGroups"] for resource in rule["resources"]}
     assert rules == {  # exactly what actuator/kube.py calls
         ("", "nodes"): {"list", "patch"}, ("", "pods"): {"list", "delete"},
-        ("", "events"): {"create"}, ("kubeflow.org", "pytorchjobs"): {"list", "patch"},
+        ("", "events"): {"create", "patch"}, ("kubeflow.org", "pytorchjobs"): {"list", "patch"},
         ("kubeflow.org", "pytorchjobs/scale"): {"patch"},
         ("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
