@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -295,6 +295,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         raise UserError(f"--imitate: the recordings' observations have {recordings.obs.shape[1]}"
                         f" features, this policy's {vec_env.observation_space.shape[0]}; record "
                         "them again with this rlalloc and these --residual heuristics")
+    if resume:
+        config = _with_earlier_commands(config, out)
     _start_run_dir(config, out, force, log)
     started = time.perf_counter()
     summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": []}
@@ -483,6 +485,18 @@ def _start_run_dir(config: TrainConfig, out: Path, force: bool,
     if force and (removed := remove_outputs(out, RUN_FILES)):
         log(f"--force: removed the earlier run's {', '.join(removed)} from {out}")
     write_json(out / CONFIG_FILE, asdict(config))
+
+
+def _with_earlier_commands(config: TrainConfig, out: Path) -> TrainConfig:
+    """`config` with the command lines of the run it resumes (``extra["earlier_commands"]``,
+    oldest first): the resume rewrites train_config.json, and a resume may change settings
+    such as the workloads or --timesteps, so the command that started the run is kept."""
+    saved = out / CONFIG_FILE
+    previous = json.loads(saved.read_text()).get("extra", {}) if saved.is_file() else {}
+    earlier = [*previous.get("earlier_commands", []),
+               *([previous["command"]] if "command" in previous else [])]
+    return replace(config, extra={**config.extra, "earlier_commands": earlier}) if earlier \
+        else config
 
 
 def _finished(out: Path) -> bool:
@@ -674,6 +688,8 @@ def card_markdown(summary: dict) -> str:
         f"# {config['algo'].upper()} allocation policy",
         "",
         f"- command: `{config['extra'].get('command', '(API call)')}`",
+        *(f"- earlier command (resumed by the one above): `{command}`"
+          for command in reversed(config["extra"].get("earlier_commands", []))),
         f"- workloads: {', '.join(Path(w).name for w in config['workloads'])}",
         f"- cluster: {config['cluster']}{shape}; failures: {config['failures']}; "
         f"efficiency: {config.get('efficiency', 'none')}; seed {config['seed']}",

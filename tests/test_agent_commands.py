@@ -72,6 +72,21 @@ def test_force_starts_a_clean_run_that_resume_then_continues(tmp_path):
     assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256, 384]
 
 
+def test_a_resumed_run_keeps_the_commands_it_continues(tmp_path):
+    """A resume rewrites train_config.json and the card with its own command line (it may
+    change the workloads or --timesteps); the commands before it stay on record."""
+    commands = ["rlalloc train (first)", "rlalloc train --resume (second)",
+                "rlalloc train --resume (third)"]
+    train(replace(CONFIG, extra={"command": commands[0]}), tmp_path, log=quiet)
+    for steps, command in zip((256, 384), commands[1:], strict=True):
+        train(replace(CONFIG, timesteps=steps, extra={"command": command}), tmp_path,
+              resume=True, log=quiet)
+    saved = json.loads((tmp_path / "train_config.json").read_text())["extra"]
+    assert saved == {"command": commands[2], "earlier_commands": commands[:2]}
+    card = (tmp_path / "card.md").read_text()
+    assert card.index(commands[2]) < card.index(commands[1]) < card.index(commands[0])
+
+
 @pytest.mark.parametrize("earlier", ["checkpoints/last.zip", "card.json", "card.md",
                                      "train_config.json", "tb/ppo_1/events"])
 def test_a_new_run_refuses_every_file_of_an_earlier_one(tmp_path, earlier):
