@@ -63,8 +63,6 @@ def load_policy(name_or_path: str) -> Policy:
     Raises `UserError` (one line, listing the valid names) for an unknown name or a path that
     holds no saved policy.
     """
-    from agent.deployed import load_deployed  # torch only when a learned policy is asked for
-
     if name_or_path in HEURISTICS:
         return HEURISTICS[name_or_path]()
     if name_or_path in SHIPPED_MODELS:
@@ -73,7 +71,7 @@ def load_policy(name_or_path: str) -> Policy:
             raise UserError(f"policy {name_or_path!r}: shipped model {directory} is missing; "
                             f"train one with `rlalloc train --algo {name_or_path} --out "
                             f"{directory}` or pass a model directory")
-        return load_deployed(directory, name=name_or_path)
+        return _load_learned(directory, name_or_path)
     path = Path(name_or_path)
     if (path / SIZES_FILE).is_file():
         if (path / MODEL_META_FILE).is_file():  # `--force` of one command into the other's OUT
@@ -84,7 +82,7 @@ def load_policy(name_or_path: str) -> Policy:
 
         return load_sized_policy(path, name=path.name)
     if path.is_dir():
-        return load_deployed(path, name=path.name)
+        return _load_learned(path, path.name)
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files
         saved = any((path.parent / f).is_file() for f in (SIZES_FILE, MODEL_META_FILE))
         hint = (f"give its directory, {path.parent}" if saved else
@@ -92,3 +90,11 @@ def load_policy(name_or_path: str) -> Policy:
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")
     raise UserError(f"unknown policy {name_or_path!r}: use one of {', '.join(builtin_names())} "
                     f"or the directory of a saved model")
+
+
+def _load_learned(directory: Path, name: str) -> Policy:
+    """The trained model saved in `directory`. Imported here, not at the top: it brings torch
+    (~110 MB and a second of start-up), which commands running only heuristics never need."""
+    from agent.deployed import load_deployed
+
+    return load_deployed(directory, name=name)

@@ -28,7 +28,7 @@ from env.errors import UserError
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from env.progress import progress_bar
 from env.state import Action, ClusterState
-from env.workload.loader import workload_format
+from env.workload.loader import SYNTHETIC, load_workload, workload_format
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
                  / "pollux" / "philly.csv")
@@ -36,8 +36,9 @@ DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench sim`."""
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
-                        help="trace to replay (default: ../shared/data/traces/pollux/philly.csv)")
+    parser.add_argument("--trace", default=str(DEFAULT_TRACE),
+                        help="workload to replay: a CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
+                             "(default: ../shared/data/traces/pollux/philly.csv)")
     parser.add_argument("--cluster", default="128x8", help="replay cluster (default: %(default)s)")
     parser.add_argument("--policy", default="static", help="replay policy (default: %(default)s)")
     parser.add_argument("--env-cluster", default="16x4",
@@ -50,14 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bench_out_flags(parser)
 
 
-def bench_replay(trace: Path, cluster: ClusterSpec,
+def bench_replay(trace: str, cluster: ClusterSpec,
                  decide: Callable[[ClusterState], Action]) -> dict[str, float]:
-    """Load and replay `trace` once under `decide` (a policy's `act`), up to the simulated-time
-    limit (`env.simulator.time_limit_s`); wall times, events and decisions per second."""
+    """Load and replay the workload `trace` (a CSV path or a synthetic source) once under
+    `decide` (a policy's `act`), up to the simulated-time limit (`env.simulator.time_limit_s`);
+    wall times, events and decisions per second."""
     from env.scenario import build_scenario
 
     start = time.perf_counter()
-    scenario = build_scenario(str(trace), cluster)
+    scenario = build_scenario(trace, cluster)
     load_s = time.perf_counter() - start
     sim = scenario.simulator()
     with progress_bar() as progress:
@@ -100,6 +102,7 @@ def bench_env_steps(cluster: str, steps: int, seed: int = 0) -> dict[str, float]
             if i % 1000 == 999:
                 progress.advance(task, 1000)
         elapsed = time.perf_counter() - start
+        progress.update(task, completed=steps)  # the last partial thousand
     return {"env_steps": steps, "env_steps_per_s": steps / elapsed, "env_episodes": episodes}
 
 
@@ -156,11 +159,15 @@ def run(args: argparse.Namespace) -> int:
     from agent.registry import load_policy
 
     # every flag is checked before minutes of measuring, not after the first benchmark
-    try:
-        workload_format(args.trace)  # its header; the rows are read with the replay
+    replay_cluster = parse_cluster(args.cluster)
+    synthetic = args.trace == SYNTHETIC or args.trace.startswith(f"{SYNTHETIC}:")
+    try:  # a CSV's header (its rows are read with the replay); a synthetic source is generated
+        if synthetic:  # once here, cheaply, to check its numbers
+            load_workload(args.trace, replay_cluster)
+        else:
+            workload_format(Path(args.trace))
     except UserError as err:
         raise UserError(f"--trace {err}") from None
-    replay_cluster = parse_cluster(args.cluster)
     parse_cluster(args.env_cluster)
     policy = load_policy(args.policy)
     prepare_out_file(args.out, args.force)
@@ -168,12 +175,14 @@ def run(args: argparse.Namespace) -> int:
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)
     figures.update(bench_replay(args.trace, replay_cluster, policy.act))
-    # before the PPO run: torch and its model would add ~100 MB that the replay does not use
+    # before the PPO run: torch and its model would add ~110 MB that the replay does not use
+    # (a heuristic replay policy loads without torch)
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if args.ppo_steps:
         figures.update(bench_ppo_share(args.env_cluster, args.ppo_steps))
     figures["machine"] = f"{platform.machine()} {platform.python_version()}"
-    table = Table(title=f"rlalloc bench sim: {args.trace.name} on {args.cluster}")
+    trace_name = args.trace if synthetic else Path(args.trace).name
+    table = Table(title=f"rlalloc bench sim: {trace_name} on {args.cluster}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in figures.items():

@@ -135,7 +135,8 @@ def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
 
 def prepare_out_file(out: Path | None, force: bool) -> None:
     """Before minutes of measuring, make sure the figures can be kept: create the file's
-    directory, refuse to replace an existing file without `force`."""
+    directory, check that a file can be written there, and refuse to replace an existing file
+    without `force`."""
     if out is None:
         return
     if out.is_dir():
@@ -147,6 +148,12 @@ def prepare_out_file(out: Path | None, force: bool) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--out {out}: cannot create {out.parent} ({err.strerror})") from err
+    try:  # e.g. a read-only mount: found now, not after the measuring
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot write in {out.parent} ({err.strerror}); choose "
+                        "another file") from err
 
 
 def _file_mode() -> int:

@@ -33,3 +33,12 @@ def test_simulator_core_does_not_need_torch_or_the_rl_library():
 def test_default_signals_load_without_torch():
     loaded = imported_after("from env.signals import load_signals; load_signals('standin')")
     assert "torch" not in loaded and "statsmodels" not in loaded
+
+
+def test_a_heuristic_loads_without_torch_and_a_learned_policy_with_it():
+    """Commands that run only heuristics (simulate, evaluate of baselines, bench sim) do not pay
+    for torch; the shipped models, which need it, still load."""
+    heuristics = imported_after("from agent.registry import load_policy; "
+                                "[load_policy(n) for n in ('static', 'tiresias', 'proactive')]")
+    assert "torch" not in heuristics
+    assert "torch" in imported_after("from agent.registry import load_policy; load_policy('ppo')")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,8 @@ def test_out_dir_and_file_refusals_name_the_problem(tmp_path):
         prepare_out_dir(tmp_path / "a.json", ["x"], force=True)
     with pytest.raises(UserError, match="is a directory"):
         prepare_out_file(tmp_path, force=False)
+    with pytest.raises(UserError, match="cannot write in /proc"):  # even as root
+        prepare_out_file(Path("/proc/figures.json"), force=False)
     assert (tmp_path / "a.json").read_text() == "old"
 
 
