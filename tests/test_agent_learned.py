@@ -118,7 +118,7 @@ def test_evaluate_rejects_unknown_policies_in_one_line(tmp_path, bad):
     proc = subprocess.run(
         [sys.executable, "-m", "env.cli", "evaluate", "--policies", f"static,{bad}",
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2  # a user error, not a crash (1)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and bad in lines[0] and "static" in lines[0]
     assert "Traceback" not in proc.stderr

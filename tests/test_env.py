@@ -144,15 +144,62 @@ def test_time_discount_of_one_busy_hour_by_hand():
 
 
 def test_dqn_style_invalid_actions_are_noops_and_counted():
+    """Both kinds of masked-out index a DQN may pick change nothing and count once each: one
+    that decodes to an action the simulator refuses, and one that decodes to nothing (an empty
+    slot); index 0, the no-op, is not counted."""
     environment = small_env(params=NO_FAILURES)
     environment.reset(seed=0)
+    while not environment._state.jobs.count:  # wait (index 0) for the first arrival
+        assert environment.step(0)[4]["invalid_actions"] == 0
+    featurizer, state = environment.featurizer, environment._state
     mask = environment.action_masks()
-    invalid = int(np.flatnonzero(~mask)[0])
-    free_before = environment._state.nodes.gpus_free.copy()
-    _, _, _, _, info = environment.step(invalid)
-    assert info["invalid_actions"] == 1
-    assert environment.sim.actions_taken == 0
-    assert free_before.sum() >= environment._state.nodes.gpus_free.sum()
+    refused = next(int(i) for i in np.flatnonzero(~mask)
+                   if featurizer.decode(state, int(i)).kind != ActionKind.NOOP)
+    assert environment.sim.validate(featurizer.decode(state, refused))
+    empty_slot = featurizer.encode_suspend(featurizer.spec.top_k - 1)
+    assert len(featurizer.slots(state)) < featurizer.spec.top_k
+    assert featurizer.decode(state, empty_slot).kind == ActionKind.NOOP
+    for action, counted in ((refused, 1), (empty_slot, 2), (0, 2)):
+        _, _, _, _, info = environment.step(action)
+        assert info["invalid_actions"] == counted, action
+        # no job was ever started: every GPU is free and no job holds a worker
+        after = environment._state
+        assert environment.sim.actions_taken == 0
+        assert (after.nodes.gpus_free == after.nodes.gpus_total).all()
+        assert not after.jobs.workers.any() and all(p == () for p in after.jobs.placement)
+
+
+def test_reward_charges_lost_gpu_hours_and_energy_by_their_weights():
+    """With failures, the episode return is minus (jobs weight x total JCT + lost weight x lost
+    GPU-hours + energy weight x kWh), each term read from the run's own metrics."""
+    weights = RewardWeights(jobs_weight=1.0, lost_gpu_weight=0.5, energy_weight=2.0)
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=2.0))
+    environment = small_env(params=params, reward=weights)
+    environment.reset(seed=2)
+    total = 0.0
+    while True:
+        _, reward, terminated, truncated, info = environment.step(
+            _start_oldest_or_wait(environment))
+        total += reward
+        if terminated or truncated:
+            break
+    assert terminated
+    m = info["metrics"]
+    assert m["lost_gpu_hours"] > 0 and m["energy_kwh"] > 0  # every term is exercised
+    jct_h = m["avg_jct_s"] * m["jobs_completed"] / 3600.0
+    assert total == pytest.approx(-(jct_h + 0.5 * m["lost_gpu_hours"] + 2.0 * m["energy_kwh"]),
+                                  rel=1e-9)
+
+
+def test_an_episode_is_truncated_at_max_episode_steps():
+    environment = small_env(params=NO_FAILURES, max_episode_steps=5)
+    environment.reset(seed=0)
+    for step in range(1, 6):
+        _, _, terminated, truncated, info = environment.step(0)
+        assert not terminated and truncated == (step == 5), step
+    assert info["metrics"]["jobs_completed"] < 30
+    environment.reset(seed=0)  # a new episode counts its steps from zero
+    assert not environment.step(0)[3]
 
 
 def test_slot_order_is_stable_and_observation_shape_fixed():
@@ -197,3 +244,37 @@ def test_cached_features_and_mask_equal_those_of_a_fresh_featurizer():
         if terminated or truncated:
             environment.reset()
     assert min(seen.values()) > 0, seen  # every cached path was exercised
+
+
+def test_each_action_index_decodes_to_its_action_on_a_hand_made_cluster():
+    """2 nodes of 4 GPUs; node-0 warns and runs job r on 2 GPUs, node-1 is empty; job q
+    (2 GPUs) queues. With 2 slots of 14 actions (suspend, 6 targets x 2 strategies, migrate),
+    the layout and what each index means are known by hand; warned nodes come last."""
+    from env.state import NOOP, Action, JobStatus, Strategy
+    from tests.test_agent_heuristics import job, make_state
+
+    state = make_state([2, 4], [job("r", JobStatus.RUNNING, 2, placement=(0, 0), submit_s=0.0),
+                                job("q", JobStatus.QUEUED, 2, submit_s=5.0)], warned=(0,))
+    featurizer = Featurizer(FeatureSpec(top_k=2))
+    assert featurizer.spec.num_actions == 1 + 2 * 14
+    assert featurizer.slots(state).tolist() == [1, 0]  # queued q in slot 0, running r in 1
+    packed, spread = Strategy.PACKED, Strategy.SPREAD
+    expected = {  # index: action (None: masked out, decodes to a no-op)
+        featurizer.encode_suspend(0): None,                     # q holds no GPUs
+        featurizer.encode_scale(0, None, packed): Action(ActionKind.SCALE, "q", 2,
+                                                         ("node-1", "node-1")),
+        featurizer.encode_scale(0, 1, spread): Action(ActionKind.SCALE, "q", 1, ("node-1",)),
+        featurizer.encode_scale(0, 8, packed): None,            # 6 usable GPUs
+        featurizer.encode_migrate(0): None,                     # q is on no node
+        featurizer.encode_suspend(1): Action(ActionKind.SCALE, "r", 0, ()),
+        featurizer.encode_scale(1, 2, packed): None,            # its size already
+        featurizer.encode_scale(1, 4, packed): Action(ActionKind.SCALE, "r", 4,
+                                                      ("node-1",) * 4),
+        featurizer.encode_migrate(1): Action(ActionKind.MIGRATE, "r", 2, ("node-1",) * 2,
+                                             from_node="node-0"),
+    }
+    assert sorted(expected) == [1, 3, 8, 12, 14, 15, 18, 20, 28]
+    mask = featurizer.action_mask(state)
+    for index, action in expected.items():
+        assert featurizer.decode(state, index) == (action or NOOP), index
+        assert mask[index] == (action is not None), index

@@ -91,6 +91,25 @@ def test_ewma_standin_round_trip_and_constant_series(tmp_path):
     loaded = EWMAForecaster.load(tmp_path / "standin.json")
     np.testing.assert_allclose(loaded.predict(np.full(200, 0.4)), [0.4, 0.4, 0.4])
     assert loaded.half_lives_min == standin.half_lives_min
+    assert loaded.horizons_min == standin.horizons_min == (5, 15, 60)
+
+
+def test_ewma_standin_weighs_each_minute_by_its_half_life():
+    """With a half-life of one minute, a demand of 1 in the last minute only (0 before) is
+    forecast as its weight 1 / sum_a 2^-a = 1/2 (the sum over 128 minutes is 2 to 1e-38);
+    with two minutes, 1 / sum_a 2^(-a/2) = 1 - 2^(-1/2). A 1 a minute earlier weighs half
+    as much (or 2^(-1/2) as much); batched forecasts are the same numbers."""
+    standin = EWMAForecaster((1.0, 2.0, 2.0), (5, 15, 60))
+    last = np.zeros(300)
+    last[-1] = 1.0
+    np.testing.assert_allclose(standin.predict(last), [0.5, 1 - 2 ** -0.5, 1 - 2 ** -0.5])
+    earlier = np.roll(last, -1)
+    np.testing.assert_allclose(standin.predict(earlier),
+                               [0.25, (1 - 2 ** -0.5) * 2 ** -0.5, (1 - 2 ** -0.5) * 2 ** -0.5])
+    series = daily_cycle(1, seed=6).demand.astype(np.float64)
+    origins = np.array([200, 777, len(series) - 1])
+    np.testing.assert_allclose(standin.predict_many(series, origins),
+                               [standin.predict(series[:o + 1]) for o in origins], rtol=1e-12)
 
 
 def test_training_on_a_series_whose_validation_tail_never_moves():

@@ -107,6 +107,30 @@ def test_unmeasured_placements_interpolate(profiles):
 
 
 @needs_profiles
+def test_larger_placements_read_scalability_csv_and_clamp_to_its_widest(profiles):
+    """A placement not in placements.csv at a grid point of scalability.csv (nodes, replicas,
+    local batch) is that row's step time; one over more nodes than were measured reads as the
+    widest measured (16 nodes), interpolated linearly between the replica counts around it."""
+    rows = pd.read_csv(DEFAULT_PROFILES_ROOT / "imagenet" / "scalability.csv")
+
+    def measured_step_s(nodes: int, replicas: int) -> float:
+        row = rows[(rows.num_nodes == nodes) & (rows.num_replicas == replicas)
+                   & (rows.local_bsz == 40)]
+        return float(row.step_time.iloc[0])
+
+    imagenet = profiles["imagenet"]
+    assert imagenet.max_local_bsz >= 40  # no gradient accumulation at local batch 40
+    # 6 nodes of 1 GPU at global batch 240: local batch 40
+    speed = imagenet.throughput(6 * 40).iterations_per_s((1,) * 6)
+    assert speed == pytest.approx(1 / measured_step_s(6, 6), rel=1e-9)
+    # 30 nodes of 1 GPU: as 16 nodes with 30 replicas, halfway between the 28 and 32 measured
+    # (the nearest measurement to 30 nodes would be the 32 alone)
+    speed = imagenet.throughput(30 * 40).iterations_per_s((1,) * 30)
+    halfway_s = (measured_step_s(16, 28) + measured_step_s(16, 32)) / 2
+    assert speed == pytest.approx(1 / halfway_s, rel=1e-6)
+
+
+@needs_profiles
 def test_memoised_call_is_cheap(profiles):
     model = profiles["bert"].throughput(384)
     model.iterations_per_s((4, 2))

@@ -217,22 +217,44 @@ def test_a_fork_told_no_future_arrivals_ends_with_its_known_jobs():
 
 
 def test_invalid_actions_change_nothing_and_are_counted():
-    sim = simulator([job("a", 0.0, 2, work=100.0), job("b", 0.0, 8, work=100.0)])
+    """Each refusal names its own reason: an action refused for another reason than the one
+    it was built to break (say, a size check lost behind a capacity check) shows here. Job a
+    (max 4 workers) queues, c runs on 2 of node-0000's 4 GPUs."""
+    sim = simulator([job("a", 0.0, 2, work=100.0, max_workers=4),
+                     job("c", 0.0, 2, work=10_000.0)])
     sim.advance()
+    assert sim.apply(Action(ActionKind.SCALE, "c", 2, ("node-0000",) * 2))
     before = sim.state()
     bad = [
-        Action(ActionKind.SCALE, "zzz", 1, ("node-0000",)),              # unknown job
-        Action(ActionKind.SCALE, "a", 9, ("node-0000",) * 9),             # beyond max_workers
-        Action(ActionKind.SCALE, "a", 5, ("node-0000",) * 5),             # node holds only 4
-        Action(ActionKind.SCALE, "a", 1, ("nowhere",)),                   # unknown node
-        Action(ActionKind.MIGRATE, "a", 1, ("node-0001",), from_node="node-0000"),  # not running
+        (Action(ActionKind.SCALE, "zzz", 1, ("node-0000",)), "job 'zzz' is not in the system"),
+        # 5 GPUs are free for it (4 + 1): only its max_workers refuses this one
+        (Action(ActionKind.SCALE, "a", 5, ("node-0000",) + ("node-0001",) * 4),
+         "5 workers is outside [1, 4]"),
+        (Action(ActionKind.SCALE, "a", 3, ("node-0000",) * 3),
+         "not enough free GPUs on node-0000"),                            # c holds 2 of its 4
+        (Action(ActionKind.SCALE, "a", 1, ("nowhere",)), "unknown node 'nowhere'"),
+        (Action(ActionKind.SCALE, "a", 0, ()), "job is already suspended"),
+        (Action(ActionKind.MIGRATE, "a", 1, ("node-0001",), from_node="node-0000"),
+         "job is not running"),
+        (Action(ActionKind.MIGRATE, "c", 2, ("node-0000",) * 2, from_node="node-0001"),
+         "job has no worker on 'node-0001'"),
+        (Action(ActionKind.MIGRATE, "c", 2, ("node-0000", "node-0001"), from_node="node-0000"),
+         "the new placement still uses the node to leave"),
+        (Action(ActionKind.MIGRATE, "c", 1, ("node-0001",), from_node="node-0000"),
+         "a migration keeps the worker count"),
+        (Action(ActionKind.SCALE, "c", 2, ("node-0000",) * 2), "placement unchanged"),
     ]
-    for action in bad:
-        assert sim.validate(action)
+    for action, reason in bad:
+        assert sim.validate(action) == reason, action
         assert sim.apply(action) is False
-    assert sim.invalid_actions == len(bad)
+    assert sim.invalid_actions == len(bad) and sim.actions_taken == 1
     after = sim.state()
+    assert after.time_s == before.time_s
     assert (after.nodes.gpus_free == before.nodes.gpus_free).all()
+    assert after.jobs.placement == before.jobs.placement == ((), (0, 0))
+    assert (after.jobs.status == before.jobs.status).all()
+    # the same job and node names in a valid action are accepted: the refusals were the values
+    assert sim.validate(Action(ActionKind.SCALE, "a", 4, ("node-0001",) * 4)) == ""
 
 
 @pytest.mark.parametrize("failures", [0.0, 5.0])
@@ -346,6 +368,25 @@ def test_bench_sim_writes_every_figure(tmp_path, capsys):
         assert figures[key] > 0, key
     assert figures["events"] >= 2 * figures["jobs"] == 320
     assert figures["ppo_steps"] >= 64 and 0 < figures["ppo_env_share"] < 1
+
+
+def test_bench_sim_replays_a_synthetic_workload(tmp_path, capsys):
+    """`--trace synthetic:...` (what the error for a missing trace suggests) replays the
+    generator's jobs, and bad generator numbers are a one-line error before any measuring."""
+    import json
+
+    from env.cli import main
+
+    out = tmp_path / "sim.json"
+    assert main(["bench", "sim", "--trace", "synthetic:30:1:2", "--cluster", "4x4",
+                 "--env-steps", "10", "--ppo-steps", "0", "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["jobs"] == 30 and figures["events"] >= 2 * 30
+    capsys.readouterr()
+    assert main(["bench", "sim", "--trace", "synthetic:x", "--cluster", "4x4",
+                 "--env-steps", "10", "--ppo-steps", "0"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "synthetic:x" in error[0], error
 
 
 # --- stuck runs, --failures, the simulate and bench commands' checks ---------------------------
@@ -489,3 +530,56 @@ def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, tmp_path, caps
     assert main(["bench", "sim", "--ppo-steps", "0", *flags]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and flags[1] in error[0], error
+
+
+def test_the_failure_process_has_its_documented_rates_and_warnings():
+    """env/failures.py: a node of g GPUs fails as a Poisson process at g x the per-GPU-day rate
+    but never while down (repair_s), so accepted failures come at lambda / (1 + lambda x
+    repair); warned_share of them are warned 600-3,600 s ahead (a warning is cut at the start
+    of the 7-day chunk drawn); false alarms come at lambda x warned_share x 1.0 and calm
+    after false_warning_duration_s. Pulled in uneven steps, the events are the same ones."""
+    from env.failures import SECONDS_PER_DAY, NodeHealthTimeline
+
+    params = FailureParams(failures_per_gpu_day=0.5)  # 8-GPU nodes: lambda = 4 per day
+    days, nodes = 60, 4
+    end_s = days * SECONDS_PER_DAY
+    whole = NodeHealthTimeline(params, np.full(nodes, 8), np.random.default_rng(5))
+    events = whole.events_until(end_s)
+    stepped = NodeHealthTimeline(params, np.full(nodes, 8), np.random.default_rng(5))
+    pulled, t = [], 0.0
+    while t < end_s:
+        t_next = min(t + 4620.0, end_s)
+        batch = stepped.events_until(t_next)
+        assert all(t <= e.time_s < t_next for e in batch)
+        pulled += batch
+        t = t_next
+    assert pulled == events
+    assert [e.time_s for e in events] == sorted(e.time_s for e in events)
+
+    fails = [e for e in events if e.kind == "fail"]
+    repairs = {(e.node, e.time_s) for e in events if e.kind == "repair"}
+    for node in range(nodes):
+        times = [e.time_s for e in fails if e.node == node]
+        assert all(later - earlier >= params.repair_s
+                   for earlier, later in zip(times, times[1:], strict=False))
+    # every failure is repaired repair_s later (those near the end: after end_s)
+    assert all((e.node, e.time_s + params.repair_s) in repairs
+               for e in fails if e.time_s + params.repair_s < end_s)
+    rate = 4.0 / (1 + 4.0 * params.repair_s / SECONDS_PER_DAY)  # 3 per node-day
+    # 720 expected (Poisson sd ~27): 960 without the dead time, 120 without the GPU count
+    assert len(fails) == pytest.approx(rate * days * nodes, rel=0.12)
+
+    warnings = [e for e in events if e.kind == "warn"]
+    warned = {(e.node, e.episode.fail_s): e for e in warnings if e.episode.fail_s is not None}
+    assert set(warned) <= {(e.node, e.time_s) for e in fails}
+    assert len(warned) / len(fails) == pytest.approx(params.warned_share, abs=0.06)
+    chunk_s = NodeHealthTimeline.CHUNK_S
+    for (_, fail_s), warn in warned.items():
+        lead_s = fail_s - warn.time_s
+        assert (params.warning_lead_min_s <= lead_s <= params.warning_lead_max_s
+                or (0 < lead_s < params.warning_lead_min_s and warn.time_s % chunk_s == 0))
+    false_alarms = [e for e in warnings if e.episode.fail_s is None]
+    assert len(false_alarms) == pytest.approx(4.0 * 0.6 * 1.0 * days * nodes, rel=0.15)
+    calms = {(e.node, e.time_s) for e in events if e.kind == "calm"}
+    assert all((e.node, e.time_s + params.false_warning_duration_s) in calms
+               for e in false_alarms if e.time_s + params.false_warning_duration_s < end_s)

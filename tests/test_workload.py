@@ -328,6 +328,25 @@ def test_synthetic_fits_small_clusters_and_truncates():
     assert max(j.work / speed[j.requested_gpus] for j in jobs) <= 3600.0 + 1e-6
 
 
-def test_synthetic_rejects_bad_config():
-    with pytest.raises(UserError):
-        SyntheticConfig(load=0)
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"load": 0}, "LOAD (offered load) must be in [0.01, 100], not 0"),
+    ({"mean_duration_s": 1000.0, "median_duration_s": 1000.0},
+     "need mean_duration_s > median_duration_s > 0"),  # sigma would be 0: no spread
+    ({"median_duration_s": 0.0}, "need mean_duration_s > median_duration_s > 0"),
+    ({"hourly_factors": (1.0,) * 23}, "hourly_factors needs 24 values >= 0"),
+    ({"hourly_factors": (1.0,) * 23 + (-1.0,)}, "hourly_factors needs 24 values >= 0"),
+])
+def test_synthetic_rejects_bad_config(fields, problem):
+    with pytest.raises(UserError) as info:
+        SyntheticConfig(**fields)
+    assert str(info.value) == f"synthetic workload: {problem}"
+
+
+def test_synthetic_drops_job_sizes_larger_than_the_cluster():
+    config = SyntheticConfig(num_jobs=10, gpu_mix=((8, 1), (16, 1)))
+    with pytest.raises(UserError, match="no job size in gpu_mix fits the 4-GPU cluster"):
+        generate(config, parse_cluster("1x4"))
+    # sizes that do not fit are left out of the mix, the rest kept
+    jobs = generate(SyntheticConfig(num_jobs=50, gpu_mix=((2, 1), (16, 1))),
+                    parse_cluster("1x4")).jobs
+    assert {j.requested_gpus for j in jobs} == {2}
