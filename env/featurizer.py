@@ -3,9 +3,10 @@
 The Gymnasium environment, the evaluation and the in-cluster actuator all go through this
 module, so a policy trained in the simulator sees exactly the same numbers in the cluster.
 
-Job slots: the policy sees the top-K jobs in a stable order: running jobs on warned nodes first
-(so it can move them), then up to half the remaining slots for queued jobs (oldest first), the
-rest for running jobs (oldest first); unused slots spill over to the other group.
+Job slots: the policy sees the top-K jobs in a stable order: up to half the slots for queued
+jobs (oldest first), then the rest for running jobs, those on warned or risky nodes before the
+others (so it can move them; oldest first within each); unused slots spill over to the other
+group.
 
 Discrete action layout: index 0 is no-op; then, for each slot k, a block of
 ``1 + (len(worker_levels) + 1) * len(strategies) + 1`` actions:
