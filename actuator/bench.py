@@ -25,7 +25,7 @@ from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
 from env.argtypes import POSITIVE_INT, SEED, at_least
 from env.failures import NODE_FEATURE_NAMES
-from env.output import add_bench_out_flags, prepare_out_file, write_json
+from env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
 from env.signals import load_signals
 from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
@@ -51,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
     result = measure(load_policy(args.policy), args.nodes, args.jobs, args.repeats, args.seed)
     result["policy"] = args.policy
     print(json.dumps(result, indent=2))
-    if args.out:
-        write_json(args.out, result)
+    save_bench_figures(args.out, result)
     return 0
 
 

@@ -25,7 +25,7 @@ from rich.table import Table
 from env.argtypes import POSITIVE_INT, at_least
 from env.cluster import ClusterSpec, parse_cluster
 from env.errors import UserError
-from env.output import add_bench_out_flags, prepare_out_file, write_json
+from env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
 from env.progress import progress_bar
 from env.state import Action, ClusterState
 from env.workload.loader import SYNTHETIC, load_workload, workload_format
@@ -188,7 +188,5 @@ def run(args: argparse.Namespace) -> int:
     for key, value in figures.items():
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     Console().print(table)
-    if args.out:
-        write_json(args.out, figures)
-        print(f"wrote {args.out}")
+    save_bench_figures(args.out, figures)
     return 0

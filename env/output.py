@@ -133,6 +133,15 @@ def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
                         help="replace an existing --out file (otherwise refused)")
 
 
+def save_bench_figures(out: Path | None, figures: dict) -> None:
+    """Write a benchmark's `figures` to `out` (checked by `prepare_out_file` before the
+    measuring) and say where, as every `rlalloc bench` command does; nothing when `out` is
+    None."""
+    if out is not None:
+        write_json(out, figures)
+        print(f"wrote {out}")
+
+
 def prepare_out_file(out: Path | None, force: bool) -> None:
     """Before minutes of measuring, make sure the figures can be kept: create the file's
     directory, check that a file can be written there, and refuse to replace an existing file

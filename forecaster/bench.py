@@ -22,7 +22,7 @@ import torch
 
 from env.argtypes import POSITIVE_INT
 from env.errors import UserError
-from env.output import add_bench_out_flags, prepare_out_file, write_json
+from env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
 from forecaster.artifacts import read_card
 from forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from forecaster.series import load_demand_series
@@ -51,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
         result["training"] = _training_time(args)
     result["latency_ms"] = _latencies()
     print(json.dumps(result, indent=2))
-    if args.out is not None:
-        write_json(args.out, result)
+    save_bench_figures(args.out, result)
     return 0
 
 

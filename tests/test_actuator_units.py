@@ -552,13 +552,14 @@ def test_bench_measures_a_cycle():
                                               + result["policy_and_guardrails_s"])
 
 
-def test_bench_cli_writes_cycle_s(tmp_path):
+def test_bench_cli_writes_cycle_s(tmp_path, capsys):
     pytest.importorskip("agent.registry")
     from env.cli import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", "actuator", "--nodes", "20", "--jobs", "40", "--repeats", "1",
                  "--policy", "static", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"wrote {out}")  # as every bench says
     result = yaml.safe_load(out.read_text())
     assert (result["nodes"], result["jobs"], result["policy"]) == (20, 40, "static")
     assert result["pods"] > 0 and result["cycle_s"] > 0  # a busy cluster, really timed
