@@ -186,3 +186,19 @@ def test_stager_reuses_its_buffers_and_leaves_tensor_subclasses_to_dcp():
         subclass["p"].mul_(5.0)
     assert torch.equal(staged["p"], torch.ones(3))
     stager.close()
+
+
+def test_checkpoints_rank_0_cannot_read_are_one_line_not_a_traceback(world_of_one, tmp_path,
+                                                                     monkeypatch):
+    root = tmp_path / "ckpt"
+    _one_checkpoint(root)
+
+    def unreadable(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(layout, "_crc32", unreadable)
+    # rank 0 picks alone: its error goes out in the broadcast every rank waits in
+    with pytest.raises(UserError, match="Permission denied") as refused:
+        _checkpointer(root, CONFIG).restore(_state(1))
+    assert "\n" not in str(refused.value) and f"--checkpoint-dir {root}" in str(refused.value)
+    assert [p.name for p in root.iterdir()] == [layout.step_dir_name(1)]  # nothing quarantined

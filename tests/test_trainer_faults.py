@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -153,6 +154,56 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("trainer: error")]
     assert len(error_lines) == 1
     return error_lines[0]
+
+
+@pytest.mark.parametrize(("blocker", "mode"), [
+    ("step-000000010.tmp", "async"),  # rank 0 cannot create the checkpoint's .tmp directory
+    ("step-000000010", "sync"),  # rank 0's commit (the rename) fails; the other ranks' part
+    ("step-000000010", "async"),  # succeeded, and an async commit fails in the background
+])
+def test_a_checkpoint_rank_0_cannot_write_ends_every_rank_with_one_line(tmp_path, blocker, mode):
+    log, ckpt, output = tmp_path / "run.jsonl", tmp_path / "ckpt", tmp_path / "torchrun.out"
+    ckpt.mkdir()
+    (ckpt / blocker).touch()  # a file where rank 0 alone needs a directory (root ignores modes)
+    job = start_torchrun(2, [*TINY, "--max-steps", "20", "--checkpoint-every-steps", "5",
+                             "--checkpoint-mode", mode, "--checkpoint-dir", str(ckpt)],
+                         log, output_path=output)
+    assert job.wait(TIMEOUT_S) != 0
+    text = output.read_text()
+    # each rank ends in main's UserError path (exit code 2) with the same line, printed once;
+    # torchrun's summary cannot tell: it reports -15 for a worker it stopped after the first
+    error_lines = [line for line in text.splitlines() if line.startswith("trainer: error")]
+    assert len(error_lines) == 2 and len(set(error_lines)) == 1, text
+    assert "could not write the checkpoint of step 10" in error_lines[0]
+    assert "RuntimeError" not in text and not re.search(r"\[rank\d+\]: Traceback", text), text
+    assert "peer failure" not in text and "terminate called" not in text, text
+    root_cause = text[text.index("Root Cause"):]
+    assert re.search(r"exitcode\s*: (-?\d+)", root_cause).group(1) == "2", text
+    assert {e["rank"] for e in _events(log, "checkpoint_failed")} == {0, 1}
+    assert not _events(log, "peer_failure")  # rank 0's failure is not a dead peer
+    info, problems = layout.latest_valid(ckpt)
+    assert info.step == 5 and not problems  # the last good checkpoint is kept
+    assert not (ckpt / layout.tmp_dir_name(10)).is_dir()  # no half-written .tmp
+
+
+@pytest.mark.parametrize("problem", ["checkpoint-dir", "metrics-port"])
+def test_a_setup_error_of_rank_0_ends_every_rank_with_one_line(tmp_path, problem):
+    log, output = tmp_path / "run.jsonl", tmp_path / "torchrun.out"
+    (tmp_path / "a-file").touch()
+    with socket.socket() as taken:  # rank 0 alone creates the directory and serves metrics
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = {"checkpoint-dir": ["--checkpoint-dir", str(tmp_path / "a-file" / "ckpt")],
+                 "metrics-port": ["--checkpoint-dir", str(tmp_path / "ckpt"),
+                                  "--metrics-port", str(taken.getsockname()[1])]}[problem]
+        job = start_torchrun(2, [*TINY, "--max-steps", "5", *flags], log, output_path=output)
+        assert job.wait(TIMEOUT_S) != 0
+    text = output.read_text()
+    error_lines = [line for line in text.splitlines() if line.startswith("trainer: error")]
+    assert len(error_lines) == 2 and len(set(error_lines)) == 1, text
+    assert error_lines[0].startswith(f"trainer: error: --{problem} ")
+    assert "RuntimeError" not in text and not re.search(r"\[rank\d+\]: Traceback", text), text
+    assert "terminate called" not in text and not _events(log, "step"), text
 
 
 def test_corrupt_checkpoint_falls_back_and_all_corrupt_is_one_line_error(tmp_path):

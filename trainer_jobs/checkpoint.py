@@ -21,6 +21,9 @@ CPU away from the training steps that overlap the background write.
 A save that cannot be written (a full or read-only volume) ends the job with one `UserError`
 line naming the directory, instead of a traceback: its half-written `.tmp` is removed, and a
 restart resumes from the newest committed checkpoint, which the failed save never touched.
+Every rank ends that way, also when the failure was rank 0's alone (its `.tmp` directory, its
+commit): a one-element all-reduce per save tells the others, instead of a gloo traceback at
+their next collective.
 """
 
 from __future__ import annotations
@@ -106,6 +109,27 @@ def _first_cause(err: BaseException) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
+def first_failure(failure: UserError | None,
+                  group: dist.ProcessGroup | None = None) -> str | None:
+    """Collective over `group`: the message of the lowest rank whose `failure` is not None, on
+    every rank, or None when no rank failed.
+
+    For work one rank does alone (rank 0 creates directories, commits, serves metrics): the
+    others would otherwise go on to their next collective and fail there with a gloo traceback
+    once the failed rank has exited. Costs one one-element all-reduce; the message only
+    travels on failure.
+    """
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    first_failed = torch.tensor([world_size if failure is None else rank])
+    dist.all_reduce(first_failed, op=dist.ReduceOp.MIN, group=group)
+    source = int(first_failed.item())
+    if source == world_size:
+        return None
+    message = [str(failure) if rank == source else None]
+    dist.broadcast_object_list(message, group=group, group_src=source)
+    return str(message[0])
+
+
 def _rng_key(rank: int) -> str:
     """Key of one rank's RNG state (per rank: dropout masks differ between ranks)."""
     return f"rng_rank{rank}"
@@ -166,20 +190,26 @@ class Checkpointer:
         return waited_s
 
     def save(self, state: TrainState, mode: str, reason: str) -> float:
-        """Checkpoint the current step on every rank; return the seconds the caller was blocked."""
+        """Checkpoint the current step on every rank; return the seconds the caller was blocked.
+
+        A failure on any rank (the previous async save's, rank 0's `.tmp` directory or commit,
+        a rank's write) ends every rank with the same `UserError` (`_agree`), so no rank is left
+        waiting in a collective for one that has gone.
+        """
         step = state.progress.step
-        self.wait()
-        if step == self.last_saved_step:
-            return 0.0
+        failure = self._wait_for_pending()
+        fresh = step != self.last_saved_step
         started = time.perf_counter()
         tmp_dir = self.root / layout.tmp_dir_name(step)
-        if self.rank == 0:
+        if self.rank == 0 and fresh and failure is None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
             try:
                 tmp_dir.mkdir(parents=True)
             except OSError as err:
-                raise self._write_failure(tmp_dir, step, err) from err
-        dist.barrier(group=self.process_group)
+                failure = self._write_failure(tmp_dir, step, err)
+        self._agree(failure)  # also the barrier: no rank writes before the directory exists
+        if not fresh:
+            return 0.0
         state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
         rng_ranks = list(range(self.world_size))
         if mode == "sync":
@@ -188,7 +218,8 @@ class Checkpointer:
                 if self.rank == 0:
                     self._commit(tmp_dir, step, rng_ranks, started)
             except _WRITE_ERRORS as err:
-                raise self._write_failure(tmp_dir, step, err) from err
+                failure = self._write_failure(tmp_dir, step, err)
+            self._agree(failure)  # only rank 0 commits: the others learn whether it did
         else:
             response = dcp.async_save(state_dict, checkpoint_id=tmp_dir,
                                       process_group=self.process_group, async_stager=self._stager)
@@ -200,6 +231,25 @@ class Checkpointer:
         self.last_saved_step = step
         self.run_log.event("checkpoint", step=step, mode=mode, reason=reason, blocked_s=blocked_s)
         return blocked_s
+
+    def _wait_for_pending(self) -> UserError | None:
+        """`wait`, returning an in-flight async save's write failure instead of raising it (its
+        commit ran on rank 0 alone, so the other ranks learn of it only through `_agree`)."""
+        try:
+            self.wait()
+        except UserError as failure:
+            return failure
+        return None
+
+    def _agree(self, failure: UserError | None) -> None:
+        """Collective: raise the same `UserError` on every rank if any rank's part of a save
+        failed (`first_failure`); one one-element all-reduce when none did."""
+        message = first_failure(failure, self.process_group)
+        if message is None:
+            return
+        if failure is None:
+            self.run_log.event("checkpoint_failed", error=message[:200])
+        raise UserError(message) from failure
 
     def _finish_async(self, upload: Future, tmp_dir: Path, step: int, rng_ranks: list[int],
                       started: float) -> None:
@@ -261,11 +311,17 @@ class Checkpointer:
         """
         choice: list[object] = [None, None]
         if self.rank == 0:
-            info, problems = layout.latest_valid(self.root)
-            for problem in problems:
-                self.run_log.event("checkpoint_corrupt", problem=problem)
-                print(f"trainer: skipping bad checkpoint: {problem}", flush=True)
-            choice = [info, self._refusal(info)]
+            try:
+                info, problems = layout.latest_valid(self.root)
+            except OSError as err:  # the others wait in the broadcast: send them the error
+                choice = [None, f"--checkpoint-dir {self.root}: could not read its checkpoints "
+                                f"({err.strerror or err}); make the volume readable and writable "
+                                "by this process, or pass another --checkpoint-dir"]
+            else:
+                for problem in problems:
+                    self.run_log.event("checkpoint_corrupt", problem=problem)
+                    print(f"trainer: skipping bad checkpoint: {problem}", flush=True)
+                choice = [info, self._refusal(info)]
         dist.broadcast_object_list(choice, src=0)
         info, error = choice
         if error is not None:

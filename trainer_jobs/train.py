@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from env.errors import UserError
-from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState, first_failure
 from trainer_jobs.config import (
     TrainConfig,
     add_train_arguments,
@@ -163,10 +163,27 @@ def train(config: TrainConfig) -> int:
     """Run (or resume) the job to `max_steps`; return the process exit code."""
     stop_signal = StopSignal()
     rank, world_size, device = _init_distributed()
+    try:
+        return _run(config, stop_signal, rank, world_size, device)
+    finally:
+        # on the error paths too, so that a failed rank leaves no process group behind
+        dist.destroy_process_group()
+
+
+def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: int,
+         device: torch.device) -> int:
+    """`train` inside the process group: set up, restore, train, close the checkpointer."""
     if world_size > config.global_batch:
         raise UserError(f"world size {world_size} exceeds --global-batch {config.global_batch}; "
                         "every rank needs at least one sample per step")
-    run_log, metrics = _open_outputs(config, rank)
+    setup_failure = None
+    try:
+        run_log, metrics = _open_outputs(config, rank)
+    except UserError as failure:  # rank 0's checks are its alone: tell the others
+        setup_failure = failure
+    message = first_failure(setup_failure)
+    if message is not None:
+        raise UserError(message) from setup_failure
     run_log.event("start", pid=os.getpid(), world_size=world_size,
                   restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
@@ -197,7 +214,6 @@ def train(config: TrainConfig) -> int:
     exit_code = _train_loop(config, state, checkpointer, stop_signal, metrics, run_log,
                             rank, world_size, device)
     checkpointer.close()
-    dist.destroy_process_group()
     return exit_code
 
 
@@ -314,4 +330,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code != 0:
+        # After a failed async checkpoint, torch's C++ teardown at interpreter exit sometimes
+        # aborts ("terminate called without an active exception", SIGABRT) with no Python
+        # thread left, and torchrun then reports -6 instead of our exit code. Everything a
+        # failed run leaves is already written (the run log unbuffered, checkpoints committed
+        # or removed), so skip the teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+    sys.exit(exit_code)
