@@ -3,7 +3,7 @@
 Writes DIR/results.json (``mean`` and ``ci95``, the 95% confidence half-width, of every metric
 per policy, over seeds x workloads, t-distribution; ``ci95`` is 0 for a single run, which has no
 spread to measure, and results.md shows n/a there), DIR/results.md (a table with each policy's
-change against `static`, where static was evaluated) and plots: JCT CDF per policy, GPU
+change against the reference policy, --reference below) and plots: JCT CDF per policy, GPU
 utilisation and queue length over time. results.json's ``sources`` maps each label to the
 --policies entry it stands for (a saved model is labelled by its directory's name, or by its
 path where that name is taken: see `policy_labels`). Its ``cluster`` is --cluster as given;
@@ -244,6 +244,8 @@ NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01}
 """Reference values too small to take a % change against: a reference that queued jobs for
 0.02 s on average made another policy's 15 s "+73,925 %", a figure that says nothing about
 either. Jobs run for hours, so a second of mean queueing or a restart per hundred jobs is none."""
+NEGLIGIBLE_TEXT = "under 1 s of mean queueing, 0.01 restarts per job"
+"""`NEGLIGIBLE_BASE` in words, for results.md."""
 
 
 def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
@@ -276,15 +278,41 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
     return {"reference": names[reference], "policies": paired}
 
 
+METRIC_HEADERS = {
+    "avg_jct_s": "avg JCT (s)", "p50_jct_s": "p50 JCT (s)", "p95_jct_s": "p95 JCT (s)",
+    "p99_jct_s": "p99 JCT (s)", "avg_queue_s": "avg queue (s)", "makespan_s": "makespan (s)",
+    "gpu_util": "GPU util (0-1)", "gpu_busy_util": "GPU busy util (0-1)",
+    "goodput": "goodput (0-1)", "lost_gpu_hours": "lost GPU-hours",
+    "restarts_per_job": "restarts/job", "mean_recovery_s": "mean recovery (s)",
+    "progress_preserved": "progress preserved (0-1)", "ettr": "ETTR (0-1)",
+    "energy_kwh": "energy (kWh)", "failures": "failures", "invalid_actions": "invalid actions"}
+"""results.md's column headings: what each metric is, in its unit ((0-1): a share)."""
+
+
+def metric_header(key: str) -> str:
+    """A metric's column heading in results.md (the key itself where none is set)."""
+    return METRIC_HEADERS.get(key, key)
+
+
 def paired_table(paired: dict) -> str:
     """results.md's paired table: mean % change ± 95% CI and runs better, per metric."""
     policies = paired["policies"]
     metrics = list(next(iter(policies.values())))
-    lines = ["| policy | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+    lines = ["| policy | " + " | ".join(f"{_paired_header(key)}, % change" for key in metrics)
+             + " |", "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
         cells = [_paired_cell(v) for v in values.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(v["mean"] is None for values in policies.values() for v in values.values()):
+        lines += ["", f"n/a: `{paired['reference']}`'s value was 0 or next to it on every run "
+                  f"({NEGLIGIBLE_TEXT}), so there is no % change to take; the runs still count "
+                  "towards better."]
     return "\n".join(lines)
+
+
+def _paired_header(key: str) -> str:
+    """A metric's heading without its unit (the paired table's cells are % changes)."""
+    return metric_header(key).split(" (")[0]
 
 
 def _paired_cell(value: dict) -> str:
@@ -304,28 +332,54 @@ def _half_width(ci95: float, runs: int, digits: int) -> str:
 
 
 def _change(value: float, base: float, key: str) -> str:
-    if not base:
+    """`` (-23% ✓)``: the change of a mean against the reference's, none where the reference's
+    is 0 or negligible (`NEGLIGIBLE_BASE`: 0.02 restarts per job made 1.5 "+7000%")."""
+    if abs(base) <= NEGLIGIBLE_BASE.get(key, 0.0):
         return ""
     change = 100.0 * (value - base) / abs(base)
+    if abs(change) < 0.5:
+        return " (0%)"
     better = change < 0 if key in LOWER_IS_BETTER else change > 0
-    return f" ({change:+.0f}%{'' if abs(change) < 0.5 else (' ✓' if better else '')})"
+    return f" ({change:+.0f}%{' ✓' if better else ''})"
+
+
+def column_digits(means: list[float], share: bool = False) -> int:
+    """Decimals of one results.md column, from its largest mean, so that a column reads in one
+    format (``7 ± 30`` below ``134 ± 163``, not ``7.180 ± 30.130``); 3 for a `share` (0-1),
+    where 0.994 against 0.999 of progress preserved is the difference that matters."""
+    if share:
+        return 3
+    largest = max((abs(mean) for mean in means), default=0.0)
+    return 0 if largest >= 100 else 1 if largest >= 10 else 2 if largest >= 1 else 3
+
+
+def table_reference(report: dict) -> str | None:
+    """The policy results.md's brackets compare against: the paired comparison's reference
+    (--reference), else static; none when it is the only policy or was not evaluated."""
+    policies = report["policies"]
+    paired = report.get("paired") or {}
+    reference = paired.get("reference", "static")
+    return reference if reference in policies and len(policies) > 1 else None
 
 
 def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> str:
-    """results.md's table: mean ± 95% CI per policy and metric, change against static (if
-    evaluated)."""
+    """results.md's table: mean ± 95% CI per policy and metric, in one format per column, and
+    the change of the mean against `table_reference`."""
     policies = report["policies"]
-    base = policies.get("static")
+    reference = table_reference(report)
+    base = policies[reference] if reference is not None else None
     runs = len(report["workloads"]) * len(report["seeds"])
-    lines = ["| policy | " + " | ".join(metrics) + " |",
+    digits = {key: column_digits([values[key]["mean"] for values in policies.values()],
+                                 share=metric_header(key).endswith("(0-1)"))
+              for key in metrics}
+    lines = ["| policy | " + " | ".join(map(metric_header, metrics)) + " |",
              "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
         cells = []
         for key in metrics:
             mean, ci = values[key]["mean"], values[key]["ci95"]
-            digits = 0 if abs(mean) >= 100 else 3
-            cell = f"{mean:,.{digits}f} ± {_half_width(ci, runs, digits)}"
-            if base is not None and name != "static":
+            cell = f"{mean:,.{digits[key]}f} ± {_half_width(ci, runs, digits[key])}"
+            if base is not None and name != reference:
                 cell += _change(mean, base[key]["mean"], key)
             cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -371,43 +425,122 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
 
 def _cell_legend(report: dict) -> str:
     """What a cell of results.md's table shows: the CI only where there are runs to spread,
-    the change against static only where static was evaluated with others."""
+    the change against `table_reference` only where it was evaluated with others."""
     runs = len(report["workloads"]) * len(report["seeds"])
     legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads)"
               if runs > 1 else "Each cell: the one run's value (one seed, one workload: no CI, "
                                "n/a)")
-    if "static" in report["policies"] and len(report["policies"]) > 1:
-        legend += "; in brackets the change against `static` (✓ = better)"
+    reference = table_reference(report)
+    if reference is not None:
+        legend += (f"; in brackets the change of the mean against `{reference}`'s (✓ = better; "
+                   "none where its value is 0 or next to it)")
     return legend + "."
+
+
+PAIRED_LOG_RATIO = 3.0
+"""paired_avg_jct.png turns to a log axis (of each run's JCT ratio to the reference, labelled as
+% change) once the largest ratio is this many times the smallest: on a linear axis a policy at
++450% squeezes the close ones, which the plot is there to separate, into a few pixels."""
+_CHANGE_TICKS = (-99, -95, -90, -75, -50, -25, -10, 0, 10, 25, 50, 100, 200, 400, 900, 1900,
+                 4900, 9900)
+
+
+def paired_axis_is_log(ratios: list[float]) -> bool:
+    """Whether the paired plot's x axis is logarithmic for these JCT ratios (`PAIRED_LOG_RATIO`)."""
+    return bool(ratios) and min(ratios) > 0 and max(ratios) > PAIRED_LOG_RATIO * min(ratios)
+
+
+def _change_ticks(low_ratio: float, high_ratio: float, labels: int = 12) -> list[float]:
+    """Ratios to label on a log paired axis, at round % changes from 0 outwards, no two closer
+    than 1/`labels` of the axis (labels of +0% and +10% overlapped on a 0.5x-5x axis)."""
+    gap = np.log10(high_ratio / low_ratio) / labels
+    ratios = [1.0 + change / 100.0 for change in _CHANGE_TICKS]
+    kept = [1.0]
+    for side in ([r for r in ratios if r > 1.0], [r for r in reversed(ratios) if r < 1.0]):
+        last = 1.0
+        for ratio in side:
+            if low_ratio <= ratio <= high_ratio and abs(np.log10(ratio / last)) >= gap:
+                kept.append(ratio)
+                last = ratio
+    return sorted(kept)
+
+
+def _percent(change: float) -> str:
+    """A tick label of a % change: ``-25%``, ``0%``, ``+2.5%``."""
+    if abs(change) < 1e-9:
+        return "0%"
+    return f"{change:+,.0f}%" if abs(change) >= 10 or change == round(change) else \
+        f"{change:+.2g}%"
+
+
+def _scope(results: dict[RunSpec, dict]) -> str:
+    """What a figure's runs cover, for its title: workloads, cluster, seeds, failures."""
+    if not results:
+        return ""
+    specs = list(results)
+    workloads = sorted({spec.workload for spec in specs})
+    seeds = len({spec.seed for spec in specs})
+    what = Path(workloads[0]).name if len(workloads) == 1 else f"{len(workloads)} workloads"
+    rate = specs[0].failures_per_gpu_day
+    failures = f"failures {rate:g}/GPU-day" if rate else "no failures"
+    return f"{what} on {specs[0].cluster}, {seeds} seed{'s' if seeds > 1 else ''}, {failures}"
 
 
 def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
                  out: Path, colors: dict[str, str]) -> None:
-    """paired_avg_jct.png: every run's avg-JCT change against `reference`, per policy, with
-    the mean: the spread the paired CI summarises, and which workloads drive it."""
+    """paired_avg_jct.png: every run's avg-JCT change against `reference`, per policy in
+    results.md's order, with the mean and its 95% CI: the spread the paired CI summarises, and
+    which workloads drive it. The axis is a log one of JCT ratios where they span a lot."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     others = [p for p in names if p != reference]
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(others) + 1.8))
+    changes = {p: percent_changes(paired_runs(results, p, reference), "avg_jct_s")
+               for p in others}
+    ratios = [1.0 + change / 100.0 for values in changes.values() for change in values]
+    log = paired_axis_is_log(ratios)
+
+    def x(change: float | np.ndarray) -> float | np.ndarray:
+        return 1.0 + np.asarray(change) / 100.0 if log else np.asarray(change)
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(others) + 2.2), layout="constrained")
     for row, policy in enumerate(others):
-        changes = percent_changes(paired_runs(results, policy, reference), "avg_jct_s")
-        ax.scatter(changes, np.full(len(changes), row), s=18, alpha=0.6, color=colors[policy])
-        if changes:
-            ax.plot([np.mean(changes)] * 2, [row - 0.3, row + 0.3], color="black", lw=2)
-    ax.axvline(0.0, color="grey", lw=1)
+        values = changes[policy]
+        ax.scatter(x(values), np.full(len(values), row), s=18, alpha=0.6,
+                   color=colors[policy], zorder=3)
+        if values:
+            stats = confidence(values)
+            mean, half = stats["mean"], stats["ci95"]
+            low = mean - half
+            if log:  # a CI reaching -100% or below has no place on a log axis: cut at its edge
+                low = max(low, 100.0 * (0.8 * min(ratios) - 1.0))
+            ax.plot([x(low), x(mean + half)], [row, row], color="black", lw=1, marker="|",
+                    markersize=7, zorder=2)
+            ax.plot([x(mean)] * 2, [row - 0.3, row + 0.3], color="black", lw=2, zorder=4)
+    ax.axvline(x(0.0), color="grey", lw=1)
     ax.set_yticks(range(len(others)), [names[p] for p in others])
-    ax.set_xlabel(f"avg JCT change per run against {names[reference]} (%, lower is better)")
-    ax.set_title("Paired comparison (dots: runs, bar: mean)")
+    ax.set_ylim(len(others) - 0.5, -0.5)  # the first policy on top, as in results.md
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(_change_ticks(*ax.get_xlim())))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda r, _: _percent(100 * (r - 1))))
+    else:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _percent(v)))
+    ax.set_xlabel(f"avg JCT change per run against {names[reference]} (lower is better"
+                  + (", log scale" if log else "") + ")")
+    ax.set_title(f"Paired avg JCT against {names[reference]}: dots runs, bar mean, line 95% CI"
+                 f"\n{_scope(results)}", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
     fig.savefig(out / PAIRED_PLOT, dpi=120)
     plt.close(fig)
 
 
 def _legend(ax: object) -> None:
-    """A legend when some policy drew a line (none finished a job: an empty plot, no legend)."""
+    """A legend right of the axes, where it covers no line, when some policy drew one (none
+    finished a job: an empty plot, no legend)."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
 def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
@@ -416,6 +549,7 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     # one colour per policy in every figure (the paired plot leaves the reference out, which
     # would otherwise shift matplotlib's colour cycle by one there)
@@ -423,7 +557,7 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
     if reference is not None:
         _paired_plot(results, names, reference, out, colors)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
     for policy, name in names.items():
         jcts = np.sort(np.concatenate([r["jcts_s"] for s, r in results.items()
                                        if s.policy == policy] or [np.zeros(0)]))
@@ -431,19 +565,21 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
             ax.plot(np.maximum(jcts, 1.0) / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts),
                     label=name, color=colors[policy])
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 0.01, not 10^-2
     ax.set_xlabel("job completion time (h, log scale)")
-    ax.set_ylabel("share of jobs")
-    ax.set_title("JCT CDF (all workloads and seeds)")
+    ax.set_ylabel("share of jobs finished within it")
+    ax.set_title(f"JCT CDF per policy, every job of every run\n{_scope(results)}", fontsize=10)
     ax.grid(alpha=0.3)
     _legend(ax)
-    fig.tight_layout()
     fig.savefig(out / "jct_cdf.png", dpi=120)
     plt.close(fig)
     first = min(results, key=lambda s: (s.workload, s.seed)) if results else None
-    for key, label, file in (("alloc_gpus", "allocated GPUs (share of cluster)", "gpu_util.png"),
-                             ("queued_jobs", "jobs waiting (holding no GPU)",
-                              "queue_length.png")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, what, label, file in (
+            ("alloc_gpus", "Allocated GPUs", "allocated GPUs (share of cluster)",
+             "gpu_util.png"),
+            ("queued_jobs", "Jobs waiting", "jobs waiting (holding no GPU)",
+             "queue_length.png")):
+        fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
         for policy, name in names.items():
             spec = next((s for s in results if s.policy == policy
                          and (first is None or (s.workload, s.seed)
@@ -457,12 +593,12 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
                 values = values / parse_cluster(spec.cluster).total_gpus
             ax.plot(np.asarray(series["t"]) / 3600.0, values, label=name, lw=1,
                     color=colors[policy])
-        ax.set_xlabel("time (h)")
+        ax.set_xlabel("simulated time (h)")
         ax.set_ylabel(label)
         if first is not None:
-            ax.set_title(f"{Path(first.workload).name}, seed {first.seed}")
+            ax.set_title(f"{what} over time per policy, one run: {Path(first.workload).name}, "
+                         f"seed {first.seed}, {first.cluster}", fontsize=10)
         ax.grid(alpha=0.3)
         _legend(ax)
-        fig.tight_layout()
         fig.savefig(out / file, dpi=120)
         plt.close(fig)

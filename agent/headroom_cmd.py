@@ -307,14 +307,14 @@ def markdown(report: dict) -> str:
     columns = report["columns"]
     lines = [f"# Lookahead headroom over `{report['base']}` on {report['cluster']}", "",
              _legend(report), "",
-             "| workload | base | " + " | ".join(map(_title, columns)) + " |",
+             "| workload | base alone (s) | " + " | ".join(map(_title, columns)) + " |",
              "|---|---|" + "---|" * len(columns)]
     for workload, row in report["workloads"].items():
         cells = [f"{row[c]['avg_jct_s']:,.0f} ({100 * row[c]['change']:+.1f}%)"
                  + ("" if _is_sizes(c)
                     else f", {row[c]['contested']:.0f}/{row[c]['deviations']:.0f}")
                  for c in columns]
-        lines.append(f"| {_label(workload)} | {row['base_avg_jct_s']:,.0f} | "
+        lines.append(f"| {_shown(workload)} | {row['base_avg_jct_s']:,.0f} | "
                      + " | ".join(cells) + " |")
     mean = report["mean"]
     cells = [f"{mean[c]['avg_jct_s']:,.0f} ({100 * mean[c]['change']:+.1f}%)" for c in columns]
@@ -353,6 +353,12 @@ def _meaning(column: str, report: dict) -> str:
     return f"forks see the arrivals within the next {column}"
 
 
+def _shown(workload: str) -> str:
+    """A workload as headroom.md and headroom.png show it: `_label` without the leading ``/``
+    of a file in the working directory (`recording_path` keeps `_label`'s names)."""
+    return _label(workload).removeprefix("/")
+
+
 def _label(workload: str) -> str:
     """A workload's file and its folder (the load level of the Pollux sets), or its spec."""
     path = Path(workload)
@@ -360,6 +366,8 @@ def _label(workload: str) -> str:
 
 
 def _plot(report: dict, path: Path) -> None:
+    """headroom.png: each column's avg-JCT change against the base, per workload and (as in
+    headroom.md) over their mean, labelled with its value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,18 +375,30 @@ def _plot(report: dict, path: Path) -> None:
 
     workloads = list(report["workloads"])
     columns = report["columns"]
-    x = np.arange(len(workloads))
+    groups = [*workloads, "mean"] if len(workloads) > 1 else workloads
+    x = np.arange(len(groups))
     width = 0.8 / max(len(columns), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(workloads) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.2 * len(groups) + 4.0), 5.0), layout="constrained")
     for i, column in enumerate(columns):
-        changes = [100 * report["workloads"][w][column]["change"] for w in workloads]
-        ax.bar(x + (i - (len(columns) - 1) / 2) * width, changes, width, label=_title(column))
+        rows = [report["workloads"][w] if w in report["workloads"] else report["mean"]
+                for w in groups]
+        changes = [100 * row[column]["change"] for row in rows]
+        bars = ax.bar(x + (i - (len(columns) - 1) / 2) * width, changes, width,
+                      label=_title(column), color=f"C{i % 10}")
+        ax.bar_label(bars, fmt="%+.1f%%", fontsize=7, padding=2)
+    if len(groups) > len(workloads):
+        ax.axvline(len(workloads) - 0.5, color="grey", lw=0.8, ls=":")
     ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xticks(x, [_label(w) for w in workloads], rotation=30, ha="right")
-    ax.set_ylabel(f"average JCT change vs {report['base']} (%)")
-    ax.set_title("One-step lookahead over heuristics")
+    ax.margins(y=0.12)  # room for the value labels
+    ax.set_xticks(x, [_shown(w) if w in report["workloads"] else "mean of workloads"
+                      for w in groups], rotation=30, ha="right")
+    ax.set_ylabel("avg JCT change against the base alone (%, lower is better)")
+    kinds = [kind for kind, present in (
+        ("lookahead per future", any(not _is_sizes(c) for c in columns)),
+        ("base told job sizes", any(map(_is_sizes, columns)))) if present]
+    ax.set_title(f"Headroom over base {report['base']}: {', '.join(kinds)}\n"
+                 f"{report['cluster']}, seed {report['seed']}, no failures", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             "origins": int(len(evaluation.actual)),
             "filled_minutes": series.filled_minutes,
         }
-        png = plot_sample_day(evaluation)  # before any write, so a failure leaves both old files
+        # drawn before any write, so that a failure leaves both old files
+        png = plot_sample_day(evaluation, series=args.series.name)
         write_json(args.out / RESULT_FILE, result)
         write_atomic(args.out / PLOT_FILE, png)
         print(format_table(result))

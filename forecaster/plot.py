@@ -14,12 +14,16 @@ from forecaster.evaluate import Evaluation
 from forecaster.series import MINUTES_PER_DAY
 
 PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
+MODEL_COLORS = {"lstm": "C0", "naive": "C1", "holt_winters": "C2", "ewma_standin": "C3"}
+"""One colour per model, whichever of them an evaluation has."""
 
 
 def plot_sample_day(
-    evaluation: Evaluation, horizon_min: int = 60, day: int | None = None
+    evaluation: Evaluation, horizon_min: int = 60, day: int | None = None,
+    series: str | None = None,
 ) -> bytes:
-    """PNG of the ``horizon_min`` forecasts made during one day against what happened.
+    """PNG of the ``horizon_min`` forecasts made during one day against what happened; the
+    title names ``series`` (the evaluated file) where given.
 
     Returned rather than saved, so the caller writes it atomically and only once every result
     of the run exists.
@@ -41,16 +45,23 @@ def plot_sample_day(
     chosen = np.flatnonzero(in_first & (evaluation.origin_minutes >= start)
                             & (evaluation.origin_minutes < start + MINUTES_PER_DAY))
     hours = (evaluation.origin_minutes[chosen] + horizon_min - start) / 60.0
-    figure, axes = plt.subplots(figsize=(10, 4))
-    axes.plot(hours, evaluation.actual[chosen, column], color="black", lw=1.5, label="actual")
-    for name in PLOTTED_MODELS:
+    figure, axes = plt.subplots(figsize=(11, 4.5), layout="constrained")
+    for name in PLOTTED_MODELS:  # the LSTM on top of the baselines, the actual over all
         if name in evaluation.forecasts:
-            axes.plot(hours, evaluation.forecasts[name][chosen, column], lw=1, label=name)
+            lstm = name == "lstm"
+            axes.plot(hours, evaluation.forecasts[name][chosen, column], lw=1.6 if lstm else 1,
+                      alpha=1.0 if lstm else 0.7, zorder=3 if lstm else 2, label=name,
+                      color=MODEL_COLORS[name])
+    axes.plot(hours, evaluation.actual[chosen, column], color="black", lw=1.5, zorder=4,
+              label="actual")
+    axes.set_xticks(np.arange(0, 25, 3))
     axes.set_xlabel(f"hours into sample day {day + 1} (time of the forecast target)")
-    axes.set_ylabel("demand (fraction of cluster GPUs)")
-    axes.set_title(f"{horizon_min}-minute-ahead forecasts vs actual")
-    axes.legend(loc="best", fontsize=8)
-    figure.tight_layout()
+    axes.set_ylabel("GPU demand (running + pending,\nshare of cluster GPUs)")
+    where = f" on {series}" if series else ""
+    axes.set_title(f"{horizon_min}-minute-ahead forecasts vs actual demand{where}, "
+                   f"sample day {day + 1}", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     png = io.BytesIO()
     figure.savefig(png, format="png", dpi=110)
     plt.close(figure)

@@ -204,7 +204,11 @@ def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
     queue = paired["policies"]["b"]["avg_queue_s"]
     assert queue["mean"] is None and queue["runs_with_change"] == 0
     assert queue["better_runs"] == 0 and queue["runs"] == 3
-    assert "n/a (0/3 better)" in paired_table(paired)
+    table = paired_table(paired)
+    assert "n/a (0/3 better)" in table
+    assert table.startswith("| policy | avg JCT, % change | GPU util, % change | "
+                            "avg queue, % change |")
+    assert "n/a: `a`'s value was 0 or next to it on every run" in table  # the n/a explained
     unpaired = confidence([r["metrics"]["avg_jct_s"] for s, r in results.items()
                            if s.policy == "b"])
     assert unpaired["ci95"] > 0.1 * unpaired["mean"]
@@ -236,6 +240,118 @@ def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
     dots = drawn["paired_avg_jct.png"].axes[0].collections  # one per policy but the reference
     assert [matplotlib.colors.to_hex(d.get_facecolor()[0]) for d in dots] == [
         colour["elastic"], colour["ppo"]]
+
+
+def _capture_figures(monkeypatch):
+    """Figures by file name instead of PNGs, to check what they show."""
+    import matplotlib.figure
+
+    drawn = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: drawn.__setitem__(Path(path).name, fig))
+    return drawn
+
+
+def _runs_against_static(factors):
+    """Two seeds of static and of each policy at `factors` times static's avg JCT."""
+    from agent.evaluate_cmd import RunSpec
+
+    results = {}
+    for policy, factor in {"static": 1.0, **factors}.items():
+        for seed in (0, 1):
+            jct = 1_000.0 * (1 + seed) * factor * (1 + 0.02 * seed)
+            results[RunSpec(policy, "data/w.csv", seed, "2x4", 0.05)] = {
+                "metrics": {"avg_jct_s": jct}, "jcts_s": np.array([50.0, jct]),
+                "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
+    return results, {policy: policy for policy in ("static", *factors)}
+
+
+@pytest.mark.parametrize("factors, scale", [({"a": 0.9, "b": 0.8}, "linear"),
+                                            ({"a": 0.8, "slow": 5.5}, "log")])
+def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_policy(
+        tmp_path, monkeypatch, factors, scale):
+    """One policy 5x slower squeezed the close ones into a few pixels of a linear axis."""
+    from agent import evaluate_cmd
+
+    drawn = _capture_figures(monkeypatch)
+    evaluate_cmd._plots(*_runs_against_static(factors), tmp_path, reference="static")
+    figure = drawn["paired_avg_jct.png"]
+    ax = figure.axes[0]
+    figure.canvas.draw()
+    assert ax.get_xscale() == scale
+    assert [label.get_text() for label in ax.get_yticklabels()] == list(factors)
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # the first policy on top, as in results.md
+    ci_lines = [line for line in ax.get_lines()
+                if len(line.get_ydata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]]
+    assert len(ci_lines) == len(factors)
+    ticks = [label.get_text() for label in ax.get_xticklabels()]
+    assert "0%" in ticks and all(tick.endswith("%") for tick in ticks), ticks
+    assert "w.csv on 2x4, 2 seeds, failures 0.05/GPU-day" in ax.get_title()
+
+
+def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
+    from agent.evaluate_cmd import paired_axis_is_log
+
+    assert not paired_axis_is_log([])
+    assert not paired_axis_is_log([0.7, 1.0, 1.3])
+    assert paired_axis_is_log([0.8, 5.5])
+
+
+def test_policy_plots_say_what_they_show_and_keep_the_legend_off_the_data(tmp_path,
+                                                                          monkeypatch):
+    from agent import evaluate_cmd
+
+    drawn = _capture_figures(monkeypatch)
+    evaluate_cmd._plots(*_runs_against_static({"a": 0.9}), tmp_path, reference="static")
+    for png, title, xlabel in (("jct_cdf.png", "JCT CDF per policy", "(h, log scale)"),
+                               ("gpu_util.png", "Allocated GPUs over time", "(h)"),
+                               ("queue_length.png", "Jobs waiting over time", "(h)")):
+        figure = drawn[png]
+        ax = figure.axes[0]
+        figure.canvas.draw()
+        assert title in ax.get_title() and "w.csv" in ax.get_title(), png
+        assert xlabel in ax.get_xlabel(), png
+        assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1, png
+    cdf_ticks = [label.get_text() for label in drawn["jct_cdf.png"].axes[0].get_xticklabels()]
+    assert "0.1" in cdf_ticks and not any("10^" in tick for tick in cdf_ticks), cdf_ticks
+
+
+def _report_of(means, paired_reference=None):
+    """A results.json document of two runs per policy with these means (and a tenth of each
+    as its CI)."""
+    report = {"workloads": ["w"], "seeds": [0, 1],
+              "policies": {policy: {key: {"mean": mean, "ci95": mean / 10}
+                                    for key, mean in values.items()}
+                           for policy, values in means.items()}}
+    if paired_reference is not None:
+        report["paired"] = {"reference": paired_reference, "policies": {}}
+    return report
+
+
+def test_results_table_has_units_one_format_per_column_and_changes_against_the_reference():
+    from agent.evaluate_cmd import markdown_table, table_reference
+
+    means = {"static": {"avg_jct_s": 29_331.0, "avg_queue_s": 27_066.0, "gpu_util": 0.7,
+                        "restarts_per_job": 0.02, "progress_preserved": 1.0},
+             "elastic": {"avg_jct_s": 5_367.0, "avg_queue_s": 0.2, "gpu_util": 0.92,
+                         "restarts_per_job": 1.556, "progress_preserved": 0.994},
+             "ppo": {"avg_jct_s": 4_167.0, "avg_queue_s": 7.18, "gpu_util": 0.9225,
+                     "restarts_per_job": 1.766, "progress_preserved": 0.999}}
+    metrics = ("avg_jct_s", "avg_queue_s", "gpu_util", "restarts_per_job", "progress_preserved")
+    report = _report_of(means, paired_reference="elastic")
+    assert table_reference(report) == "elastic"
+    lines = markdown_table(report, metrics).splitlines()
+    assert lines[0] == ("| policy | avg JCT (s) | avg queue (s) | GPU util (0-1) | restarts/job "
+                        "| progress preserved (0-1) |")
+    # against elastic, the paired reference, not static; no % against 0.2 s of queueing
+    assert lines[2] == ("| static | 29,331 ± 2,933 (+447%) | 27,066 ± 2,707 | 0.700 ± 0.070 "
+                        "(-24%) | 0.02 ± 0.00 (-99% ✓) | 1.000 ± 0.100 (+1% ✓) |")
+    assert lines[3] == ("| elastic | 5,367 ± 537 | 0 ± 0 | 0.920 ± 0.092 | 1.56 ± 0.16 | "
+                        "0.994 ± 0.099 |")
+    assert lines[4] == ("| ppo | 4,167 ± 417 (-22% ✓) | 7 ± 1 | 0.922 ± 0.092 (0%) | "
+                        "1.77 ± 0.18 (+13%) | 0.999 ± 0.100 (+1% ✓) |")
+    assert table_reference(_report_of(means)) == "static"
+    assert table_reference(_report_of({"ppo": means["ppo"]}, "ppo")) is None
 
 
 def test_evaluate_rejects_a_reference_not_evaluated(tmp_path, capsys):

@@ -258,6 +258,32 @@ def test_headroom_legend_describes_only_the_columns_present(columns, present, ab
         assert text not in legend, text
 
 
+def test_headroom_report_names_units_and_plots_the_mean_with_each_change(tmp_path,
+                                                                          monkeypatch):
+    import matplotlib.figure
+
+    drawn = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: drawn.__setitem__(path.name, fig))
+    report = _report(["known", "sizes-known"])
+    report["workloads"]["runs/v.csv"] = report["workloads"]["w.csv"]
+    report["seed"] = 0
+    table = headroom_cmd.markdown(report)
+    assert "| workload | base alone (s) | lookahead, future known | base, sizes known |" in table
+    assert "| w.csv | 100 |" in table  # a file in the working directory, no leading /
+    headroom_cmd._plot(report, tmp_path / "headroom.png")
+    figure = drawn["headroom.png"]
+    ax = figure.axes[0]
+    figure.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["w.csv", "runs/v.csv",
+                                                           "mean of workloads"]
+    assert "elastic-srpt-0.25" in ax.get_title() and "2x4" in ax.get_title()
+    assert "(%" in ax.get_ylabel()
+    assert {text.get_text() for text in ax.texts} == {"-10.0%"}  # every bar labelled
+    assert len(ax.texts) == 2 * 3
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+
+
 def _stopped_run(spec):
     """A headroom run that Ctrl-C stops (module level: the worker pool pickles it by name)."""
     raise KeyboardInterrupt

@@ -56,7 +56,11 @@ def test_train_writes_plain_artifacts(trained_dir):
     assert card["training"]["train_windows"] > 0
 
 
-def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path):
+def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path, monkeypatch):
+    import forecaster.plot as plot
+
+    shown = []
+    monkeypatch.setattr(plot.plt, "close", shown.append)
     held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
     out = tmp_path / "eval"
     assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(trained_dir),
@@ -69,6 +73,28 @@ def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path):
         assert len(scores["mae"]) == 3 and len(scores["mape"]) == 3
         assert np.isfinite(scores["mae"]).all()
     assert (out / "forecast_day.png").stat().st_size > 1000
+    assert "on test.csv" in shown[0].axes[0].get_title()  # the plot names what it evaluated
+
+
+def test_sample_day_plot_names_the_series_and_draws_the_actual_over_the_forecasts(
+        monkeypatch):
+    import forecaster.plot as plot
+
+    shown = []
+    monkeypatch.setattr(plot.plt, "close", shown.append)
+    origins = np.arange(0, 3 * 1440, 15)
+    actual = np.tile((0.5 + 0.3 * np.sin(origins / 200.0))[:, None], (1, 3))
+    evaluation = Evaluation(horizons_min=(5, 15, 60), actual=actual,
+                            forecasts={name: actual + 0.05 for name in ("lstm", "naive")},
+                            origin_minutes=origins, segment_of_origin=np.zeros_like(origins))
+    assert plot.plot_sample_day(evaluation, series="vc.csv").startswith(b"\x89PNG")
+    ax = shown[0].axes[0]
+    assert "60-minute-ahead" in ax.get_title() and "on vc.csv" in ax.get_title()
+    assert "share of cluster GPUs" in ax.get_ylabel()
+    zorder = {line.get_label(): line.get_zorder() for line in ax.get_lines()}
+    assert zorder["actual"] > zorder["lstm"] > zorder["naive"]
+    shown[0].canvas.draw()
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
 
 
 def test_bad_series_is_one_line_user_error(trained_dir, tmp_path, capsys):
