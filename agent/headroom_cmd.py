@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the policy followed wherever the lookahead does not deviate, "
                              "and in every fork (default elastic-srpt-0.25)")
     parser.add_argument("--alternatives", type=unique_names, default="elastic-srpt,elastic",
-                        help="comma-separated policies whose proposals may be taken instead")
+                        help="comma-separated policies whose proposals may be taken instead "
+                             "(default elastic-srpt,elastic)")
     parser.add_argument("--futures", type=unique_names, default="known,none",
                         help="what the forks know, comma-separated: known (every later "
                              "arrival), none (only submitted jobs), a horizon of arrivals "
