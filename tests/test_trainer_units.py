@@ -217,6 +217,9 @@ def test_bench_recovery_refuses_a_used_work_dir(tmp_path, capsys):
     assert rlalloc_main(["bench", "recovery", "--work-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--work-dir" in err and "Traceback" not in err
+    assert "not an empty directory" in err
+    assert rlalloc_main(["bench", "recovery", "--work-dir", str(tmp_path / "recovery.jsonl")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
 
 
 def test_bench_recovery_removes_its_temporary_work_dir_after_a_failure(tmp_path, monkeypatch):

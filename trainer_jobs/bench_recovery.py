@@ -69,8 +69,10 @@ def _validate(args: argparse.Namespace) -> None:
     if args.checkpoints < 2:
         raise UserError(f"--checkpoints {args.checkpoints}: must be at least 2 (the first "
                         "is reported apart)")
-    if args.work_dir is not None and args.work_dir.exists() and (
-            not args.work_dir.is_dir() or any(args.work_dir.iterdir())):
+    if args.work_dir is not None and args.work_dir.exists() and not args.work_dir.is_dir():
+        raise UserError(f"--work-dir {args.work_dir}: is a file, not a directory; pass a new "
+                        "or empty directory")
+    if args.work_dir is not None and args.work_dir.is_dir() and any(args.work_dir.iterdir()):
         raise UserError(f"--work-dir {args.work_dir}: not an empty directory; a previous run's "
                         "logs there would be read as this run's: pass a new or empty directory")
     prepare_out_file(args.out, args.force)
