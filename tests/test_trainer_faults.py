@@ -121,6 +121,29 @@ def test_killed_worker_restarts_from_checkpoint_and_sigterm_saves(tmp_path):
     _assert_no_sample_twice_in_an_epoch(timeline)
 
 
+def test_a_peer_killed_while_checkpointing_every_step_ends_the_survivor_in_one_line(tmp_path):
+    # with a sync save after every step the kill lands mostly inside a save's collectives
+    # (its agreement, DCP's plan exchange), which fail like the step's all-reduce does
+    log, ckpt, output = tmp_path / "run.jsonl", tmp_path / "ckpt", tmp_path / "torchrun.out"
+    job = start_torchrun(2, [*TINY, "--max-steps", "100000", "--checkpoint-every-steps", "1",
+                             "--checkpoint-mode", "sync", "--checkpoint-dir", str(ckpt)],
+                         log, output_path=output)
+    try:
+        wait_for_event(log, lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 5,
+                       TIMEOUT_S, job)
+        os.kill(worker_pids(log, restart=0)[1], signal.SIGKILL)
+        assert job.wait(TIMEOUT_S) != 0
+    finally:
+        job.kill()
+    text = output.read_text()
+    failure = _events(log, "peer_failure")[0]
+    assert failure["rank"] == 0, text
+    assert f"trainer: peer failure at step {failure['step']}: saved checkpoint " in text, text
+    assert "RuntimeError" not in text and not re.search(r"\[rank\d+\]: Traceback", text), text
+    info, problems = layout.latest_valid(ckpt)
+    assert info.step == failure["step"] and not problems  # the survivor's step is kept
+
+
 def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
     log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
     for nproc, max_steps in ((2, 20), (1, 40), (2, 60)):

@@ -22,6 +22,7 @@ typically costs no completed steps at all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -234,7 +235,7 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
                                config.model.seq_len, config.model.vocab_size).to(device)
         checkpoint_due = (rank == 0 and config.checkpoint_every_s > 0
                           and time.monotonic() - last_checkpoint >= config.checkpoint_every_s)
-        try:
+        with _peer_failures(config, world_size, state, checkpointer, run_log):
             logits = state.model(tokens[:, :-1])
             loss_sum = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(),
                                        reduction="sum")
@@ -243,15 +244,6 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
             shared = torch.tensor([loss_sum.item(), stop_signal.received_monotonic is not None,
                                    checkpoint_due], dtype=torch.float64, device=device)
             dist.all_reduce(shared)
-        except RuntimeError as err:
-            if config.parallelism != "ddp" or world_size == 1:
-                raise
-            step = state.progress.step
-            run_log.event("peer_failure", step=step, error=str(err)[:200])
-            saved = checkpointer.emergency_save(state)
-            raise PeerFailure(f"peer failure at step {step}: saved checkpoint {saved}; "
-                              "exiting for torchrun to restart the group "
-                              f"({_short_cause(err)})") from err
         copy_wait_s = checkpointer.before_update()  # an async save may still be copying
         if copy_wait_s and metrics:
             blocked_s += copy_wait_s
@@ -278,7 +270,9 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
             break
         by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
         if (by_steps or shared[2].item() > 0) and step < config.max_steps:
-            blocked_s = checkpointer.save(state, config.checkpoint_mode, reason="periodic")
+            # its collectives fail like the step's when a peer dies during the save
+            with _peer_failures(config, world_size, state, checkpointer, run_log):
+                blocked_s = checkpointer.save(state, config.checkpoint_mode, reason="periodic")
             last_checkpoint = time.monotonic()
             if metrics:
                 metrics.on_checkpoint_blocked(blocked_s)
@@ -290,6 +284,24 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
     if metrics:
         metrics.on_checkpoint_blocked(blocked_s)
     return SIGTERM_EXIT_CODE if stopping else 0
+
+
+@contextlib.contextmanager
+def _peer_failures(config: TrainConfig, world_size: int, state: TrainState,
+                   checkpointer: Checkpointer, run_log: RunLog) -> Iterator[None]:
+    """Around collectives: with DDP and peers, a `RuntimeError` means one of them died, so save
+    this rank's replica (`Checkpointer.emergency_save`, no collectives) and raise
+    `PeerFailure` to exit with; otherwise the error is a bug, shown as it is."""
+    try:
+        yield
+    except RuntimeError as err:
+        if config.parallelism != "ddp" or world_size == 1:
+            raise
+        step = state.progress.step
+        run_log.event("peer_failure", step=step, error=str(err)[:200])
+        saved = checkpointer.emergency_save(state)
+        raise PeerFailure(f"peer failure at step {step}: saved checkpoint {saved}; exiting for "
+                          f"torchrun to restart the group ({_short_cause(err)})") from err
 
 
 def _arm_grace_watchdog(grace_s: float, signalled_monotonic: float | None) -> None:
