@@ -11,16 +11,20 @@ directory unless `--force`: it would leave the first one's files pointing at its
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
 from actuator.config import load_config
-from env.argtypes import SEED, above, within
+from env.argtypes import SEED, above, at_least, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.failures import (
@@ -31,9 +35,9 @@ from env.failures import (
     FailureParams,
     parse_failure_rate,
 )
-from env.output import prepare_out_dir
+from env.output import out_dir_for_run
 from env.params import SimParams
-from env.scenario import build_scenario
+from env.scenario import Scenario, build_scenario
 
 if TYPE_CHECKING:
     from actuator.twin.runtime import ScriptedFailure
@@ -88,12 +92,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-node", metavar="NODE:WARN_S:FAIL_S", action="append", default=[],
                         help="scripted failure: NODE warns (XID errors) from simulated second "
                              "WARN_S and fails at FAIL_S; repeatable")
-    parser.add_argument("--duration-s", type=float, default=0.0,
-                        help="stop after this many wall seconds (default: until Ctrl-C)")
+    parser.add_argument("--duration-s", type=at_least(0.0, float), default=0.0,
+                        help="stop after this many wall seconds; 0: until Ctrl-C or SIGTERM "
+                             "(default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the twin, write the demo files, run until interrupted."""
+    """Start the twin, write the demo files, run until interrupted (Ctrl-C or SIGTERM).
+
+    SIGTERM during start-up stops it as Ctrl-C does (one line, exit 130, no twin left
+    serving, a directory it created for --out-dir removed again); once serving, either signal
+    stops the twin and the command returns 0. The process's own handlers are given back.
+    """
+    with _stopping_on_signals() as stop:
+        return _run(args, stop)
+
+
+def _run(args: argparse.Namespace, stop: _Stop) -> int:
+    """`run` inside its signal handlers: check the flags, start, write the files, serve."""
     try:  # imported here: kmock is needed by the twin only, not by the rest of the CLI
         from actuator.twin.harness import actuator_settings, prometheus_config, start_twin
         from actuator.twin.kube_api import dump_kubeconfig
@@ -105,42 +121,112 @@ def run(args: argparse.Namespace) -> int:
     failures = [_failure(text) for text in args.fail_node]
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed)
     _check_failing_nodes(failures, scenario.cluster)
-    out = prepare_out_dir(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir")
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=rate))
-    running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
-                         namespace=args.namespace, epoch_s=_midnight_utc(), params=params,
-                         host=args.host, kube_port=args.kube_port,
-                         metrics_port=args.metrics_port)
-    for failure in failures:
-        running.call(running.twin.script_failure, failure)
-    (out / "kubeconfig").write_text(dump_kubeconfig(running.kube_url))
-    target = f"{args.host}:{running.metrics_port}"
-    (out / "prometheus.yml").write_text(yaml.safe_dump(
-        prometheus_config(target, args.scrape_interval_s), sort_keys=False))
-    settings = actuator_settings(args.speed, args.prometheus_url, args.scrape_interval_s)
-    settings.update(kubeconfig=str((out / "kubeconfig").resolve()),
-                    interval_s=max(300.0 / args.speed, 1.0), lease_namespace=args.namespace)
-    (out / "actuator.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    with out_dir_for_run(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir") as out:
+        running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
+                             namespace=args.namespace, epoch_s=_midnight_utc(), params=params,
+                             host=args.host, kube_port=args.kube_port,
+                             metrics_port=args.metrics_port)
+        try:
+            for failure in failures:
+                try:
+                    running.call(running.twin.script_failure, failure)
+                except ValueError as err:
+                    raise UserError(f"--fail-node {failure.node}:{failure.warn_at_s:g}:"
+                                    f"{failure.fail_at_s:g}: {err}") from err
+            target = f"{args.host}:{running.metrics_port}"
+            settings = actuator_settings(args.speed, args.prometheus_url,
+                                         args.scrape_interval_s)
+            settings.update(kubeconfig=str((out / "kubeconfig").resolve()),
+                            interval_s=max(300.0 / args.speed, 1.0),
+                            lease_namespace=args.namespace)
+            _write_demo_files(out, {
+                "kubeconfig": dump_kubeconfig(running.kube_url),
+                "prometheus.yml": yaml.safe_dump(
+                    prometheus_config(target, args.scrape_interval_s), sort_keys=False),
+                "actuator.yaml": yaml.safe_dump(settings, sort_keys=False)})
+            _serve(args, scenario, running.kube_url, target, out, stop)
+        finally:
+            running.stop()
+    return 0
+
+
+def _serve(args: argparse.Namespace, scenario: Scenario, kube_url: str, target: str, out: Path,
+           stop: _Stop) -> None:
+    """Say where the twin serves and what to run next, then wait for a signal or the end of
+    --duration-s."""
     print(f"twin of {scenario.workload.name} on {scenario.cluster.describe()} at "
           f"{args.speed:g}x real time\n"
-          f"  Kubernetes API  {running.kube_url}   (kubectl --kubeconfig {out}/kubeconfig "
+          f"  Kubernetes API  {kube_url}   (kubectl --kubeconfig {out}/kubeconfig "
           f"get pytorchjobs,pods)\n"
           f"  exporter        http://{target}/metrics\n"
           f"next:\n"
           f"  prometheus --config.file={out}/prometheus.yml --storage.tsdb.path={out}/tsdb\n"
           f"  rlalloc actuate --config {out}/actuator.yaml --policy proactive", flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop.serving = True  # a signal from now on stops the twin cleanly: exit 0
     deadline = time.monotonic() + args.duration_s if args.duration_s > 0 else None
+    while not stop.wait(1.0 if deadline is None
+                        else min(max(deadline - time.monotonic(), 0.0), 1.0)):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+
+
+class _Stop(threading.Event):
+    """Set by SIGINT/SIGTERM once `serving`; before that they interrupt the start-up."""
+
+    serving = False
+
+
+@contextmanager
+def _stopping_on_signals() -> Iterator[_Stop]:
+    """A `_Stop` that SIGINT and SIGTERM set while the twin serves; during start-up they
+    raise KeyboardInterrupt (SIGTERM would otherwise kill the process half started). The
+    handlers in place before are restored on the way out."""
+    stop = _Stop()
+
+    def handle(signum: int, frame: object) -> None:
+        if stop.serving:
+            stop.set()
+        else:
+            raise KeyboardInterrupt
+
+    signums = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signals reach the main thread only: nothing to install
+        return
+    previous = {signum: signal.getsignal(signum) for signum in signums}
     try:
-        while not stop.wait(1.0):
-            if deadline is not None and time.monotonic() >= deadline:
-                break
+        for signum in signums:
+            signal.signal(signum, handle)
+        yield stop
     finally:
-        running.stop()
-    return 0
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _write_demo_files(out: Path, texts: dict[str, str]) -> None:
+    """Write the demo files all or none: each into a temporary file first, then all renamed
+    over the old ones (a failure leaves the old files as they were)."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, text in texts.items():
+            target = out / name
+            if target.is_dir():
+                raise UserError(f"--out-dir {out}: {name} is a directory; remove it or choose "
+                                "another --out-dir")
+            temporary = out / f".{name}.{os.getpid()}.tmp"
+            staged.append((temporary, target))
+            try:
+                temporary.write_text(text)
+            except OSError as err:
+                raise UserError(f"--out-dir {out}: cannot write {name} ({err.strerror}); "
+                                "check the directory's permissions and free space") from err
+        for temporary, target in staged:
+            temporary.replace(target)
+    finally:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
 
 
 def _failure(text: str) -> ScriptedFailure:
@@ -154,7 +240,13 @@ def _failure(text: str) -> ScriptedFailure:
     except ValueError as err:
         raise UserError(f"--fail-node {text!r}: expected NODE:WARN_S:FAIL_S, e.g. "
                         "node-0001:600:1800") from err
-    if not node or failure.fail_at_s <= failure.warn_at_s:
+    if not node:
+        raise UserError(f"--fail-node {text!r}: NODE is missing; expected NODE:WARN_S:FAIL_S, "
+                        "e.g. node-0001:600:1800")
+    if not (math.isfinite(failure.warn_at_s) and math.isfinite(failure.fail_at_s)):
+        raise UserError(f"--fail-node {text!r}: WARN_S and FAIL_S must be finite numbers of "
+                        "simulated seconds")
+    if failure.fail_at_s <= failure.warn_at_s:
         raise UserError(f"--fail-node {text!r}: FAIL_S must come after WARN_S")
     return failure
 

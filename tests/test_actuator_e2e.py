@@ -192,3 +192,92 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
     finally:
         prometheus.stop()
         twin.stop()
+
+
+def _twin_argv(out: object, *extra: str) -> list[str]:
+    return ["twin", "--workload", "synthetic:5", "--cluster", "2x4", "--kube-port", "0",
+            "--metrics-port", "0", "--duration-s", "0.2", "--out-dir", str(out), *extra]
+
+
+def test_twin_command_gives_back_the_signal_handlers(tmp_path):
+    # run() installs its own SIGINT/SIGTERM handlers to stop cleanly; it used to leave them in
+    # place, so in a process that goes on (a test session) Ctrl-C only set a dead Event
+    import signal
+
+    from env.cli import main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert main(_twin_argv(tmp_path / "twin")) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--fail-node", "node-0000:nan:inf"], "--fail-node"),  # used to run, never failing
+    (["--fail-node", "node-0000:0:inf"], "--fail-node"),
+    (["--fail-node", "node-0000:-20:-10"], "--fail-node"),  # before the twin's clock
+    (["--fail-node", ":1:2"], "NODE"),  # used to say FAIL_S must come after WARN_S
+    (["--duration-s", "-1"], "--duration-s"),  # used to run until Ctrl-C
+    (["--duration-s", "nan"], "--duration-s"),
+])
+def test_twin_command_refuses_impossible_failure_times_and_durations(tmp_path, capsys, flags,
+                                                                      named):
+    from env.cli import main
+
+    assert main(_twin_argv(tmp_path / "twin", *flags)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert not (tmp_path / "twin").exists()
+
+
+def test_twin_command_that_cannot_write_its_files_is_one_line_and_closes_its_ports(
+        tmp_path, capsys):
+    # --out-dir's actuator.yaml is a directory: the files cannot be written. That used to be a
+    # traceback (IsADirectoryError) that left the twin's two ports open in the calling process
+    # and the demo files half replaced.
+    import socket
+
+    from env.cli import main
+
+    out = tmp_path / "twin"
+    out.mkdir()
+    (out / "kubeconfig").write_text("old")
+    (out / "actuator.yaml").mkdir()
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    argv = [*_twin_argv(out, "--force"), "--kube-port", str(ports[0]), "--metrics-port",
+            str(ports[1])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "actuator.yaml" in err[0], err
+    assert (out / "kubeconfig").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == ["actuator.yaml", "kubeconfig"]
+    for port in ports:
+        with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))
+
+
+def test_twin_command_stopped_by_sigterm_while_starting_is_one_line(tmp_path):
+    # SIGTERM before the twin serves (here: while it starts its servers) stops it as Ctrl-C
+    # does: one line, exit 130, and the --out-dir it created removed. It used to kill the
+    # process outright (no handler was installed until the twin served), leaving the directory.
+    import subprocess
+    import sys
+
+    out = tmp_path / "twin"
+    script = (
+        "import os, signal, sys, time\n"
+        "import actuator.twin.harness as harness\n"
+        "def start_twin(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"
+        "harness.start_twin = start_twin\n"
+        "from env.cli import main\n"
+        f"sys.exit(main({_twin_argv(out)!r}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["rlalloc: interrupted"]
+    assert not out.exists()

@@ -247,3 +247,47 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
     np.testing.assert_allclose(rebuilt.demand.forecast_gpus, sim.demand.forecast_gpus,
                                rtol=1e-9, atol=1e-12, err_msg="forecast_gpus")
     assert rebuilt.time_of_day_s == pytest.approx(sim.time_of_day_s)
+
+
+def test_a_scripted_failure_is_the_simulators_own(tmp_path):
+    # The twin's --fail-node failure must be the simulator's failure, as `--failures` ones are:
+    # the node is down in the simulator too (its GPUs are not offered), the job on it loses the
+    # work since its checkpoint and is requeued, and the node is repaired after `repair_s`.
+    # The twin used to fake it on its side only: the simulator kept the node up, the job kept
+    # its progress (it was merely re-scaled) and the node stayed down for ever.
+    from actuator.apply import placement_patch
+    from actuator.state_builder import JobRef
+    from actuator.twin.runtime import ScriptedFailure, Twin
+    from tests.actuator_fixtures import job, quiet_params, scenario
+
+    params = quiet_params(60.0, 1.0)
+    sim = scenario([job("a", 0, 2, 2, 2, work=1e5)], nodes=2, gpus=2).simulator(params)
+    api = TwinKubeAPI()
+    twin = Twin(sim, api, speed=60.0)
+    twin.tick(1.0)
+    name = twin.job_name("a")
+    obj = api.get(PYTORCHJOBS, NAMESPACE, name)
+    api.patch(PYTORCHJOBS, NAMESPACE, name, placement_patch(
+        JobRef(NAMESPACE, name, "", obj, ()),
+        Action(ActionKind.SCALE, "a", 2, ("node-0000", "node-0000")), 2))
+    fail_at = sim.time_s + params.checkpoint_interval_s + 600.0  # 10 minutes past a checkpoint
+    twin.script_failure(ScriptedFailure("node-0000", fail_at - 300.0, fail_at))
+    while sim.time_s < fail_at - 60.0:
+        twin.tick(1.0)
+    assert sim.state().jobs.placement[0] == (0, 0)
+    checkpointed = float(sim.checkpointed_progress()[0])
+    assert float(sim.state().jobs.progress[0]) > checkpointed + 1e-3
+    assert sim.state().nodes.xid_errors_5m[0] > 0  # the warning is the simulator's too
+    while sim.time_s < fail_at:
+        twin.tick(1.0)
+    state = sim.state()
+    assert not state.nodes.ready[0], "the simulator does not know node-0000 failed"
+    assert float(state.jobs.progress[0]) == pytest.approx(checkpointed), "no work was lost"
+    assert twin.failure_hits == {"node-0000": [name]}
+    node = api.get(NODES, None, "node-0000")
+    assert node["status"]["conditions"][0]["status"] != "True"
+    while sim.time_s < fail_at + params.failures.repair_s + 60.0:
+        twin.tick(10.0)
+    node = api.get(NODES, None, "node-0000")
+    assert node["status"]["conditions"][0]["status"] == "True", "never repaired"
+    assert sim.state().nodes.ready[0]

@@ -64,20 +64,20 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     except OSError as err:
         raise listen_error("the twin's Kubernetes API", host, kube_port, err, "--kube-port",
                            "--host") from err
-    try:
+    exporter = TwinExporter()
+    try:  # whatever stops the start (Ctrl-C included) leaves no port open
         sim = scenario.simulator(params, seed)
         twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
+        exporter.publish(twin.frame)
+        try:
+            port = exporter.serve(metrics_port, host)
+        except OSError as err:
+            raise listen_error("the twin's exporter", host, metrics_port, err,
+                               "--metrics-port", "--host") from err
     except BaseException:
-        server.stop()  # no API left serving a twin that never started
-        raise
-    exporter = TwinExporter()
-    exporter.publish(twin.frame)
-    try:
-        port = exporter.serve(metrics_port, host)
-    except OSError as err:
         server.stop()
-        raise listen_error("the twin's exporter", host, metrics_port, err, "--metrics-port",
-                           "--host") from err
+        exporter.stop()
+        raise
     last = [time.monotonic()]
 
     def step() -> None:

@@ -17,9 +17,10 @@ Every tick (`tick_s` of wall time, `speed` x that of simulated time) the twin
    telemetry frame of the exporter.
 
 The clock the twin shows (objects, trainer timestamps, `rlalloc_twin_clock_seconds`) is
-`epoch_s` + simulated seconds. `script_failure` adds a deterministic failure on top of the
-simulator's own failure process: the node reports XID errors from `warn_at_s` and goes down at
-`fail_at_s`, taking down any worker still on it.
+`epoch_s` + simulated seconds. `script_failure` adds a deterministic failure to the simulator's
+own failure process (`Simulator.schedule_failure`), so it is the simulator's failure in every
+respect: the node reports XID errors from `warn_at_s`, goes down at `fail_at_s`, requeuing every
+job still on it from its checkpoint, and is repaired `repair_s` later.
 """
 
 from __future__ import annotations
@@ -91,11 +92,11 @@ class Twin:
         self.epoch_s = epoch_s
         self.frame = TelemetryFrame(epoch_s)
         self.failure_hits: dict[str, list[str]] = {}
-        """Node -> names of the jobs that still had workers on it when it failed."""
+        """Scripted node -> names of the jobs that still had workers on it when it failed."""
         self._target_s = sim.time_s
         self._jobs: dict[str, _Job] = {}
-        self._down: set[str] = set()
         self._scripted: list[ScriptedFailure] = []
+        """Scripted failures whose hits are not recorded yet."""
         self._xid_code: dict[str, int] = {}
         self._xid_seen: dict[str, int] = {}
         self._ecc_total: dict[str, float] = {}
@@ -115,7 +116,16 @@ class Twin:
         return self._jobs[sim_id].name if sim_id in self._jobs else k8s_name(sim_id)
 
     def script_failure(self, failure: ScriptedFailure) -> None:
-        """Add a scripted warning-then-failure (see module docstring)."""
+        """Add a scripted warning-then-failure (see module docstring); ValueError for a node
+        the cluster lacks or a failure before the twin's simulated now."""
+        if failure.node not in self.sim.node_index:
+            raise ValueError(f"no node {failure.node!r} in the cluster")
+        if not self.sim.time_s <= failure.fail_at_s < float("inf"):
+            raise ValueError(f"node {failure.node} would fail at simulated second "
+                             f"{failure.fail_at_s:g}, not after the twin's now "
+                             f"({self.sim.time_s:g})")
+        lead_s = failure.fail_at_s - min(failure.warn_at_s, failure.fail_at_s)
+        self.sim.schedule_failure(failure.node, failure.fail_at_s, warning_lead_s=lead_s)
         self._scripted.append(failure)
 
     def tick(self, wall_dt_s: float) -> None:
@@ -124,7 +134,7 @@ class Twin:
         self._target_s += wall_dt_s * self.speed
         while not self.sim.done and self.sim.time_s < self._target_s:
             self.sim.advance()
-        self._fail_scripted_nodes()
+        self._record_failure_hits()
         self._mirror(self.sim.state())
 
     # --------------------------------------------------------------- operator + scheduler
@@ -133,7 +143,7 @@ class Twin:
         cordoned = {n["metadata"]["name"] for n in self.api.list(NODES)
                     if (n.get("spec") or {}).get("unschedulable")}
         usable = {name for i, name in enumerate(state.nodes.name)
-                  if state.nodes.ready[i] and name not in self._down and name not in cordoned}
+                  if state.nodes.ready[i] and name not in cordoned}
         live_pods = {p["metadata"]["name"] for p in self.api.list(PODS)
                      if p["metadata"].get("namespace") == self.namespace}
         for row, sim_id in enumerate(state.jobs.job_id):
@@ -150,7 +160,7 @@ class Twin:
         desired = min(max(int(worker.get("replicas", 0)), 0), high)
         pods = [p for p in job.pods
                 if f"{job.name}-worker-{p.index}" in live_pods or p.node is None]
-        pods = [p for p in pods if p.index < desired and p.node not in self._down]
+        pods = [p for p in pods if p.index < desired]
         have = {p.index for p in pods}
         pods += [_Pod(i) for i in range(desired) if i not in have]
         pods.sort(key=lambda p: p.index)
@@ -209,18 +219,15 @@ class Twin:
             for pod in job.pods:
                 pod.node = None
 
-    def _fail_scripted_nodes(self) -> None:
-        for failure in self._scripted:
-            if failure.node in self._down or self.sim.time_s < failure.fail_at_s:
-                continue
-            self._down.add(failure.node)
-            hits = []
-            for job in self._jobs.values():
-                if any(p.node == failure.node for p in job.pods):
-                    hits.append(job.name)
-                    for pod in job.pods:
-                        if pod.node == failure.node:
-                            pod.node = None
+    def _record_failure_hits(self) -> None:
+        """Note the jobs a scripted failure that has just happened hit: those whose workers
+        were still on the node (the simulator has requeued them; their pods are unbound when
+        mirrored)."""
+        due = [f for f in self._scripted if self.sim.time_s >= f.fail_at_s]
+        for failure in due:
+            self._scripted.remove(failure)
+            hits = [job.name for job in self._jobs.values()
+                    if any(p.node == failure.node for p in job.pods)]
             self.failure_hits[failure.node] = hits
             log.info("twin: node %s failed (jobs hit: %s)", failure.node, hits or "none")
 
@@ -230,7 +237,7 @@ class Twin:
         cordoned = {n["metadata"]["name"]: bool((n.get("spec") or {}).get("unschedulable"))
                     for n in self.api.list(NODES)}
         for i, name in enumerate(nodes.name):
-            ready = bool(nodes.ready[i]) and name not in self._down
+            ready = bool(nodes.ready[i])
             self._write(NODES, None, name, node_object(
                 name, int(nodes.gpus_total[i]), nodes.gpu_type[i], int(nodes.rack[i]), ready,
                 cordoned.get(name, False)))
@@ -301,11 +308,10 @@ class Twin:
         checkpointed = self.sim.checkpointed_progress()  # `state` is the simulator's now
         now = self.clock_s
         wall = time.monotonic()
-        warned = {f.node for f in self._scripted if f.warn_at_s <= self.sim.time_s < f.fail_at_s}
         node_frames = []
         for i, name in enumerate(nodes.name):
             xid = int(nodes.xid_errors_5m[i])
-            if xid > self._xid_seen.get(name, 0) or name in warned:
+            if xid > self._xid_seen.get(name, 0):
                 self._xid_code[name] = 79 if self._xid_code.get(name) != 79 else 48
             self._xid_seen[name] = xid
             ecc = int(nodes.ecc_errors_30m[i])
@@ -316,11 +322,11 @@ class Twin:
             if flaps > self._flaps_seen.get(name, 0):
                 self._flap_until[name] = wall + _FLAP_HOLD_S
             self._flaps_seen[name] = flaps
-            ready = bool(nodes.ready[i]) and name not in self._down
+            ready = bool(nodes.ready[i])
             used = int(nodes.gpus_total[i] - nodes.gpus_free[i]) if ready else 0
             node_frames.append(NodeTelemetry(
                 name=name, gpus=int(nodes.gpus_total[i]), gpus_used=used,
-                temperature_c=float(nodes.temperature_c[i]) + (10.0 if name in warned else 0.0),
+                temperature_c=float(nodes.temperature_c[i]),
                 xid_code=self._xid_code.get(name, 0), ecc_total=self._ecc_total[name],
                 ready=ready, ready_metric=ready and wall >= self._flap_until.get(name, 0.0),
                 unschedulable=cordoned.get(name, False)))
