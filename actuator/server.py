@@ -129,7 +129,9 @@ def listen_error(what: str, host: str, port: int, err: OSError, port_flag: str,
                  host_flag: str) -> UserError:
     """The one-line error for a server that cannot listen: what could not be served, where,
     why, and the flag to change (the port when it is taken, else the address)."""
-    reason = os.strerror(err.errno) if err.errno else str(err)
+    # a name that does not resolve is a gaierror, whose errno is getaddrinfo's (os.strerror
+    # calls -2 "Unknown error"): its own strerror says "Name or service not known"
+    reason = err.strerror or (os.strerror(err.errno) if err.errno else str(err))
     fix = (f"choose another {port_flag} (0 = any free port)" if err.errno == errno.EADDRINUSE
            else f"check {host_flag} and {port_flag}")
     return UserError(f"cannot serve {what} on {host}:{port} ({reason}); {fix}")

@@ -96,13 +96,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rlalloc` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    try:
+    try:  # Ctrl-C while the subcommand's modules are still importing is an interrupt too
         parser = build_parser(argv)
         args = parser.parse_args(argv)
-    except UserError as err:
-        print(f"rlalloc: error: {err}", file=sys.stderr)
-        return 2
-    try:
         return int(args._run(args) or 0)
     except UserError as err:
         print(f"rlalloc: error: {err}", file=sys.stderr)

@@ -553,6 +553,15 @@ def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):
         "(Address already in use); choose another --listen-port (0 = any free port)"]
 
 
+def test_a_status_host_that_does_not_resolve_is_one_line_naming_why(tmp_path, monkeypatch,
+                                                                     capsys):
+    code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+        "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"),
+        "listen_host": "nohost.invalid", "listen_port": 0}, "--dry-run")
+    assert code == 2 and len(err) == 1
+    assert "(Name or service not known); check listen_host and --listen-port" in err[0]
+
+
 def test_once_names_an_unreachable_prometheus(tmp_path, monkeypatch, capsys):
     url = f"http://127.0.0.1:{free_port()}"
     code, err, logs = _actuate(tmp_path, monkeypatch, capsys, {

@@ -71,3 +71,16 @@ def test_help_says_where_results_go_by_default(capsys, command, default):
     with pytest.raises(SystemExit):
         main([*command, "--help"])
     assert f"output directory (default: {default})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_ctrl_c_while_a_command_is_still_loading_is_one_line(monkeypatch, capsys):
+    """The first half second of a command imports its modules; Ctrl-C there is an interrupt,
+    exit 130, not a KeyboardInterrupt traceback."""
+    from env import cli
+
+    def loading(argv: list[str]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", loading)
+    assert cli.main(["simulate"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["rlalloc: interrupted"]
