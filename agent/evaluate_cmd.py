@@ -104,20 +104,22 @@ class RunSpec:
 
 
 def _run_one(spec: RunSpec) -> dict:
-    """Worker: run one simulation and return its metrics, JCTs and down-sampled series."""
-    import torch
-
+    """Worker: run one simulation and return its metrics, JCTs and down-sampled series (torch,
+    where the policy loads it, on one thread: in a worker and in the --jobs 1 main process
+    alike, so that both give the same numbers)."""
     from agent.evaluation import run_policy
     from agent.registry import load_policy
     from env.failures import FailureParams
     from env.params import SimParams
     from env.scenario import build_scenario
+    from env.workers import torch_on_one_thread
 
-    torch.set_num_threads(1)
     params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
     policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
     scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=efficiency)
-    result = run_policy(scenario.simulator(params, seed=spec.seed), load_policy(policy).act)
+    decide = load_policy(policy).act
+    torch_on_one_thread()
+    result = run_policy(scenario.simulator(params, seed=spec.seed), decide)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,

@@ -35,6 +35,13 @@ def _leave_quietly_on_interrupt() -> None:
     """Worker initializer: SIGINT raises SystemExit, which a process ends on silently; torch,
     if the parent imported it, keeps to the worker's own thread (see the module docstring)."""
     signal.signal(signal.SIGINT, _exit_interrupted)
+    torch_on_one_thread()
+
+
+def torch_on_one_thread() -> None:
+    """Run torch on this process's own thread, if anything imported it (a learned policy):
+    without importing it for runs that need none (heuristics), which would cost each worker
+    ~1 s and ~180 MB."""
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)

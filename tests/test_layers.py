@@ -42,3 +42,10 @@ def test_a_heuristic_loads_without_torch_and_a_learned_policy_with_it():
                                 "[load_policy(n) for n in ('static', 'tiresias', 'proactive')]")
     assert "torch" not in heuristics
     assert "torch" in imported_after("from agent.registry import load_policy; load_policy('ppo')")
+
+
+def test_an_evaluate_run_of_a_heuristic_does_not_load_torch():
+    """Each evaluate worker would pay ~1 s and ~180 MB for a torch it never uses."""
+    loaded = imported_after("from agent.evaluate_cmd import RunSpec, _run_one; "
+                            "_run_one(RunSpec('elastic', 'synthetic:8:1.0', 0, '2x4', 0.0))")
+    assert "torch" not in loaded
