@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--gamma (use --gamma 1 with it); 0 = off")
     parser.add_argument("--eval-every", type=POSITIVE_INT, default=_DEFAULTS.eval_every,
                         help="steps between evaluations on the training workloads")
+    parser.add_argument("--keep-checkpoints", type=at_least(0),
+                        default=_DEFAULTS.keep_checkpoints, metavar="N",
+                        help="keep only the N newest periodic checkpoints (~2 MB each; "
+                             "--resume needs the newest; default 0: keep all)")
     parser.add_argument("--eval-workload", action="append", dest="eval_workloads", metavar="W",
                         help="workload of the periodic evaluation that picks the exported "
                              "policy (repeatable; default: the first two training workloads;"
@@ -114,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         residual_veto_p=args.residual_veto_p,
         residual_raw_p=args.residual_raw_p, residual_switch_p=args.residual_switch_p,
         action_cost=args.action_cost, gamma=args.gamma, time_discount_s=args.time_discount_s,
-        eval_every=args.eval_every,
+        eval_every=args.eval_every, keep_checkpoints=args.keep_checkpoints,
         eval_workloads=tuple(args.eval_workloads or ()),
         extra={"command": "rlalloc " + shlex.join(sys.argv[1:])})
 

@@ -145,6 +145,9 @@ class TrainConfig:
     """Rounds of DAgger after cloning: the student drives, the teacher labels."""
     eval_every: int = 20_000
     """Environment steps between evaluations on the training workloads."""
+    keep_checkpoints: int = 0
+    """Periodic checkpoints kept, the newest ones (0: all). Each is ~2 MB, one per
+    evaluation; `--resume` needs only the newest, and the best policy is exported apart."""
     eval_workloads: tuple[str, ...] = ()
     """Workloads of the periodic evaluation (default: the first two training workloads)."""
     dqn_buffer_size: int = 100_000
@@ -350,6 +353,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
                         if self.num_timesteps % config.eval_every < vec_env.num_envs:
                             save_checkpoint(model, out / CHECKPOINT_DIR /
                                             f"step_{self.num_timesteps}_steps.zip")
+                            prune_checkpoints(out, config.keep_checkpoints)
                             evaluate_now(self.num_timesteps)
                         return True
 
@@ -600,6 +604,17 @@ def latest_checkpoint(out: Path) -> Path | None:
     if not found:
         return None
     return max(found, key=checkpoint_timesteps)
+
+
+def prune_checkpoints(out: Path, keep: int) -> None:
+    """Remove all but the `keep` newest periodic checkpoints of ``out/checkpoints`` (by the
+    step in their names; ``last.zip`` is not periodic); `keep` 0 keeps every one."""
+    if keep <= 0:
+        return
+    periodic = sorted((out / CHECKPOINT_DIR).glob("step_*_steps.zip"),
+                      key=lambda path: int(path.name.split("_")[1]))
+    for old in periodic[:-keep]:
+        old.unlink(missing_ok=True)
 
 
 def checkpoint_timesteps(checkpoint: Path) -> int:

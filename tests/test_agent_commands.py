@@ -72,6 +72,17 @@ def test_force_starts_a_clean_run_that_resume_then_continues(tmp_path):
     assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256, 384]
 
 
+def test_keep_checkpoints_keeps_the_newest_and_resume_goes_on_from_them(tmp_path):
+    config = replace(CONFIG, timesteps=512, keep_checkpoints=2)
+    train(config, tmp_path, log=quiet)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "last.zip", "step_384_steps.zip", "step_512_steps.zip"]
+    resumed = train(replace(config, timesteps=640), tmp_path, resume=True, log=quiet)
+    assert resumed["timesteps"] == 640
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "last.zip", "step_512_steps.zip", "step_640_steps.zip"]
+
+
 def test_a_resumed_run_keeps_the_commands_it_continues(tmp_path):
     """A resume rewrites train_config.json and the card with its own command line (it may
     change the workloads or --timesteps); the commands before it stay on record."""
