@@ -62,6 +62,18 @@ def usable_gpus(state: ClusterState) -> tuple[int, int]:
     return int(nodes.gpus_total[usable].sum()), int(nodes.gpus_free[usable].sum())
 
 
+def gpu_budget(state: ClusterState) -> int:
+    """The GPUs that the allocations a policy plans may add up to: those of usable nodes, plus
+    those that running jobs hold on nodes that are not. An operator's cordon (maintenance)
+    leaves its jobs running; not counting their GPUs charged them to the other nodes, so other
+    jobs got less than was free there and the cordoned ones were shrunk or preempted. (The
+    simulator never cordons and requeues a failed node's jobs at once: there this is 0.)"""
+    nodes = state.nodes
+    unusable = (~(nodes.ready & ~nodes.cordoned)).tolist()
+    held = sum(unusable[node] for placement in state.jobs.placement for node in placement)
+    return usable_gpus(state)[0] + int(held)
+
+
 def _packed_nodes(state: ClusterState, workers: np.ndarray | int) -> np.ndarray | int:
     """Nodes that `workers` GPUs span when packed onto the largest nodes: what the speed-up
     curve's cross-node term depends on, as the featurizer counts it."""
@@ -137,7 +149,7 @@ class TiresiasPolicy:
         if jobs.count == 0:
             return NOOP
         order = self.priority_order(state)
-        capacity, _ = usable_gpus(state)
+        capacity = gpu_budget(state)
         chosen = np.zeros(jobs.count, dtype=bool)
         used = 0
         for row in order.tolist():  # skip jobs that do not fit, as Tiresias' scheduler does
@@ -281,7 +293,7 @@ class ElasticPolicy:
         with the largest speed-up gain per added GPU. Restoring jobs keep what they have."""
         jobs = state.jobs
         table = table or self.size_table(state)
-        capacity, _ = usable_gpus(state)
+        capacity = gpu_budget(state)
         target = np.zeros(jobs.count, dtype=np.int64)
         restoring = jobs.status == int(JobStatus.RESTARTING)
         target[restoring] = jobs.workers[restoring]

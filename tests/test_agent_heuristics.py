@@ -239,3 +239,31 @@ def test_size_table_drops_duplicates_and_sizes_outside_min_max():
     assert table.of(1).tolist() == [3]
     assert table.sizes[1].tolist() == [3, 0, 0, 0, 0]
     assert table.speedups[1, 1:].tolist() == [0.0] * 4
+
+
+def _cordoned_node_0(jobs: list[JobInfo], free_on_node_1: int) -> ClusterState:
+    """node-0 cordoned by an operator (maintenance) with its jobs still running there."""
+    nodes = Nodes.from_records([NodeInfo("node-0", 4, 0, cordoned=True),
+                                NodeInfo("node-1", 4, free_on_node_1)])
+    return ClusterState(10_000.0, nodes, Jobs.from_records(jobs), Demand())
+
+
+def test_elastic_gives_a_queued_job_all_it_can_use_beside_a_cordoned_nodes_job():
+    # the job on the cordoned node holds its 4 GPUs there; the 4 free ones are all b's
+    state = _cordoned_node_0([
+        job("a", R, 4, placement=(0, 0, 0, 0), max_workers=4, run_s=1_000.0, progress=0.5,
+            throughput=1.0),
+        job("b", Q, 4, submit_s=100.0, max_workers=4)], free_on_node_1=4)
+    policy = ElasticPolicy()
+    assert policy.targets(state).tolist() == [4, 4]  # a is not planned to shrink
+    action = policy.act(state)
+    assert (action.job_id, action.workers, action.nodes) == ("b", 4, ("node-1",) * 4)
+
+
+def test_tiresias_does_not_preempt_for_the_gpus_a_cordoned_node_holds():
+    # both fit as they run: the cordoned node's job does not take the other's GPUs
+    state = _cordoned_node_0([
+        job("a", R, 4, placement=(0, 0, 0, 0), run_s=100.0, attained_gpu_s=400.0),
+        job("c", R, 4, placement=(1, 1, 1, 1), submit_s=50.0, run_s=100.0,
+            attained_gpu_s=400.0)], free_on_node_1=0)
+    assert TiresiasPolicy().act(state) == NOOP
