@@ -200,10 +200,10 @@ class KubeClient:
             f"create event on {involved['name']}")
         return name
 
-    def count_event(self, namespace: str, name: str, count: int) -> None:
-        """Set an Event's `count` (it happened again) and its `lastTimestamp` to now; raises
-        `KubeError` with status 404 when the Event has gone."""
-        patch = {"count": count, "lastTimestamp": now_rfc3339()}
+    def count_event(self, namespace: str, name: str, count: int, message: str) -> None:
+        """Set an Event's `count` (it happened again), its `message` to the latest and its
+        `lastTimestamp` to now; raises `KubeError` (404 when the Event has gone)."""
+        patch = {"count": count, "message": message[:1024], "lastTimestamp": now_rfc3339()}
         self._call(lambda: self._core.patch_namespaced_event(
             name, namespace, patch, _request_timeout=self._config.api_timeout_s),
             f"count event {namespace}/{name}")

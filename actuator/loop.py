@@ -180,7 +180,9 @@ class Controller:
             self._events.record(ref.namespace,
                                 involved_pytorchjob(ref.namespace, ref.name, ref.uid),
                                 reason, message, warning=outcome != APPLIED,
-                                instance=self.identity)
+                                instance=self.identity,
+                                repeat_key=action.describe() + (
+                                    f": {rule_of(detail)}" if outcome == REFUSED else ""))
         except KubeError as err:
             self.metrics.errors.labels("event").inc()
             log.warning("could not record the event: %s", err)
