@@ -471,8 +471,7 @@ def _percent(change: float) -> str:
     """A tick label of a % change: ``-25%``, ``0%``, ``+2.5%``."""
     if abs(change) < 1e-9:
         return "0%"
-    return f"{change:+,.0f}%" if abs(change) >= 10 or change == round(change) else \
-        f"{change:+.2g}%"
+    return f"{change:+,.6g}%"  # every digit the tick has: +12.5%, not a rounded +12%
 
 
 def _scope(results: dict[RunSpec, dict]) -> str:

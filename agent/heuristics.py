@@ -64,13 +64,14 @@ def usable_gpus(state: ClusterState) -> tuple[int, int]:
 
 def gpu_budget(state: ClusterState) -> int:
     """The GPUs that the allocations a policy plans may add up to: those of usable nodes, plus
-    those that running jobs hold on nodes that are not. An operator's cordon (maintenance)
+    those that running jobs hold on cordoned nodes that are up. An operator's cordon (maintenance)
     leaves its jobs running; not counting their GPUs charged them to the other nodes, so other
     jobs got less than was free there and the cordoned ones were shrunk or preempted. (The
     simulator never cordons and requeues a failed node's jobs at once: there this is 0.)"""
     nodes = state.nodes
-    unusable = (~(nodes.ready & ~nodes.cordoned)).tolist()
-    held = sum(unusable[node] for placement in state.jobs.placement for node in placement)
+    # Ready only: a job's pods on a node that failed stay listed until evicted, holding nothing
+    cordoned = (nodes.ready & nodes.cordoned).tolist()
+    held = sum(cordoned[node] for placement in state.jobs.placement for node in placement)
     return usable_gpus(state)[0] + int(held)
 
 

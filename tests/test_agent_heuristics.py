@@ -11,6 +11,7 @@ from agent.heuristics import (
     StaticPolicy,
     TiresiasConfig,
     TiresiasPolicy,
+    gpu_budget,
 )
 from agent.policy import Policy
 from agent.registry import HEURISTICS, load_policy
@@ -267,3 +268,12 @@ def test_tiresias_does_not_preempt_for_the_gpus_a_cordoned_node_holds():
         job("c", R, 4, placement=(1, 1, 1, 1), submit_s=50.0, run_s=100.0,
             attained_gpu_s=400.0)], free_on_node_1=0)
     assert TiresiasPolicy().act(state) == NOOP
+
+
+def test_a_failed_nodes_leftover_pods_add_nothing_to_the_budget():
+    # the actuator still lists a job's pods on a node that went NotReady until they are evicted:
+    # those GPUs are gone, not held, so the free node's 4 GPUs are all the budget
+    nodes = Nodes.from_records([NodeInfo("node-0", 4, 0, ready=False, cordoned=True),
+                                NodeInfo("node-1", 4, 4)])
+    jobs = Jobs.from_records([job("a", R, 4, placement=(0, 0, 0, 0), run_s=100.0)])
+    assert gpu_budget(ClusterState(10_000.0, nodes, jobs, Demand())) == 4

@@ -395,3 +395,11 @@ def test_ppo_learns_to_start_jobs_in_n_steps(tmp_path):
 def load_policy_from(model, env, directory):
     export_model(model, "ppo", env.envs[0].unwrapped.featurizer.spec, directory)
     return load_deployed(directory)
+
+
+def test_paired_tick_labels_keep_every_digit_of_the_tick():
+    from agent.evaluate_cmd import _percent
+
+    # `.0f` rounded half to even: a tick at +12.5 % read "+12%", at -37.5 % "-38%"
+    assert [_percent(v) for v in (12.5, -37.5, 1.25, 0.0, 1900.0, 0.1 + 0.2)] == [
+        "+12.5%", "-37.5%", "+1.25%", "0%", "+1,900%", "+0.3%"]
