@@ -280,7 +280,8 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
     if stopping:
         _arm_grace_watchdog(config.sigterm_grace_s, stop_signal.received_monotonic)
         run_log.event("stop", step=state.progress.step, reason="SIGTERM")
-    blocked_s = checkpointer.save(state, "sync", reason="sigterm" if stopping else "final")
+    with _peer_failures(config, world_size, state, checkpointer, run_log):
+        blocked_s = checkpointer.save(state, "sync", reason="sigterm" if stopping else "final")
     if metrics:
         metrics.on_checkpoint_blocked(blocked_s)
     return SIGTERM_EXIT_CODE if stopping else 0
