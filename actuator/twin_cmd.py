@@ -124,17 +124,15 @@ def _run(args: argparse.Namespace, stop: _Stop) -> int:
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=rate))
     with out_dir_for_run(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir") as out:
-        running = start_twin(scenario, seed=args.seed, speed=args.speed, tick_s=args.tick_s,
-                             namespace=args.namespace, epoch_s=_midnight_utc(), params=params,
-                             host=args.host, kube_port=args.kube_port,
-                             metrics_port=args.metrics_port)
         try:
-            for failure in failures:
-                try:
-                    running.call(running.twin.script_failure, failure)
-                except ValueError as err:
-                    raise UserError(f"--fail-node {failure.node}:{failure.warn_at_s:g}:"
-                                    f"{failure.fail_at_s:g}: {err}") from err
+            running = start_twin(scenario, seed=args.seed, speed=args.speed,
+                                 tick_s=args.tick_s, namespace=args.namespace,
+                                 epoch_s=_midnight_utc(), params=params, host=args.host,
+                                 kube_port=args.kube_port, metrics_port=args.metrics_port,
+                                 failures=failures)
+        except ValueError as err:  # each was checked on its own; the simulator's view here
+            raise UserError(f"--fail-node: {err}") from err
+        try:
             target = f"{args.host}:{running.metrics_port}"
             settings = actuator_settings(args.speed, args.prometheus_url,
                                          args.scrape_interval_s)
