@@ -8,6 +8,7 @@ twin's API (a 422 would fail the move and these tests).
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -45,6 +46,21 @@ def _worker_nodes(twin: object, name: str) -> list[str]:
                   if p["metadata"]["name"].startswith(f"{name}-worker-"))
 
 
+def _applied_workers(twin: object) -> dict[str, list[tuple[str, int]]]:
+    """Per job, the (reason, workers) of the actuator's applied moves in the order it made
+    them, read from the Normal Events it recorded (names end in their creation time in ns; a
+    move repeated exactly is folded into its Event's count, so it is listed `count` times)."""
+    events = sorted(twin.call(twin.api.list, EVENTS),
+                    key=lambda e: int(e["metadata"]["name"].rsplit(".", 1)[1], 16))
+    applied: dict[str, list[tuple[str, int]]] = {}
+    for event in events:
+        if event["type"] == "Normal":
+            workers = int(re.match(r"scale \S+ to (\d+) workers", event["message"]).group(1))
+            applied.setdefault(event["involvedObject"]["name"], []).extend(
+                [(event["reason"], workers)] * event["count"])
+    return applied
+
+
 def _run(ctl: object, stop: threading.Event) -> threading.Thread:
     thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
     thread.start()
@@ -73,15 +89,12 @@ def test_scales_up_when_gpus_free_and_down_when_the_queue_grows(tmp_path):
             s == 1 for s in twin.twin.sim.state().jobs.status)), 10), "jobs are not running"
         stop.set()
         thread.join(10)
-        history = [int(v["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])
-                   for v in twin.call(lambda: [x for x in twin.api.objects[
-                       PYTORCHJOBS, "default", "a"].history if x is not None])]
-        assert history[-1] == 1
-        applied = ctl.metrics.decisions.labels("scale", "applied")._value.get()
-        assert applied >= 4  # start a, grow a, start b, shrink a, start c
-        events = twin.call(twin.api.list, EVENTS)
-        reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "a"}
-        assert {"Started", "Scaled"} <= reasons
+        assert not thread.is_alive()
+        # exactly the obvious moves, in order, each recorded as an Event on its job: no move
+        # repeated or undone (the cooldown holds a job the cluster has not caught up with yet)
+        assert _applied_workers(twin) == {"a": [("Started", 4), ("Scaled", 8), ("Scaled", 1)],
+                                          "b": [("Started", 8)], "c": [("Started", 7)]}
+        assert ctl.metrics.decisions.labels("scale", "applied")._value.get() == 5
     finally:
         stop.set()
         prometheus.stop()
@@ -143,6 +156,9 @@ def test_dry_run_writes_nothing(tmp_path):
 
 
 def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
+    import json
+
+    from actuator.config import load_config
     from env.cli import main
 
     out = tmp_path / "twin"
@@ -151,8 +167,17 @@ def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
     (out / "tsdb").mkdir(parents=True)  # Prometheus's, beside the twin's files: not in the way
     assert main(argv) == 0
     first = (out / "kubeconfig").read_text()
+    # the files point at the ports this twin really bound (asked for any free one: not ":0"),
+    # and the actuator accepts its settings file, which names that kubeconfig
+    shown = capsys.readouterr().out
+    api_url = json.loads(first)["clusters"][0]["cluster"]["server"]
+    target = yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"][0][
+        "static_configs"][0]["targets"][0]
+    assert re.fullmatch(r"http://127\.0\.0\.1:[1-9]\d*", api_url), api_url
+    assert re.fullmatch(r"127\.0\.0\.1:[1-9]\d*", target) and target != api_url[7:], target
+    assert api_url in shown and f"http://{target}/metrics" in shown, shown
+    assert load_config(out / "actuator.yaml", {}).kubeconfig == str(out / "kubeconfig")
     # a second twin would point the first one's files at its own ports: refused, then --force
-    capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"rlalloc: error: --out-dir {out}: already holds kubeconfig, prometheus.yml, "
@@ -167,7 +192,9 @@ def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
     assert "clusters" in yaml.safe_load((out / "kubeconfig").read_text())
 
 
-def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch):
+def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch, capsys):
+    import json
+    import logging
     import sys
     import types
 
@@ -178,6 +205,10 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
     registry = types.ModuleType("agent.registry")
     registry.load_policy = lambda name: TinyElastic()
     monkeypatch.setitem(sys.modules, "agent.registry", registry)
+    root = logging.getLogger()  # the actuator installs its JSON handler here: restored after
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(logging.getLogger("urllib3"), "level", logging.getLogger("urllib3").level)
     twin = start_quiet_twin([job("a", 0, 4, 1, 8)], speed=60.0)
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
     try:
@@ -189,6 +220,15 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
         assert main(["actuate", "--config", str(tmp_path / "actuator.yaml"), "--once",
                      "--dry-run"]) == 0
         assert {str(r.method.value).upper() for r in list(twin.api)} == {"GET"}
+        # the cycle really ran: it listed the cluster and logged the start it would have made
+        # ("a" queued on an empty cluster), marked as a dry run
+        listed = {r.url.path.rsplit("/", 1)[-1] for r in list(twin.api)}
+        assert {"nodes", "pods", "pytorchjobs"} <= listed
+        logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("{")]
+        decisions = [(e["decision"], e["job"], e["workers"], e["outcome"], e["dry_run"])
+                     for e in logged if "decision" in e]
+        assert decisions == [("scale", "default/a", 4, "dry_run", True)]
     finally:
         prometheus.stop()
         twin.stop()
@@ -281,3 +321,13 @@ def test_twin_command_stopped_by_sigterm_while_starting_is_one_line(tmp_path):
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines() == ["rlalloc: interrupted"]
     assert not out.exists()
+
+
+def test_twin_command_takes_a_failure_scripted_for_its_first_seconds(tmp_path, capsys):
+    # the first tick jumps the simulator to its next event (~13 s in): a failure at 1 s was
+    # refused as "not after the twin's now" whenever that tick ran before it was scheduled
+    from env.cli import main
+
+    for attempt in range(3):
+        assert main(_twin_argv(tmp_path / f"demo-{attempt}",
+                               "--fail-node", "node-0000:0:1")) == 0, capsys.readouterr().err

@@ -149,7 +149,8 @@ def test_checkpoint_dir_that_is_a_file_is_rejected(capsys, tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
     assert main(["--checkpoint-dir", str(target)]) == 2
-    assert "is a file" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"trainer: error: --checkpoint-dir {target} is a file; "
+                                       "pass a directory\n")
 
 
 def test_resume_conflicts_name_data_settings_and_allow_elastic_ones():
@@ -232,7 +233,7 @@ def test_bench_recovery_removes_its_temporary_work_dir_after_a_failure(tmp_path,
         raise RuntimeError("stall run (sync) failed")
 
     monkeypatch.setattr(bench_recovery, "_stall_phase", failing_phase)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"^stall run \(sync\) failed$"):  # the phase's own
         rlalloc_main(["bench", "recovery"])
     assert used and not used[0].exists()
 
