@@ -41,7 +41,7 @@ from env.output import (
     write_atomic,
     write_json,
 )
-from env.workers import worker_pool
+from env.workers import ordered_results, worker_pool
 from env.workload.loader import EMBEDDED_DEFAULT
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
@@ -202,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
             if args.jobs > 1:
                 with worker_pool(args.jobs) as pool:
-                    for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
+                    runs = ordered_results(pool, _run_one, specs)
+                    for spec, result in zip(specs, runs, strict=True):
                         results[spec] = result
                         bar.update()
             else:

@@ -39,7 +39,7 @@ from env.output import (
     write_atomic,
     write_json,
 )
-from env.workers import worker_pool
+from env.workers import ordered_results, worker_pool
 from env.workload.loader import EMBEDDED_DEFAULT
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         results: dict[HeadroomRun, dict[str, float]] = {}
         with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
                 worker_pool(args.jobs) as pool:
-            for spec, result in zip(specs, pool.map(_run_one, specs), strict=True):
+            for spec, result in zip(specs, ordered_results(pool, _run_one, specs), strict=True):
                 results[spec] = result
                 bar.update()
     columns = [*futures, *map(sizes_column, sizes)]

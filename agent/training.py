@@ -461,6 +461,15 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
         raise UserError(f"--resume: {out} was trained with --algo {algo} --residual "
                         f"'{','.join(residual)}'{flag}; resume it with the same (they fix the "
                         "network), or start a new run in another --out")
+    setting = {"workloads": "--workload", "cluster": "--cluster", "failures": "--failures",
+               "efficiency": "--efficiency", "eval_workloads": "--eval-workload"}
+    changed = [f"{flag} {_flag_text(previous[key])}" for key, flag in setting.items()
+               if key in previous and _flag_text(previous[key]) != _flag_text(
+                   asdict(config)[key])]
+    if changed:  # left out, they took their defaults: evaluations no longer comparable
+        raise UserError(f"--resume: {out} was trained with {'; '.join(changed)}; give the same "
+                        "(a resume continues one run on one setting; train_config.json has "
+                        "them all), or start a new run in another --out")
     done = checkpoint_timesteps(checkpoint)
     if done >= config.timesteps and _finished(out):
         # it would train nothing, yet rewrite the card and config with this command's numbers
@@ -469,6 +478,13 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
                         f"{config.timesteps:,} adds none; give a larger --timesteps (the "
                         "total to reach, not the steps to add)")
     return checkpoint
+
+
+def _flag_text(value: object) -> str:
+    """A saved setting as the flags give it (a list of workloads as one text)."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) or "(none)"
+    return str(value)
 
 
 def _check_workloads(config: TrainConfig,

@@ -16,12 +16,16 @@ of every simulation process on this machine anyway.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
+T = TypeVar("T")
+R = TypeVar("R")
 INTERRUPTED_EXIT_CODE = 130
 """128 + SIGINT, as a shell reports a process that Ctrl-C ended."""
 
@@ -32,10 +36,20 @@ def worker_pool(max_workers: int) -> ProcessPoolExecutor:
 
 
 def _leave_quietly_on_interrupt() -> None:
-    """Worker initializer: SIGINT raises SystemExit, which a process ends on silently; torch,
+    """Worker initializer: SIGINT ends the worker at once and silently; torch,
     if the parent imported it, keeps to the worker's own thread (see the module docstring)."""
     signal.signal(signal.SIGINT, _exit_interrupted)
     torch_on_one_thread()
+
+
+def ordered_results(pool: ProcessPoolExecutor, run: Callable[[T], R],
+                    items: Iterable[T]) -> Iterator[R]:
+    """`pool.map(run, items)`, except that a caller stopped by Ctrl-C does not cancel the runs
+    left: its workers, interrupted too, have ended, and the broken pool (Python 3.11) then
+    printed a traceback setting its error on the cancelled runs ("InvalidStateError")."""
+    futures = [pool.submit(run, item) for item in items]
+    for future in futures:
+        yield future.result()
 
 
 def torch_on_one_thread() -> None:
@@ -48,4 +62,7 @@ def torch_on_one_thread() -> None:
 
 
 def _exit_interrupted(signum: int, frame: FrameType | None) -> NoReturn:
-    raise SystemExit(INTERRUPTED_EXIT_CODE)
+    # os._exit, not SystemExit: concurrent.futures' worker loop catches a SystemExit raised in
+    # a run, hands it back as that run's result and waits for the next, so the worker lived on
+    # and the interrupted command hung joining it at exit (2 of 5 Ctrl-C of `evaluate`)
+    os._exit(INTERRUPTED_EXIT_CODE)

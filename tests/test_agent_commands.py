@@ -83,6 +83,19 @@ def test_keep_checkpoints_keeps_the_newest_and_resume_goes_on_from_them(tmp_path
         "last.zip", "step_512_steps.zip", "step_640_steps.zip"]
 
 
+@pytest.mark.parametrize("change, named", [({"cluster": "1x4"}, "--cluster 2x4"),
+                                           ({"workloads": ("synthetic:6:1.0",)},
+                                            "--workload synthetic:12:1.5")])
+def test_a_resume_on_another_setting_is_refused_naming_the_run_s(tmp_path, change, named):
+    """Flags left out of a resume took their defaults: the run went on on another workload
+    and cluster, and its card compared evaluations of both."""
+    train(CONFIG, tmp_path, log=quiet)
+    before = files(tmp_path)
+    with pytest.raises(UserError, match=f"was trained with {named}; give the same"):
+        train(replace(CONFIG, timesteps=256, **change), tmp_path, resume=True, log=quiet)
+    assert files(tmp_path) == before
+
+
 def test_a_resumed_run_keeps_the_commands_it_continues(tmp_path):
     """A resume rewrites train_config.json and the card with its own command line (it may
     change the workloads or --timesteps); the commands before it stay on record."""
@@ -205,9 +218,9 @@ def trained(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("change, named", [({"cluster": "0x4"}, "0x4"),
+@pytest.mark.parametrize("change, named", [({"cluster": "0x4"}, "--cluster 2x4"),
                                            ({"eval_workloads": ("/no/such.csv",)},
-                                            "/no/such.csv"),
+                                            r"--eval-workload \(none\)"),
                                            ({"algo": "dqn"}, "--algo ppo")])
 def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     before = files(trained)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from env.workers import INTERRUPTED_EXIT_CODE, worker_pool
+from env.workers import worker_pool
 
 
 def _wait_until_exited(pid: int, timeout_s: float = 20.0) -> None:
@@ -42,5 +45,30 @@ def test_a_busy_worker_ends_its_run_at_once_on_ctrl_c():
         started = time.monotonic()
         os.kill(pid, signal.SIGINT)
         error = run.exception(timeout=20)
-    assert isinstance(error, SystemExit) and error.code == INTERRUPTED_EXIT_CODE
+        _wait_until_exited(pid)  # it ends, not only its run: a worker left waiting for the
+        # next run kept the interrupted command joining it at exit for ever
+    assert isinstance(error, BrokenProcessPool)
     assert time.monotonic() - started < 20
+
+
+def test_ctrl_c_of_the_whole_command_ends_it_quietly_and_at_once():
+    # as a terminal's Ctrl-C: SIGINT to the command and its workers together. With pool.map the
+    # stopped caller cancelled the runs left and the broken pool then printed a traceback
+    # ("InvalidStateError: CANCELLED"); with SystemExit in the workers it could hang for ever
+    script = ("import sys, time\n"
+              "from env.workers import ordered_results, worker_pool\n"
+              "try:\n"
+              "    with worker_pool(2) as pool:\n"
+              "        print('started', flush=True)\n"
+              "        for _ in ordered_results(pool, time.sleep, [30.0] * 6):\n"
+              "            pass\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted', file=sys.stderr)\n")
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               cwd=Path(__file__).resolve().parents[1])
+    assert command.stdout.readline().strip() == "started"
+    time.sleep(1.0)  # the workers have taken their runs
+    os.killpg(command.pid, signal.SIGINT)
+    _, err = command.communicate(timeout=20)
+    assert err.strip() == "interrupted", err
