@@ -135,6 +135,12 @@ def run(args: argparse.Namespace) -> int:
             raise  # `--resume` will say to start again with --force
         raise KeyboardInterrupt(f"--resume continues it from {args.out / CHECKPOINT_DIR} (add "
                                 "it to the same command, without --force)") from None
-    print(f"saved {args.out}: best avg JCT {summary['best_avg_jct_s']:,.0f} s on the training "
-          f"evaluation ({summary['timesteps']} steps, {summary['wall_s']:.0f} s wall)")
+    heuristics = ", ".join(f"{name} {jct:,.0f} s"
+                           for name, jct in summary["heuristic_avg_jct_s"].items())
+    exported = summary["exported_timesteps"]
+    start = " (the start, before any RL step)" if exported == 0 else ""
+    print(f"saved {args.out}: the policy of step {exported:,}{start}, avg JCT "
+          f"{summary['best_avg_jct_s']:,.0f} s on the training evaluation; there {heuristics} "
+          f"({summary['timesteps']:,} steps, {summary['wall_s']:.0f} s wall; card.md has each "
+          "evaluation)")
     return 0

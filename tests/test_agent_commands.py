@@ -456,3 +456,14 @@ def test_a_policy_killed_while_being_exported_keeps_the_earlier_one(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         deployed.save_deployed(tmp_path, meta, {})
     assert (tmp_path / "policy.pt").read_bytes() == before
+
+
+def test_train_says_which_step_it_exported_and_what_the_heuristics_scored(tmp_path, capsys):
+    """The last line is what a user reads: which policy was saved (the start, if RL never beat
+    it) and the heuristics' score on the same evaluation, not only a JCT without a yardstick."""
+    assert main([*TRAIN, "--out", str(tmp_path / "m")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    card = json.loads((tmp_path / "m" / "card.json").read_text())
+    assert f"the policy of step {card['exported_timesteps']:,}" in last
+    assert f"elastic {card['heuristic_avg_jct_s']['elastic']:,.0f} s" in last
+    assert f"static {card['heuristic_avg_jct_s']['static']:,.0f} s" in last

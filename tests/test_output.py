@@ -84,3 +84,11 @@ def test_ctrl_c_while_a_command_is_still_loading_is_one_line(monkeypatch, capsys
     monkeypatch.setattr(cli, "build_parser", loading)
     assert cli.main(["simulate"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["rlalloc: interrupted"]
+
+
+def test_simulate_shows_each_metric_in_one_readable_format():
+    from env.simulate_cmd import metric_text
+
+    # `.4g` mixed 1.134e+04 with 9,375 in one table
+    assert [metric_text(v) for v in (11_340.4, 9_375.0, 0.3671, 12, 1.0)] == [
+        "11,340", "9,375", "0.3671", "12", "1"]
