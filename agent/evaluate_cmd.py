@@ -247,16 +247,31 @@ NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01}
 """Reference values too small to take a % change against: a reference that queued jobs for
 0.02 s on average made another policy's 15 s "+73,925 %", a figure that says nothing about
 either. Jobs run for hours, so a second of mean queueing or a restart per hundred jobs is none."""
-NEGLIGIBLE_TEXT = "under 1 s of mean queueing, 0.01 restarts per job"
-"""`NEGLIGIBLE_BASE` in words, for results.md."""
+
+
+def percent_change(value: float, base: float, key: str) -> float | None:
+    """The % change of `value` of metric `key` against the reference's `base`; None where
+    `base` is 0 or negligible (`NEGLIGIBLE_BASE`; e.g. no queueing at all)."""
+    if abs(base) <= NEGLIGIBLE_BASE.get(key, 0.0):
+        return None
+    return 100.0 * (value - base) / abs(base)
 
 
 def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
-    """Per run, the % change of `key` against the reference. Undefined where the reference's
-    value is 0 or negligible (`NEGLIGIBLE_BASE`; e.g. no queueing at all): such runs are left
-    out here and count only towards better/worse in `paired_changes`."""
-    floor = NEGLIGIBLE_BASE.get(key, 0.0)
-    return [100.0 * (m[key] - b[key]) / abs(b[key]) for m, b in runs if abs(b[key]) > floor]
+    """Per run, the % change of `key` against the reference (`percent_change`); runs whose
+    reference value is negligible are left out here and count only towards better/worse in
+    `paired_changes`."""
+    changes = (percent_change(m[key], b[key], key) for m, b in runs)
+    return [change for change in changes if change is not None]
+
+
+def _negligible_text() -> str:
+    """`NEGLIGIBLE_BASE` in words, for results.md: ``avg queue under 1 s, ...``."""
+    words = []
+    for key, floor in NEGLIGIBLE_BASE.items():
+        name, _, unit = METRIC_HEADERS[key].partition(" (")
+        words.append(f"{name} under {floor:g}{' ' + unit.rstrip(')') if unit else ''}")
+    return ", ".join(words)
 
 
 def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
@@ -290,6 +305,9 @@ METRIC_HEADERS = {
     "progress_preserved": "progress preserved (0-1)", "ettr": "ETTR (0-1)",
     "energy_kwh": "energy (kWh)", "failures": "failures", "invalid_actions": "invalid actions"}
 """results.md's column headings: what each metric is, in its unit ((0-1): a share)."""
+SHARE_METRICS = frozenset(key for key, header in METRIC_HEADERS.items()
+                          if header.endswith("(0-1)"))
+"""Metrics that are shares: results.md keeps 3 decimals for them (`column_digits`)."""
 
 
 def metric_header(key: str) -> str:
@@ -308,8 +326,8 @@ def paired_table(paired: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if any(v["mean"] is None for values in policies.values() for v in values.values()):
         lines += ["", f"n/a: `{paired['reference']}`'s value was 0 or next to it on every run "
-                  f"({NEGLIGIBLE_TEXT}), so there is no % change to take; the runs still count "
-                  "towards better."]
+                  f"({_negligible_text()}), so there is no % change to take; the runs still "
+                  "count towards better."]
     return "\n".join(lines)
 
 
@@ -337,9 +355,9 @@ def _half_width(ci95: float, runs: int, digits: int) -> str:
 def _change(value: float, base: float, key: str) -> str:
     """`` (-23% ✓)``: the change of a mean against the reference's, none where the reference's
     is 0 or negligible (`NEGLIGIBLE_BASE`: 0.02 restarts per job made 1.5 "+7000%")."""
-    if abs(base) <= NEGLIGIBLE_BASE.get(key, 0.0):
+    change = percent_change(value, base, key)
+    if change is None:
         return ""
-    change = 100.0 * (value - base) / abs(base)
     if abs(change) < 0.5:
         return " (0%)"
     better = change < 0 if key in LOWER_IS_BETTER else change > 0
@@ -373,7 +391,7 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
     base = policies[reference] if reference is not None else None
     runs = len(report["workloads"]) * len(report["seeds"])
     digits = {key: column_digits([values[key]["mean"] for values in policies.values()],
-                                 share=metric_header(key).endswith("(0-1)"))
+                                 share=key in SHARE_METRICS)
               for key in metrics}
     lines = ["| policy | " + " | ".join(map(metric_header, metrics)) + " |",
              "|---|" + "---|" * len(metrics)]

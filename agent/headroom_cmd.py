@@ -376,23 +376,22 @@ def _plot(report: dict, path: Path) -> None:
 
     workloads = list(report["workloads"])
     columns = report["columns"]
-    groups = [*workloads, "mean"] if len(workloads) > 1 else workloads
-    x = np.arange(len(groups))
+    with_mean = len(workloads) > 1
+    rows = [report["workloads"][w] for w in workloads] + ([report["mean"]] if with_mean else [])
+    labels = [_shown(w) for w in workloads] + (["mean of workloads"] if with_mean else [])
+    x = np.arange(len(rows))
     width = 0.8 / max(len(columns), 1)
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.2 * len(groups) + 4.0), 5.0), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.2 * len(rows) + 4.0), 5.0), layout="constrained")
     for i, column in enumerate(columns):
-        rows = [report["workloads"][w] if w in report["workloads"] else report["mean"]
-                for w in groups]
         changes = [100 * row[column]["change"] for row in rows]
         bars = ax.bar(x + (i - (len(columns) - 1) / 2) * width, changes, width,
                       label=_title(column), color=f"C{i % 10}")
         ax.bar_label(bars, fmt="%+.1f%%", fontsize=7, padding=2)
-    if len(groups) > len(workloads):
+    if with_mean:
         ax.axvline(len(workloads) - 0.5, color="grey", lw=0.8, ls=":")
     ax.axhline(0.0, color="black", lw=0.8)
     ax.margins(y=0.12)  # room for the value labels
-    ax.set_xticks(x, [_shown(w) if w in report["workloads"] else "mean of workloads"
-                      for w in groups], rotation=30, ha="right")
+    ax.set_xticks(x, labels, rotation=30, ha="right")
     ax.set_ylabel("avg JCT change against the base alone (%, lower is better)")
     kinds = [kind for kind, present in (
         ("lookahead per future", any(not _is_sizes(c) for c in columns)),

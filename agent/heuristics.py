@@ -69,10 +69,13 @@ def gpu_budget(state: ClusterState) -> int:
     jobs got less than was free there and the cordoned ones were shrunk or preempted. (The
     simulator never cordons and requeues a failed node's jobs at once: there this is 0.)"""
     nodes = state.nodes
+    usable = usable_gpus(state)[0]
     # Ready only: a job's pods on a node that failed stay listed until evicted, holding nothing
-    cordoned = (nodes.ready & nodes.cordoned).tolist()
-    held = sum(cordoned[node] for placement in state.jobs.placement for node in placement)
-    return usable_gpus(state)[0] + int(held)
+    cordoned = nodes.ready & nodes.cordoned
+    if not cordoned.any():  # every decision of a replay: no walk over thousands of placements
+        return usable
+    flags = cordoned.tolist()
+    return usable + sum(flags[node] for placement in state.jobs.placement for node in placement)
 
 
 def _packed_nodes(state: ClusterState, workers: np.ndarray | int) -> np.ndarray | int:

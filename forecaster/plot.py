@@ -14,7 +14,7 @@ from forecaster.evaluate import Evaluation
 from forecaster.series import MINUTES_PER_DAY
 
 PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
-MODEL_COLORS = {"lstm": "C0", "naive": "C1", "holt_winters": "C2", "ewma_standin": "C3"}
+MODEL_COLORS = {name: f"C{i}" for i, name in enumerate(PLOTTED_MODELS)}
 """One colour per model, whichever of them an evaluation has."""
 
 
