@@ -335,11 +335,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train(config_from_args(parser.parse_args(argv)))
     except UserError as err:
-        print(f"trainer: error: {err}", file=sys.stderr, flush=True)
+        _last_line(f"trainer: error: {err}")
         return 2
     except PeerFailure as failure:
-        print(f"trainer: {failure}", file=sys.stderr, flush=True)
+        _last_line(f"trainer: {failure}")
         return PEER_FAILURE_EXIT_CODE
+
+
+def _last_line(text: str) -> None:
+    """Print a rank's closing line to stderr in one write: every rank of a failed job prints
+    one, and `print` writes the text and its newline apart, so two ranks sharing a terminal
+    (local torchrun) ran their lines together."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
