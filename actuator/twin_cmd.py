@@ -4,8 +4,12 @@ It serves a Kubernetes API (Nodes, Pods, PyTorchJobs, Events, Leases) and a Prom
 under the real exporters' metric names, runs the workload in accelerated real time, and reacts to
 the actuator's writes like the training operator and the scheduler. It writes the three files a
 first demo needs — a kubeconfig, a Prometheus config and an actuator config — and prints the two
-commands to run next. Those files point at this twin's ports, so a second twin is refused the same
-directory unless `--force`: it would leave the first one's files pointing at its own ports.
+commands to run next. While it runs it prints a line per node warning, failure, repair and
+finished job, at its simulated time, and when it stops, what the run came to (`TwinSummary`):
+a user who scripted a failure sees it happen and what the actuator did about it.
+
+The demo files point at this twin's ports, so a second twin is refused the same directory unless
+`--force`: it would leave the first one's files pointing at its own ports.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import queue
 import signal
 import threading
 import time
@@ -40,13 +45,15 @@ from env.params import SimParams
 from env.scenario import Scenario, build_scenario
 
 if TYPE_CHECKING:
-    from actuator.twin.runtime import ScriptedFailure
+    from actuator.twin.runtime import ScriptedFailure, TwinEvent, TwinSummary
 
 
 _PORT = within(0, 65535, int)
 """A TCP port to listen on; 0 lets the system pick a free one."""
 DEMO_FILES = ("kubeconfig", "prometheus.yml", "actuator.yaml")
 """What the twin writes into --out-dir."""
+_EVENTS_EVERY_S = 0.2
+"""Wall seconds between looks at the twin's events (12 simulated seconds at 60x)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,13 +130,14 @@ def _run(args: argparse.Namespace, stop: _Stop) -> int:
     _check_failing_nodes(failures, scenario.cluster)
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=rate))
+    events: queue.SimpleQueue[TwinEvent] = queue.SimpleQueue()
     with out_dir_for_run(args.out_dir, list(DEMO_FILES), args.force, flag="--out-dir") as out:
         try:
             running = start_twin(scenario, seed=args.seed, speed=args.speed,
                                  tick_s=args.tick_s, namespace=args.namespace,
                                  epoch_s=_midnight_utc(), params=params, host=args.host,
                                  kube_port=args.kube_port, metrics_port=args.metrics_port,
-                                 failures=failures)
+                                 failures=failures, on_event=events.put)
         except ValueError as err:  # each was checked on its own; the simulator's view here
             raise UserError(f"--fail-node: {err}") from err
         try:
@@ -144,16 +152,22 @@ def _run(args: argparse.Namespace, stop: _Stop) -> int:
                 "prometheus.yml": yaml.safe_dump(
                     prometheus_config(target, args.scrape_interval_s), sort_keys=False),
                 "actuator.yaml": yaml.safe_dump(settings, sort_keys=False)})
-            _serve(args, scenario, running.kube_url, target, out, stop)
+            started = time.monotonic()
+            _serve(args, scenario, running.kube_url, target, out, stop, events)
+            summary = running.call(running.twin.summary)
         finally:
             running.stop()
+    _print_events(events)
+    print(_summary_text(summary, time.monotonic() - started, args.speed), flush=True)
     return 0
 
 
 def _serve(args: argparse.Namespace, scenario: Scenario, kube_url: str, target: str, out: Path,
-           stop: _Stop) -> None:
-    """Say where the twin serves and what to run next, then wait for a signal or the end of
-    --duration-s."""
+           stop: _Stop, events: queue.SimpleQueue[TwinEvent]) -> None:
+    """Say where the twin serves and what to run next, then print its `events` as they come
+    until a signal or the end of --duration-s. They are queued by the twin's thread and printed
+    here, so that none comes before these lines (the twin ticks while it starts: an idle
+    cluster's first tick may already pass a scripted warning)."""
     print(f"twin of {scenario.workload.name} on {scenario.cluster.describe()} at "
           f"{args.speed:g}x real time\n"
           f"  Kubernetes API  {kube_url}   (kubectl --kubeconfig {out}/kubeconfig "
@@ -164,10 +178,56 @@ def _serve(args: argparse.Namespace, scenario: Scenario, kube_url: str, target: 
           f"  rlalloc actuate --config {out}/actuator.yaml --policy proactive", flush=True)
     stop.serving = True  # a signal from now on stops the twin cleanly: exit 0
     deadline = time.monotonic() + args.duration_s if args.duration_s > 0 else None
-    while not stop.wait(1.0 if deadline is None
-                        else min(max(deadline - time.monotonic(), 0.0), 1.0)):
+    while not stop.wait(_EVENTS_EVERY_S if deadline is None
+                        else min(max(deadline - time.monotonic(), 0.0), _EVENTS_EVERY_S)):
+        _print_events(events)
         if deadline is not None and time.monotonic() >= deadline:
             break
+
+
+def sim_clock(seconds: float) -> str:
+    """Simulated seconds as a clock reading, "0:40:00" or "1d 2:03:04": the twin's time zero
+    is midnight, so it is also the time of day the twin's objects and metrics show."""
+    days, rest = divmod(int(seconds), 86_400)
+    clock = f"{rest // 3600}:{rest // 60 % 60:02d}:{rest % 60:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
+def event_line(event: TwinEvent) -> str:
+    """The line `rlalloc twin` prints for `event`, prefixed with its simulated time."""
+    what = {"warning": "warns: XID errors (the simulator's sign of a coming failure)",
+            "repaired": "repaired, schedulable again",
+            "finished": "finished"}.get(event.kind, event.kind)
+    if event.kind == "failed":
+        what = ("failed; requeued from their checkpoints: " + ", ".join(event.requeued)
+                if event.requeued else "failed; no job was running on it")
+    return f"[sim {sim_clock(event.time_s)}] {event.subject} {what}"
+
+
+def _print_events(events: queue.SimpleQueue[TwinEvent]) -> None:
+    """An `event_line` on stdout for each event queued so far."""
+    while not events.empty():
+        print(event_line(events.get()), flush=True)
+
+
+def _summary_text(summary: TwinSummary, wall_s: float, speed: float) -> str:
+    """The lines `rlalloc twin` ends with: time covered, jobs, failures, the actuator's
+    actions (read from the Events it recorded: the twin sees nothing else of its decisions)."""
+    scripted = summary.scripted_failures - summary.scripted_pending
+    failures = (f"node failures: {summary.failures} ({scripted} scripted, "
+                f"{summary.failures - scripted} from --failures) after {summary.warnings} "
+                f"warning(s)\n  jobs requeued from a checkpoint: {summary.jobs_requeued}")
+    if summary.scripted_pending:
+        failures += f"; {summary.scripted_pending} scripted failure(s) still to come"
+    events = ", ".join(f"{reason} {count}" for reason, count in
+                       sorted(summary.actuator_events.items(), key=lambda item: -item[1]))
+    actions = (f"actuator Events: {events}" if events else
+               "actuator: no Events recorded (none ran against the twin, or only in dry run)")
+    return (f"twin stopped after {sim_clock(summary.simulated_s)} of simulated time "
+            f"({wall_s:.0f} s at {speed:g}x)\n"
+            f"  jobs: {summary.jobs_finished} finished, {summary.jobs_in_system} in the system, "
+            f"{summary.jobs_to_arrive} still to arrive\n"
+            f"  {failures}\n  {actions}")
 
 
 class _Stop(threading.Event):

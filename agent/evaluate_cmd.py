@@ -8,7 +8,9 @@ utilisation and queue length over time. results.json's ``sources`` maps each lab
 --policies entry it stands for (a saved model is labelled by its directory's name, or by its
 path where that name is taken: see `policy_labels`). Its ``cluster`` is --cluster as given;
 ``cluster_file`` records a cluster YAML's content as it was used (`env.cluster.cluster_record`;
-null for NODESxGPUS), and results.md shows it.
+null for NODESxGPUS), and results.md shows it. Its ``seeds_repeat`` lists the policies whose
+every seed gave the same run (`seeds_repeat`), which results.md explains under its table. All of
+these files replace an earlier run's together or not at all (`write_report`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -38,6 +40,7 @@ from env.output import (
     add_out_flags,
     out_dir_for_run,
     remove_outputs,
+    staged_outputs,
     write_atomic,
     write_json,
 )
@@ -231,7 +234,34 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
         unfinished[name] = sum(not r["finished"] for r in runs)
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
             "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
-            "efficiency": efficiency, "runs_unfinished": unfinished}
+            "efficiency": efficiency, "runs_unfinished": unfinished,
+            "seeds_repeat": seeds_repeat(results, names)}
+
+
+def seeds_repeat(results: dict[RunSpec, dict], names: dict[str, str]) -> list[str]:
+    """The policies (labels) whose every seed gave the same metrics on each workload: read off
+    the runs, not the flags, since whether anything draws from the seed depends on the
+    workload, the failure rate and the policy. A workload file without failures replays the
+    same run under every seed, and its CIs of 0 and "3/3 better" would otherwise read as
+    certainty where there was one run."""
+    metrics: dict[tuple[str, str], list[dict]] = {}
+    for spec, result in results.items():
+        metrics.setdefault((spec.policy, spec.workload), []).append(result["metrics"])
+    repeated = []
+    for policy, name in names.items():
+        runs = [values for (owner, _), values in metrics.items() if owner == policy]
+        if runs and all(len(values) > 1 and all(_same_metrics(values[0], other)
+                                                for other in values[1:]) for values in runs):
+            repeated.append(name)
+    return repeated
+
+
+def _same_metrics(first: dict[str, float], second: dict[str, float]) -> bool:
+    """Whether two runs' metrics are equal, NaN (a metric with nothing to measure) included."""
+    keys = sorted(first)
+    return keys == sorted(second) and bool(np.array_equal(
+        np.asarray([first[k] for k in keys], dtype=float),
+        np.asarray([second[k] for k in keys], dtype=float), equal_nan=True))
 
 
 def paired_runs(results: dict[RunSpec, dict], policy: str,
@@ -411,8 +441,26 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
                  out: Path, reference: str | None = None) -> None:
     """results.json, results.md and the PNG plots into `out` (with `reference`, the policy of
     the paired comparison, also paired_avg_jct.png; an earlier run's is removed otherwise, so
-    that it cannot pass for this run's)."""
-    write_json(out / "results.json", report)
+    that it cannot pass for this run's).
+
+    All of them are written into a hidden staging directory first and moved into `out` only
+    once the last plot is saved (`staged_outputs`): the plots take seconds, and a run stopped
+    by Ctrl-C or an error among them left this run's results.json and results.md beside the
+    plots of the run that --force replaces. Now `out` keeps the earlier run whole instead."""
+    paired = report.get("paired")
+    if not (paired and paired["policies"]):
+        reference = None  # one policy alone: nothing to pair
+    with staged_outputs(out) as staging:
+        write_json(staging / "results.json", report)
+        write_atomic(staging / "results.md", results_markdown(report, reference is not None))
+        _plots(results, names, staging, reference)
+    if reference is None:
+        remove_outputs(out, [PAIRED_PLOT])
+
+
+def results_markdown(report: dict, with_paired: bool) -> str:
+    """results.md: the table, the note where seeds repeated one run, the paired table
+    (`with_paired`), unfinished runs, the plots' names and a cluster file's content."""
     unfinished = {k: v for k, v in report["runs_unfinished"].items() if v}
     md = [f"# Policy comparison on {report['cluster']}",
           "",
@@ -422,10 +470,11 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
           "",
           markdown_table(report),
           ""]
-    paired = report.get("paired")
-    if not (paired and paired["policies"]):
-        reference = None  # one policy alone: nothing to pair
-    if reference is not None:
+    repeat_note = _seeds_repeat_note(report)
+    if repeat_note:
+        md += [repeat_note, ""]
+    if with_paired:
+        paired = report["paired"]
         md += [f"Paired against `{paired['reference']}`: each run's change against its run on "
                "the same workload and seed, mean ± 95% CI, and on how many runs it was better.",
                "",
@@ -434,14 +483,29 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
-    paired_png = f", {PAIRED_PLOT}" if reference is not None else ""
+    paired_png = f", {PAIRED_PLOT}" if with_paired else ""
     md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     if report.get("cluster_file"):
         md += ["", *cluster_markdown(report["cluster_file"])]
-    write_atomic(out / "results.md", "\n".join(md) + "\n")
-    _plots(results, names, out, reference)
-    if reference is None:
-        remove_outputs(out, [PAIRED_PLOT])
+    return "\n".join(md) + "\n"
+
+
+def _seeds_repeat_note(report: dict) -> str | None:
+    """results.md's line under the table where seeds repeated one run (`seeds_repeat`): why
+    the ± are 0 (one workload) or too narrow (several), and how to get runs that vary."""
+    repeated = report.get("seeds_repeat") or []
+    if not repeated:
+        return None
+    copies = len(report["seeds"])
+    who = ("every policy" if len(repeated) == len(report["policies"])
+           else ", ".join(f"`{name}`" for name in repeated))
+    spread = ("so the ± are 0" if len(report["workloads"]) == 1 else
+              f"so the ± count each workload's run {copies} times as if independent (too "
+              "narrow)")
+    return (f"Note: all {copies} seeds gave the same run for {who} on each workload: nothing in "
+            "these runs depended on the seed (from a workload file only failures do, and none "
+            f"happened), {spread} and \"better\" counts each run {copies} times. Use --failures "
+            "or a synthetic workload for runs that vary.")
 
 
 def _cell_legend(report: dict) -> str:
@@ -563,6 +627,52 @@ def _legend(ax: object) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
+Curve = tuple[np.ndarray, np.ndarray]
+"""One policy's line in a figure: its x and y values."""
+_DASH = 4.0
+"""Length of one dash of a line drawn over an equal one (`_dash_style`), in line widths."""
+
+
+def same_curves(curves: dict[str, Curve]) -> dict[str, str]:
+    """Each policy whose curve equals an earlier one's (in `curves`' order) -> that earlier
+    policy: a policy and the heuristic it equals, or a learned policy that never moved off
+    its start, draw one line, and the later would hide the earlier entirely."""
+    same: dict[str, str] = {}
+    for i, (policy, (x, y)) in enumerate(curves.items()):
+        for earlier, (x0, y0) in list(curves.items())[:i]:
+            if earlier not in same and np.array_equal(x, x0) and np.array_equal(y, y0):
+                same[policy] = earlier
+                break
+    return same
+
+
+def _dash_style(member: int, members: int) -> tuple[float, tuple[float, float]]:
+    """The dash pattern of the `member`-th (from 1) of `members` equal curves drawn over the
+    first, which stays solid beneath: each takes its own `_DASH`-long turn of a period of
+    `members` dashes, the last turn left to the solid one, so every colour shows along the
+    line."""
+    period = _DASH * members
+    return ((period - _DASH * (member - 1)) % period, (_DASH, period - _DASH))
+
+
+def _draw_curves(ax: object, curves: dict[str, Curve], names: dict[str, str],
+                 colors: dict[str, str], lw: float) -> None:
+    """Each policy's curve in its colour, labelled by its name; one equal to an earlier
+    policy's (`same_curves`) dashed over it and labelled "(same as X)", so that both stay
+    visible and the legend says why they share a line."""
+    same = same_curves(curves)
+    members = {policy: 1 + sum(first == policy for first in same.values()) for policy in curves}
+    turns: dict[str, int] = {}
+    for policy, (x, y) in curves.items():
+        first = same.get(policy)
+        if first is None:
+            ax.plot(x, y, label=names[policy], color=colors[policy], lw=lw)
+            continue
+        turns[first] = turns.get(first, 0) + 1
+        ax.plot(x, y, label=f"{names[policy]} (same as {names[first]})", color=colors[policy],
+                lw=lw, linestyle=_dash_style(turns[first], members[first]))
+
+
 def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
            reference: str | None = None) -> None:
     import matplotlib
@@ -578,12 +688,14 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
         _paired_plot(results, names, reference, out, colors)
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
-    for policy, name in names.items():
+    cdfs: dict[str, Curve] = {}
+    for policy in names:
         jcts = np.sort(np.concatenate([r["jcts_s"] for s, r in results.items()
                                        if s.policy == policy] or [np.zeros(0)]))
         if len(jcts):  # a zero-length job (a zero duration in the trace) has no log position
-            ax.plot(np.maximum(jcts, 1.0) / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts),
-                    label=name, color=colors[policy])
+            cdfs[policy] = (np.maximum(jcts, 1.0) / 3600.0,
+                            np.arange(1, len(jcts) + 1) / len(jcts))
+    _draw_curves(ax, cdfs, names, colors, lw=1.5)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 0.01, not 10^-2
     ax.set_xlabel("job completion time (h, log scale)")
@@ -600,7 +712,8 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
             ("queued_jobs", "Jobs waiting", "jobs waiting (holding no GPU)",
              "queue_length.png")):
         fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
-        for policy, name in names.items():
+        over_time: dict[str, Curve] = {}
+        for policy in names:
             spec = next((s for s in results if s.policy == policy
                          and (first is None or (s.workload, s.seed)
                               == (first.workload, first.seed))), None)
@@ -611,8 +724,8 @@ def _plots(results: dict[RunSpec, dict], names: dict[str, str], out: Path,
             if key == "alloc_gpus":
                 from env.cluster import parse_cluster
                 values = values / parse_cluster(spec.cluster).total_gpus
-            ax.plot(np.asarray(series["t"]) / 3600.0, values, label=name, lw=1,
-                    color=colors[policy])
+            over_time[policy] = (np.asarray(series["t"], dtype=float) / 3600.0, values)
+        _draw_curves(ax, over_time, names, colors, lw=1.0)
         ax.set_xlabel("simulated time (h)")
         ax.set_ylabel(label)
         if first is not None:

@@ -145,12 +145,13 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
         policy = told_sizes(spec.base, sizes.remaining_work, f"{spec.base}, sizes learned")
     elif spec.future is not None:
         future = parse_future(spec.future)
-        history = HistoryArrivals(
+        history = HistoryArrivals.of_scenarios(
             [build_scenario(w, spec.cluster, seed=spec.seed, efficiency=spec.efficiency)
              for w in history_for(spec.workload, spec.history)],
             future.horizon_s, spec.samples, spec.seed) if future.sampled else None
         policy = lookahead = LookaheadPolicy(
-            sim, base, [load_policy(name) for name in spec.alternatives], future, history)
+            lambda _state: sim, base, [load_policy(name) for name in spec.alternatives], future,
+            history)
         if spec.record is not None:
             policy = recorder = LookaheadRecorder(lookahead, residual_featurizer(
                 FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s),

@@ -277,6 +277,13 @@ class ElasticPolicy:
         told = self.remaining_work(state, rows) / self._current_speedups(state, rows)
         return np.where(np.isnan(told), estimate, told)
 
+    def remaining_work_s(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
+        """Remaining work of jobs `rows` in seconds on one GPU, as this policy believes it
+        (`remaining_times` at one GPU's speed): the sizes a simulator rebuilt from the state
+        gives them, so that this policy run there sees the jobs as it does here
+        (`agent.planner`)."""
+        return self.remaining_times(state, rows) * self._current_speedups(state, rows)
+
     @staticmethod
     def _current_speedups(state: ClusterState, rows: np.ndarray) -> np.ndarray:
         """Speed-up over one GPU of jobs `rows` as placed now (1 for a job without GPUs)."""

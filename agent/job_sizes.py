@@ -44,7 +44,7 @@ JobKind = tuple[str, int]
 """A job's application and global batch size: what fixes its curve, in words a person reads."""
 
 
-def _curve_key(speed_1gpu: float, alpha: float, beta: float) -> CurveKey:
+def curve_key(speed_1gpu: float, alpha: float, beta: float) -> CurveKey:
     """Rounded after the cast to float32 that `ClusterState` columns (and so policies) see."""
     return tuple(round(float(np.float32(v)), 5) for v in (speed_1gpu, alpha, beta))
 
@@ -72,7 +72,7 @@ class JobSizeHistory:
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True):
                 if job.application is None:
                     continue
-                key = _curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
+                key = curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
                 sizes[key].append(job.work / speed.speed_1gpu)
                 kinds[key].add((job.application, int(job.batch_size)))
         return JobSizeHistory({key: float(np.median(work)) for key, work in sizes.items()},
@@ -87,7 +87,7 @@ class JobSizeHistory:
                            jobs.scaling_beta[rows]], axis=1)
         # a few kinds among up to thousands of jobs: one key per kind, not per job
         kinds, kind_of = np.unique(curves, axis=0, return_inverse=True)
-        work = np.array([self.work_s.get(_curve_key(*kind), np.nan) for kind in kinds.tolist()],
+        work = np.array([self.work_s.get(curve_key(*kind), np.nan) for kind in kinds.tolist()],
                         dtype=np.float64)
         total = work[kind_of.ravel()]
         return (1.0 - jobs.progress[rows].astype(np.float64)) * total
@@ -105,7 +105,7 @@ class JobSizeHistory:
     @staticmethod
     def from_json(entries: list[dict]) -> JobSizeHistory:
         """The inverse of `to_json`, entries without ``kinds`` (older files) included."""
-        keys = [_curve_key(e["speed_1gpu"], e["scaling_alpha"], e["scaling_beta"])
+        keys = [curve_key(e["speed_1gpu"], e["scaling_alpha"], e["scaling_beta"])
                 for e in entries]
         pairs = list(zip(keys, entries, strict=True))
         return JobSizeHistory({k: float(e["work_s"]) for k, e in pairs},

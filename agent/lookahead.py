@@ -21,9 +21,10 @@ table of past jobs knows it exactly (`agent.job_sizes`), elsewhere that is knowl
 controller lacks. A *sampled* future (``sampled-1h``) is what a live
 controller could do instead: each fork gets the jobs that arrived within the horizon at the same
 time of day in one of a few history workloads (`HistoryArrivals`), the same draws for every
-candidate, and a candidate replaces the base's proposal only if it wins in every draw. The
-policy needs the simulator it runs in, so it is a measurement tool for `rlalloc headroom`, not
-a `Policy` the actuator could load.
+candidate, and a candidate replaces the base's proposal only if it wins in every draw. Forking
+the simulator the run happens in makes it a measurement (`rlalloc headroom`); forking one
+rebuilt from the state alone (`env.rebuild`) makes it a policy a controller can run
+(`agent.planner`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -71,8 +72,9 @@ Arrivals = tuple[tuple[JobSpec, ...], tuple[JobSpeed, ...]]
 
 
 class HistoryArrivals:
-    """Sampled futures: the jobs that arrived in the next `horizon_s` at the same offset from
-    the start of past workloads of the cluster.
+    """Sampled futures: the jobs that arrived in the next `horizon_s` at the same time of day in
+    past workloads of the cluster (a job's submit time read as a time of day: a workload starts
+    at midnight, as the simulator counts time).
 
     The Pollux workloads are 8-hour samples of one trace and share its daily shape (each of the
     eight gets the most arrivals in hour 6, about twice its hourly mean), so the same hour of
@@ -80,27 +82,40 @@ class HistoryArrivals:
     workloads at random (seeded: runs repeat).
     """
 
-    def __init__(self, history: Sequence[Scenario], horizon_s: float, samples: int,
+    def __init__(self, history: Sequence[Arrivals], horizon_s: float, samples: int,
                  seed: int) -> None:
         assert history and samples > 0 and horizon_s > 0
         self.horizon_s = horizon_s
         self.samples = min(samples, len(history))
         self._rng = np.random.default_rng(seed)
         self._pool = []
-        for index, scenario in enumerate(history):
-            jobs = tuple(replace(job, job_id=f"history{index}/{job.job_id}")
-                         for job in scenario.workload.jobs)
-            self._pool.append(([job.submit_s for job in jobs], jobs, scenario.speeds))
+        for index, (jobs, speeds) in enumerate(history):
+            renamed = tuple(replace(job, job_id=f"history{index}/{job.job_id}") for job in jobs)
+            self._pool.append(([job.submit_s for job in renamed], renamed, tuple(speeds)))
 
-    def draw(self, now_s: float) -> list[Arrivals]:
-        """`samples` futures for the instant `now_s`: the jobs submitted in (now, now +
-        horizon] of as many history workloads."""
+    @staticmethod
+    def of_scenarios(history: Sequence[Scenario], horizon_s: float, samples: int,
+                     seed: int) -> HistoryArrivals:
+        """Futures drawn from the workloads of `history`, with their exact speed models."""
+        return HistoryArrivals([(s.workload.jobs, s.speeds) for s in history], horizon_s,
+                               samples, seed)
+
+    def draw(self, now_s: float, time_of_day_s: float | None = None) -> list[Arrivals]:
+        """`samples` futures for the instant `now_s`, which is `time_of_day_s` into its day
+        (default: `now_s`, a simulation's first day): the jobs submitted in the next horizon
+        after that time of day in as many history workloads, moved to the same offset from
+        `now_s`."""
+        day_s = now_s if time_of_day_s is None else time_of_day_s
         futures = []
         for pick in self._rng.choice(len(self._pool), size=self.samples, replace=False):
             submit, jobs, speeds = self._pool[pick]
-            lo = bisect.bisect_right(submit, now_s)
-            hi = bisect.bisect_right(submit, now_s + self.horizon_s)
-            futures.append((jobs[lo:hi], speeds[lo:hi]))
+            lo = bisect.bisect_right(submit, day_s)
+            hi = bisect.bisect_right(submit, day_s + self.horizon_s)
+            drawn = jobs[lo:hi]
+            if day_s != now_s:
+                drawn = tuple(replace(job, submit_s=job.submit_s - day_s + now_s)
+                              for job in drawn)
+            futures.append((drawn, speeds[lo:hi]))
         return futures
 
 
@@ -127,20 +142,22 @@ def cost_to_go(sim: Simulator, policy: Policy, stop_deciding: bool = False) -> f
 
 
 class LookaheadPolicy:
-    """The rollout policy over `base` and `alternatives` in the simulator `sim` it decides for
-    (see the module docstring). Counts the decisions where proposals differed (`contested`)
-    and those where it did not follow `base` (`deviations`). A sampled `future` needs `history`
-    to draw from."""
+    """The rollout policy over `base` and `alternatives` (see the module docstring), forking
+    the simulator `sim_at` gives for the state it decides on: the one the run happens in, for
+    `rlalloc headroom`, or one rebuilt from the state, for a controller (`agent.planner`).
+    Counts the decisions where proposals differed (`contested`) and those where it did not
+    follow `base` (`deviations`). A sampled `future` needs `history` to draw from."""
 
-    def __init__(self, sim: Simulator, base: Policy, alternatives: Sequence[Policy],
-                 future: Future, history: HistoryArrivals | None = None) -> None:
+    def __init__(self, sim_at: Callable[[ClusterState], Simulator], base: Policy,
+                 alternatives: Sequence[Policy], future: Future,
+                 history: HistoryArrivals | None = None, name: str = "lookahead") -> None:
         assert history is not None or not future.sampled, "a sampled future needs history"
-        self.sim = sim
+        self.sim_at = sim_at
         self.base = base
         self.alternatives = tuple(alternatives)
         self.future = future
         self.history = history
-        self.name = "lookahead"
+        self.name = name
         self.contested = 0
         self.deviations = 0
         self.last_costs: dict[Action, np.ndarray] = {}
@@ -162,9 +179,10 @@ class LookaheadPolicy:
         if len(candidates) == 1:
             return base_action
         self.contested += 1
-        futures: list[Arrivals] = (self.history.draw(self.sim.time_s) if self.future.sampled
-                                   else [((), ())])
-        self.last_costs = {action: self._costs(action, futures) for action in candidates}
+        futures: list[Arrivals] = (self.history.draw(state.time_s, state.time_of_day_s)
+                                   if self.future.sampled else [((), ())])
+        sim = self.sim_at(state)
+        self.last_costs = {action: self._costs(sim, action, futures) for action in candidates}
         base_costs = self.last_costs[base_action]
         best_action, best_cost = base_action, float(np.mean(base_costs))
         for action in candidates[1:]:
@@ -174,12 +192,12 @@ class LookaheadPolicy:
         self.deviations += best_action != base_action
         return best_action
 
-    def _costs(self, action: Action, futures: list[Arrivals]) -> np.ndarray:
-        """The cost-to-go of `action` in one fork per future."""
+    def _costs(self, sim: Simulator, action: Action, futures: list[Arrivals]) -> np.ndarray:
+        """The cost-to-go of `action` in one fork of `sim` per future."""
         known_s = 0.0 if self.future.sampled else self.future.horizon_s
         costs = np.empty(len(futures))
         for i, (jobs, speeds) in enumerate(futures):
-            fork = self.sim.fork(known_s, jobs, speeds)
+            fork = sim.fork(known_s, jobs, speeds)
             if action == NOOP:
                 costs[i] = cost_to_go(fork, self.base, stop_deciding=True)
                 continue

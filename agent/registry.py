@@ -2,7 +2,8 @@
 
 Built-in names are the heuristics of `agent.heuristics` and the learned models shipped in
 ``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``
-or by ``rlalloc sizes fit`` (a heuristic told job sizes, `agent.job_sizes`).
+or by ``rlalloc sizes fit`` (a heuristic told job sizes, `agent.job_sizes`) or ``rlalloc planner
+fit`` (a lookahead over such heuristics, `agent.planner`).
 The actuator, `rlalloc evaluate` and the simulator all go through here, so one string picks
 the same policy everywhere.
 """
@@ -39,6 +40,9 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
     "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
 }
 """Built-in heuristics by name."""
+PLANNER_FILE = "planner.json"
+"""A planner's file (`rlalloc planner fit`, `agent.planner`), named here so that recognising one
+imports nothing of it."""
 MODEL_META_FILE = "policy.json"
 """A saved model's metadata file (`agent.deployed` writes it), named here so that recognising a
 saved model imports no torch."""
@@ -73,6 +77,10 @@ def load_policy(name_or_path: str) -> Policy:
                             f"{directory}` or pass a model directory")
         return _load_learned(directory, name_or_path)
     path = Path(name_or_path)
+    if (path / PLANNER_FILE).is_file():
+        from agent.planner import load_planner
+
+        return load_planner(path, name=path.name)
     if (path / SIZES_FILE).is_file():
         if (path / MODEL_META_FILE).is_file():  # `--force` of one command into the other's OUT
             raise UserError(f"{path}: holds both a size table ({SIZES_FILE}, `rlalloc sizes fit`) "
@@ -84,9 +92,10 @@ def load_policy(name_or_path: str) -> Policy:
     if path.is_dir():
         return _load_learned(path, path.name)
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files
-        saved = any((path.parent / f).is_file() for f in (SIZES_FILE, MODEL_META_FILE))
+        saved = any((path.parent / f).is_file()
+                    for f in (SIZES_FILE, MODEL_META_FILE, PLANNER_FILE))
         hint = (f"give its directory, {path.parent}" if saved else
-                "give the directory that `rlalloc train` or `rlalloc sizes fit` wrote")
+                "give the directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")
     raise UserError(f"unknown policy {name_or_path!r}: use one of {', '.join(builtin_names())} "
                     f"or the directory of a saved model")

@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ppo: minibatch size (advantages are normalised over it)")
     parser.add_argument("--gae-lambda", type=_FRACTION, default=_DEFAULTS.gae_lambda,
                         help="ppo: GAE lambda (lower = less variance, more critic bias)")
-    parser.add_argument("--learning-rate", type=above(0.0), default=None,
-                        help=f"default {_DEFAULTS.learning_rate} (ppo), 1e-4 (dqn)")
+    parser.add_argument("--learning-rate", type=above(0.0), default=_DEFAULTS.learning_rate,
+                        help="default %(default)g")
     parser.add_argument("--warm-start", default=_DEFAULTS.warm_start,
                         help="heuristic to behaviour-clone first ('' for none)")
     parser.add_argument("--dagger-rounds", type=at_least(0), default=_DEFAULTS.dagger_rounds,
@@ -103,14 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The `TrainConfig` that `rlalloc train` flags describe (the command line is kept in
     ``extra`` so that the model card can show it)."""
-    learning_rate = args.learning_rate or (_DEFAULTS.learning_rate if args.algo == "ppo"
-                                           else 1e-4)
     return replace(
         _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
         cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
         efficiency=args.efficiency,
         n_envs=args.n_envs, n_steps=args.n_steps, batch_size=args.batch_size,
-        gae_lambda=args.gae_lambda, learning_rate=learning_rate, warm_start=args.warm_start,
+        gae_lambda=args.gae_lambda, learning_rate=args.learning_rate, warm_start=args.warm_start,
         dagger_rounds=args.dagger_rounds,
         residual=tuple(name for name in args.residual.split(",") if name),
         learn_sizes=args.learn_sizes,

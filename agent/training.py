@@ -97,8 +97,11 @@ class TrainConfig:
     """Environments stepped in lock-step in one process (DummyVecEnv: a step costs ~0.2 ms,
     less than a sub-process round trip)."""
     net_arch: tuple[int, ...] = (128, 128)
-    learning_rate: float = 3e-5
-    """Small: fine-tuning a cloned policy, large steps undo the warm start."""
+    learning_rate: float = 1e-4
+    """PPO and DQN alike (`rlalloc train`'s default for both): small, since large steps undo
+    the warm start, but not 3e-5, which fell behind 1e-4 on workload-1..6 (3,862 vs 3,667 s;
+    docs/agent.md, "What was tried"). 1e-4 is the raw-action recipe's and the shipped DQN's;
+    the residual recipes pass 3e-4 to 1e-3 (models/ppo/card.md)."""
     n_steps: int = 1024
     """PPO steps per environment per update (`--n-steps`); larger = less noisy updates."""
     batch_size: int = 256

@@ -28,6 +28,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("evaluate",), "agent.evaluate_cmd", "compare allocation policies over workloads and seeds"),
     (("sizes", "fit"), "agent.sizes_cmd",
      "fit job sizes from past workloads for an elastic heuristic (a policy directory)"),
+    (("planner", "fit"), "agent.planner_cmd",
+     "fit the planning policy (lookahead over size-told heuristics) on past workloads"),
     (("headroom",), "agent.headroom_cmd",
      "measure what one-step lookahead over heuristics gains, with and without the future"),
     (("forecast", "train"), "forecaster.train_cmd",

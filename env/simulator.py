@@ -89,6 +89,21 @@ class EpochRates(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class FoundJob:
+    """A job as a live cluster has it, for `Simulator.start_as_found`."""
+
+    done: float
+    """Iterations trained (in the job's `JobSpec.work` unit)."""
+    nodes: tuple[str, ...] = ()
+    """The node of each worker; () while queued."""
+    restore_left_s: float = 0.0
+    """Restore still to pay before it trains (0 for a job already training)."""
+    attained_gpu_s: float = 0.0
+    run_s: float = 0.0
+    restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpeed:
     """How fast one job runs: the exact model the simulator uses, and the curve policies see."""
 
@@ -138,6 +153,10 @@ class Simulator:
         self._health = NodeHealthTimeline(self.params.failures, self._gpus_total, rng)
         self._health_pulled_until = 0.0
         self._health_events: dict[int, HealthEvent] = {}
+        self.health_listener: Callable[[HealthEvent, float], None] | None = None
+        """Told of each node health change as it takes effect (a warning starts, a node fails
+        or comes back from repair), with its simulated time: for a live view such as the
+        digital twin's, which would otherwise have to guess them from snapshots."""
 
         # --- jobs: one row each, in numpy columns (`_job_columns`); filled by `_add_jobs` ----
         self.job_ids: tuple[str, ...] = ()
@@ -272,6 +291,35 @@ class Simulator:
         for event in events:
             self._push_health(event)
 
+    def start_as_found(self, time_s: float, found: Sequence[FoundJob],
+                       unusable_nodes: Sequence[str] = ()) -> None:
+        """Put this fresh simulator where a live cluster stands at `time_s`: every job of the
+        workload (all submitted by then) is as `found` says, in workload order; the
+        `unusable_nodes` (down or cordoned) take no new workers.
+
+        A simulator rebuilt from a `ClusterState` (`env.rebuild`) starts this way, so that a
+        controller can fork it for lookahead. Jobs already placed count as started: a later
+        resize pays their restore. Accounting before `time_s` is meaningless; lookahead reads
+        only what happens after it.
+        """
+        assert self.time_s == 0.0 and not self._active, "start_as_found needs a fresh simulator"
+        assert len(found) == len(self.job_ids), (len(found), len(self.job_ids))
+        self._process_until(time_s)
+        assert not self._arrivals_pending, "every job must be submitted by time_s"
+        for name in unusable_nodes:
+            self._cordoned[self.node_index[name]] = True
+        for row, job in enumerate(found):
+            self._done[row] = job.done
+            self._attained[row] = job.attained_gpu_s
+            self._run_s[row] = job.run_s
+            self._restarts[row] = job.restarts
+            if job.nodes:
+                self._started_once[row] = True
+                self.accounting.job_started(row, time_s)
+                self._allocate(row, tuple(sorted(self.node_index[n] for n in job.nodes)),
+                               time_s, job.restore_left_s)
+        self._health_changed()
+
     def fork(self, arrivals_known_s: float = math.inf, extra_jobs: Sequence[JobSpec] = (),
              extra_speeds: Sequence[JobSpeed] = ()) -> Simulator:
         """An independent copy of this simulator at this instant, for lookahead.
@@ -286,7 +334,9 @@ class Simulator:
         the fork as well: a sampled future in place of the unknown one.
         """
         shared = (self.cluster, self.workload, self._speeds, self._signals, self.params)
-        fork = copy.deepcopy(self, {id(item): item for item in shared})
+        memo: dict[int, object] = {id(item): item for item in shared}
+        memo[id(self.health_listener)] = None  # a fork's health changes are hypothetical
+        fork = copy.deepcopy(self, memo)
         horizon = self.time_s + arrivals_known_s
         if self._submit_list and horizon < self._submit_list[-1]:
             fork._events = [event for event in fork._events
@@ -636,8 +686,9 @@ class Simulator:
             pass  # the episode lingers in windowed counts; dropped in _node_snapshot
         elif event.kind == "fail":
             self._failures_pending[node] += 1
-            if self._failures_pending[node] == 1:  # a node that is down cannot fail again
-                self._fail_node(node, t)
+            if self._failures_pending[node] > 1:
+                return  # a node that is down cannot fail again
+            self._fail_node(node, t)
         elif event.kind == "repair":
             self._failures_pending[node] -= 1
             if self._failures_pending[node] > 0:
@@ -646,6 +697,8 @@ class Simulator:
             self._gpus_free[node] = self._gpus_total[node]
             self._health_changed()
             self.accounting.node_up(node, up=True)
+        if self.health_listener is not None and event.kind != "calm":
+            self.health_listener(event, t)
 
     def _fail_node(self, node: int, t: float) -> None:
         for row in sorted(self._node_jobs[node]):

@@ -40,7 +40,7 @@ def _record(states: list | None = None) -> tuple[LookaheadRecorder, list]:
     """Run the known-future lookahead on SMALL under a recorder; also return the actions."""
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
     sim = build_scenario(*SMALL, seed=0).simulator(params, seed=0)
-    lookahead = LookaheadPolicy(sim, load_policy(HEURISTICS[0]),
+    lookahead = LookaheadPolicy(lambda _state: sim, load_policy(HEURISTICS[0]),
                                 [load_policy(name) for name in HEURISTICS[1:]], Future(math.inf))
     recorder = LookaheadRecorder(lookahead, residual_featurizer(
         FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s), HEURISTICS))

@@ -232,11 +232,13 @@ def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
     names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
     evaluate_cmd._plots(results, names, tmp_path, reference="static")
-    colour = {line.get_label(): matplotlib.colors.to_hex(line.get_color())
-              for line in drawn["jct_cdf.png"].axes[0].get_lines()}
+    def colours(png: str) -> dict[str, str]:  # by policy: equal series say "(same as X)"
+        return {line.get_label().split(" (same as ")[0]: matplotlib.colors.to_hex(
+            line.get_color()) for line in drawn[png].axes[0].get_lines()}
+
+    colour = colours("jct_cdf.png")
     for png in ("gpu_util.png", "queue_length.png"):
-        assert {line.get_label(): matplotlib.colors.to_hex(line.get_color())
-                for line in drawn[png].axes[0].get_lines()} == colour
+        assert colours(png) == colour
     dots = drawn["paired_avg_jct.png"].axes[0].collections  # one per policy but the reference
     assert [matplotlib.colors.to_hex(d.get_facecolor()[0]) for d in dots] == [
         colour["elastic"], colour["ppo"]]

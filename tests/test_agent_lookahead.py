@@ -40,7 +40,7 @@ def _small_sim(failures: float = 0.0) -> Simulator:
 def _lookahead_jct(future: Future, history: HistoryArrivals | None = None) -> tuple[float, int]:
     """Average JCT and deviations of the lookahead over elastic-srpt-0.25 on SMALL."""
     sim = _small_sim()
-    lookahead = LookaheadPolicy(sim, load_policy("elastic-srpt-0.25"),
+    lookahead = LookaheadPolicy(lambda _state: sim, load_policy("elastic-srpt-0.25"),
                                 [load_policy("elastic-srpt"), load_policy("elastic")],
                                 future, history)
     result = run_policy(sim, lookahead.act)
@@ -109,7 +109,8 @@ def test_fork_told_the_real_arrivals_as_extra_jobs_repeats_the_known_future():
 
 def test_history_draws_the_next_hours_jobs_of_distinct_workloads_repeatably():
     history = [build_scenario("synthetic:40:2:4", "2x4", seed=seed) for seed in range(4)]
-    draws = [HistoryArrivals(history, 3600.0, samples=3, seed=7).draw(1800.0) for _ in range(2)]
+    draws = [HistoryArrivals.of_scenarios(history, 3600.0, samples=3, seed=7).draw(1800.0)
+             for _ in range(2)]
     assert draws[0] == draws[1]
     names = set()
     for jobs, speeds in draws[0]:
@@ -120,7 +121,8 @@ def test_history_draws_the_next_hours_jobs_of_distinct_workloads_repeatably():
 
 
 def test_sampled_future_drawn_from_the_workload_itself_is_the_known_future():
-    history = HistoryArrivals([build_scenario(*SMALL, seed=0)], 1e9, samples=3, seed=0)
+    history = HistoryArrivals.of_scenarios([build_scenario(*SMALL, seed=0)], 1e9, samples=3,
+                                           seed=0)
     assert history.samples == 1
     sampled = _lookahead_jct(Future(1e9, sampled=True), history)
     assert sampled == _lookahead_jct(Future(math.inf))
@@ -152,7 +154,8 @@ def test_known_future_lookahead_deviates_and_is_never_worse_than_its_base():
     base = load_policy("elastic-srpt-0.25")
     base_jct = run_policy(_small_sim(), base.act).metrics["avg_jct_s"]
     sim = _small_sim()
-    lookahead = LookaheadPolicy(sim, base, [load_policy("elastic-srpt"), load_policy("elastic")],
+    lookahead = LookaheadPolicy(lambda _state: sim, base,
+                                [load_policy("elastic-srpt"), load_policy("elastic")],
                                 Future(math.inf))
     result = run_policy(sim, lookahead.act)
     assert result.finished and lookahead.deviations > 0
@@ -163,7 +166,7 @@ def test_known_future_lookahead_deviates_and_is_never_worse_than_its_base():
 def test_lookahead_without_alternatives_is_its_base():
     base = load_policy("elastic-srpt-0.25")
     sim = _small_sim()
-    lookahead = LookaheadPolicy(sim, base, [], Future(0.0))
+    lookahead = LookaheadPolicy(lambda _state: sim, base, [], Future(0.0))
     reference = _small_sim()
     run_policy(reference, base.act)
     run_policy(sim, lookahead.act)

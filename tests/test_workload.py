@@ -214,6 +214,12 @@ def test_unknown_header(tmp_path):
                                                "duration_s"),
         ("name,time,application,num_replicas\nj,0,ncf,1\n",
          "Pollux workload is missing column(s) batch_size"),
+        # a misspelt required column is named for its rename, as an optional one is below
+        ("job_id,submit_s,num_gpu,duration_s\na,0,1,10\n",
+         "missing column(s) num_gpus; rename num_gpu to num_gpus"),
+        ("name,time,application,num_replica,batchsize\nj,0,ncf,1,64\n",
+         "missing column(s) num_replicas, batch_size; rename num_replica to num_replicas; "
+         "rename batchsize to batch_size"),
         ("", "the file is empty"),
         # a misspelt, unknown or repeated column: the optional one would be silently ignored
         ("job_id,submit_s,num_gpus,duration_s,max_gpu\na,0,1,10,4\n",

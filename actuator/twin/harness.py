@@ -15,7 +15,7 @@ from actuator.config import Queries
 from actuator.server import listen_error
 from actuator.twin.exporter import CLOCK_METRIC, TwinExporter
 from actuator.twin.kube_api import ApiServerThread, TwinKubeAPI
-from actuator.twin.runtime import ScriptedFailure, Twin
+from actuator.twin.runtime import ScriptedFailure, Twin, TwinEvent
 from env.params import SimParams
 from env.scenario import Scenario
 
@@ -52,11 +52,12 @@ class RunningTwin:
 def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: float = 0.25,
                namespace: str = "default", epoch_s: float = 0.0,
                params: SimParams | None = None, host: str = "127.0.0.1", kube_port: int = 0,
-               metrics_port: int = 0,
-               failures: Sequence[ScriptedFailure] = ()) -> RunningTwin:
+               metrics_port: int = 0, failures: Sequence[ScriptedFailure] = (),
+               on_event: Callable[[TwinEvent], None] | None = None) -> RunningTwin:
     """Start the twin of `scenario` running `speed` x real time (see `Twin`), with scripted
     `failures` scheduled before its first tick (after it, one early in the run would already
-    be in the simulator's past; a ValueError names an impossible one).
+    be in the simulator's past; a ValueError names an impossible one). `on_event` is told of
+    each warning, failure, repair and finished job as it happens, in the twin's thread.
 
     Unless `params` say otherwise, the simulator's decision interval is one tick of simulated
     time, so a tick never jumps past more than one periodic step.
@@ -70,7 +71,7 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     exporter = TwinExporter()
     try:  # whatever stops the start (Ctrl-C included) leaves no port open
         sim = scenario.simulator(params, seed)
-        twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s))
+        twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s, on_event))
         for failure in failures:
             server.call(twin.script_failure, failure)
         exporter.publish(twin.frame)

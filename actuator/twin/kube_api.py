@@ -17,7 +17,11 @@ every path the same way. This subclass adds, before the emulator touches its sto
 - discovery and lists shaped as the API server writes them, so kubectl and typed clients read
   them: the core group's `groupVersion` is "v1" (kmock writes "/v1", and kubectl then finds no
   core resource), each resource has its singular and short names, and a list carries its `kind`
-  ("PodList") and `apiVersion`.
+  ("PodList") and `apiVersion`;
+- Tables for `kubectl get` (`actuator/twin/tables.py`): the columns the API server's printers
+  write (a pod's STATUS and NODE among them), with ages on the twin's clock (`clock_s`), which
+  also stamps `creationTimestamp`, so a PyTorchJob (created at its simulated submit time) and
+  its pods age alike.
 
 Label and field selectors are still ignored (the actuator filters again on its side).
 `ApiServerThread` runs the server and the twin's own code in one event loop thread, so the twin's
@@ -31,6 +35,7 @@ import copy
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -45,6 +50,7 @@ from kmock import KubernetesEmulator, Server, action
 
 from actuator.apply import merge_patch
 from actuator.k8s_names import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL, PYTORCHJOB_VERSION
+from actuator.twin.tables import as_table, wants_table
 from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,8 @@ class TwinKubeAPI(KubernetesEmulator):
     _version: int = attrs.field(default=0, init=False)
     _faults: list[_Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    clock_s: Callable[[], float] = attrs.field(default=time.time)
+    """The API server's clock (Unix seconds): the wall clock, or the twin's (`Twin` sets it)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -149,9 +157,25 @@ class TwinKubeAPI(KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> dict[str, Any]:
         """kmock's list, with the `kind`, `apiVersion` and `resourceVersion` of a real one."""
         listing = await super()._serve_list(request)
-        return {"apiVersion": _api_version(request.resource),
-                "kind": f"{self.resources[request.resource].kind}List",
+        kind = self.resources[request.resource].kind
+        if _wants_table(request):
+            return self._table(request, kind, listing["items"])
+        return {"apiVersion": _api_version(request.resource), "kind": f"{kind}List",
                 "metadata": {"resourceVersion": str(self._version)}, "items": listing["items"]}
+
+    async def _serve_fetch(self, request: kmock.Request) -> dict[str, Any]:
+        """kmock's object, or its Table row when kubectl asks for one (`kubectl get pod x`)."""
+        obj = await super()._serve_fetch(request)
+        if _wants_table(request):
+            return self._table(request, self.resources[request.resource].kind, [obj])
+        return obj
+
+    def _table(self, request: kmock.Request, kind: str, objects: list[dict]) -> dict[str, Any]:
+        """`objects` as the Table kubectl prints, stamped with the current resourceVersion."""
+        table = as_table(kind, objects, self.clock_s(),
+                         request.params.get("includeObject", "Metadata"), time.time())
+        table["metadata"]["resourceVersion"] = str(self._version)
+        return table
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         fault = self._take_fault(request)
@@ -238,8 +262,8 @@ class TwinKubeAPI(KubernetesEmulator):
         meta["resourceVersion"] = str(self._version)
         if creating:
             meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp",
-                            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            meta.setdefault("creationTimestamp", datetime.fromtimestamp(
+                self.clock_s(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
     def _trim(self, request: kmock.Request) -> None:
         name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
@@ -248,6 +272,14 @@ class TwinKubeAPI(KubernetesEmulator):
         key = (request.resource, namespace, name)
         if key in self.objects:
             del self.objects[key].history[:-_HISTORY_KEPT]
+
+
+def _wants_table(request: kmock.Request) -> bool:
+    """Whether the request asks for a Table of a kind `tables.COLUMNS` knows (kubectl get);
+    others fall back to the plain object, which kubectl prints as NAME and AGE."""
+    accept = next((value for key, value in request.headers.items() if key.lower() == "accept"),
+                  "")
+    return wants_table(accept) and request.resource in _SERVED
 
 
 def _api_version(resource: kmock.resource) -> str:

@@ -21,6 +21,11 @@ The clock the twin shows (objects, trainer timestamps, `rlalloc_twin_clock_secon
 own failure process (`Simulator.schedule_failure`), so it is the simulator's failure in every
 respect: the node reports XID errors from `warn_at_s`, goes down at `fail_at_s`, requeuing every
 job still on it from its checkpoint, and is repaired `repair_s` later.
+
+What happens is told as it happens (`on_event`, a `TwinEvent` each: a node's warning, failure
+and repair at their simulated time, from the simulator's `health_listener`; a job's completion
+at the tick that mirrors it) and summed up by `Twin.summary`, so that `rlalloc twin` can show a
+user the failure they scripted and what the actuator did about it.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, parse_placement
 from actuator.twin.exporter import JobTelemetry, NodeTelemetry, PodTelemetry, TelemetryFrame
-from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, TwinKubeAPI
+from actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS, TwinKubeAPI
 from actuator.twin.render import (
     TOTAL_STEPS,
     k8s_name,
@@ -42,6 +48,7 @@ from actuator.twin.render import (
     pod_object,
     pytorchjob_object,
 )
+from env.failures import HealthEvent
 from env.simulator import Simulator
 from env.state import Action, ActionKind, ClusterState, JobStatus
 
@@ -77,6 +84,46 @@ class ScriptedFailure:
     fail_at_s: float
 
 
+@dataclass(frozen=True)
+class TwinEvent:
+    """Something a user watching the twin wants to know of, at simulated second `time_s`."""
+
+    time_s: float
+    kind: str
+    """"warning" (a node starts reporting XID errors), "failed", "repaired" (its `subject` is
+    the node) or "finished" (the subject is the PyTorchJob)."""
+    subject: str
+    requeued: tuple[str, ...] = ()
+    """For "failed": the jobs that still had workers on the node, requeued from their
+    checkpoints."""
+
+
+@dataclass(frozen=True)
+class TwinSummary:
+    """What a twin's run came to, for the lines `rlalloc twin` ends with."""
+
+    simulated_s: float
+    jobs_finished: int
+    jobs_in_system: int
+    jobs_to_arrive: int
+    warnings: int
+    failures: int
+    """Nodes that went down: scripted or drawn by the failure process."""
+    scripted_failures: int
+    """Failures scripted (`script_failure`), whether they have happened yet or not."""
+    scripted_pending: int
+    """Of those, the ones still to happen."""
+    jobs_requeued: int
+    """Times a failure hit a job (requeued it from its checkpoint)."""
+    actuator_events: dict[str, int]
+    """Events clients recorded in the API (the actuator: Started, Scaled, Migrated,
+    ActionRefused, ...), by reason, repeats counted."""
+
+
+_HEALTH_KINDS = {"warn": "warning", "fail": "failed", "repair": "repaired"}
+"""`TwinEvent.kind` of each simulator health event kind a user is told of."""
+
+
 class Twin:
     """The simulator mirrored into a `TwinKubeAPI` and an exporter frame (see module docstring).
 
@@ -84,9 +131,16 @@ class Twin:
     """
 
     def __init__(self, sim: Simulator, api: TwinKubeAPI, namespace: str = "default",
-                 speed: float = 60.0, epoch_s: float = 0.0) -> None:
+                 speed: float = 60.0, epoch_s: float = 0.0,
+                 on_event: Callable[[TwinEvent], None] | None = None) -> None:
         self.sim = sim
         self.api = api
+        self.on_event = on_event
+        """Told each `TwinEvent` as it happens (in the twin's thread; keep it quick)."""
+        self.event_counts: Counter[str] = Counter()
+        """`TwinEvent` kinds so far."""
+        sim.health_listener = self._on_health
+        api.clock_s = lambda: self.clock_s  # the API's ages and timestamps: the twin's time
         self.namespace = namespace
         self.speed = speed
         self.epoch_s = epoch_s
@@ -97,6 +151,7 @@ class Twin:
         self._jobs: dict[str, _Job] = {}
         self._scripted: list[ScriptedFailure] = []
         """Scripted failures whose hits are not recorded yet."""
+        self._scripted_count = 0
         self._xid_code: dict[str, int] = {}
         self._xid_seen: dict[str, int] = {}
         self._ecc_total: dict[str, float] = {}
@@ -127,6 +182,22 @@ class Twin:
         lead_s = failure.fail_at_s - min(failure.warn_at_s, failure.fail_at_s)
         self.sim.schedule_failure(failure.node, failure.fail_at_s, warning_lead_s=lead_s)
         self._scripted.append(failure)
+        self._scripted_count += 1
+
+    def summary(self) -> TwinSummary:
+        """The run so far (see `TwinSummary`)."""
+        actuator_events: Counter[str] = Counter()
+        for event in self.api.list(EVENTS):
+            actuator_events[str(event.get("reason", ""))] += int(event.get("count") or 1)
+        finished = self.sim.accounting.jobs_completed
+        return TwinSummary(
+            simulated_s=self.sim.time_s, jobs_finished=finished,
+            jobs_in_system=self.sim.jobs_in_system,
+            jobs_to_arrive=len(self.sim.job_ids) - finished - self.sim.jobs_in_system,
+            warnings=self.event_counts["warning"], failures=self.event_counts["failed"],
+            scripted_failures=self._scripted_count, scripted_pending=len(self._scripted),
+            jobs_requeued=self.sim.accounting.failures,
+            actuator_events=dict(actuator_events))
 
     def tick(self, wall_dt_s: float) -> None:
         """React to the API, advance `wall_dt_s` x speed simulated seconds, mirror back."""
@@ -226,10 +297,31 @@ class Twin:
         due = [f for f in self._scripted if self.sim.time_s >= f.fail_at_s]
         for failure in due:
             self._scripted.remove(failure)
-            hits = [job.name for job in self._jobs.values()
-                    if any(p.node == failure.node for p in job.pods)]
+            hits = self._jobs_on(failure.node)
             self.failure_hits[failure.node] = hits
             log.info("twin: node %s failed (jobs hit: %s)", failure.node, hits or "none")
+
+    def _jobs_on(self, node: str) -> list[str]:
+        """Names of the jobs with a worker bound to `node` (until the next mirror: also those
+        a failure of the node has just requeued)."""
+        return [job.name for job in self._jobs.values() if any(p.node == node for p in job.pods)]
+
+    def _on_health(self, event: HealthEvent, time_s: float) -> None:
+        """The simulator's `health_listener`: a node's warning, failure or repair, told as a
+        `TwinEvent` (runs inside `sim.advance`, before the twin mirrors the change, so the
+        pods still show which jobs a failure hit)."""
+        kind = _HEALTH_KINDS.get(event.kind)
+        if kind is None:
+            return
+        node = self.sim.node_names[event.node]
+        self._report(TwinEvent(time_s, kind, node,
+                               tuple(self._jobs_on(node)) if kind == "failed" else ()))
+
+    def _report(self, event: TwinEvent) -> None:
+        """Count `event` and tell `on_event` of it."""
+        self.event_counts[event.kind] += 1
+        if self.on_event is not None:
+            self.on_event(event)
 
     # ----------------------------------------------------------------------------- mirror
     def _mirror(self, state: ClusterState) -> None:
@@ -258,6 +350,7 @@ class Twin:
         for job in self._jobs.values():
             if job.sim_id not in active and not job.finished:
                 job.finished = True
+                self._report(TwinEvent(self.sim.time_s, "finished", job.name))
                 for pod_name in job.written_pods:
                     self._remove(PODS, self.namespace, pod_name)
                 job.pods, job.written_pods = [], set()

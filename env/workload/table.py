@@ -75,13 +75,30 @@ def read_table(
 
 
 def require_columns(path: Path, header: set[str], required: tuple[str, ...], fmt: str) -> None:
-    """One-line `UserError` naming the `required` columns of format `fmt` that `header` lacks."""
+    """One-line `UserError` naming the `required` columns of format `fmt` that `header` lacks,
+    and for each the header's closest other column to rename (``num_gpu``): a misspelt
+    required column is as common as a misspelt optional one, which `reject_bad_columns`
+    already names this way."""
     missing = [c for c in required if c not in header]
     if missing:
-        raise UserError(
-            f"{path}: {fmt} workload is missing column(s) {', '.join(missing)}; "
-            f"the header must include {','.join(required)} (see docs/workloads.md)"
-        )
+        must = f"the header must include {','.join(required)}"
+        renames = _closest_renames(missing, sorted(header - set(required)))
+        fix = "; ".join(f"rename {found} to {wanted}" for wanted, found in renames.items())
+        raise UserError(f"{path}: {fmt} workload is missing column(s) {', '.join(missing)}; "
+                        + (f"{fix} ({must}; " if fix else f"{must} (") + "see docs/workloads.md)")
+
+
+def _closest_renames(missing: list[str], spare: list[str]) -> dict[str, str]:
+    """Each `missing` column's closest `spare` column (difflib), each spare used once: the
+    header's column that is most likely a misspelling of it. Missing columns with none close
+    are left out."""
+    renames: dict[str, str] = {}
+    for column in missing:
+        unused = [name for name in spare if name and name not in renames.values()]
+        close = difflib.get_close_matches(column, unused, n=1)
+        if close:
+            renames[column] = close[0]
+    return renames
 
 
 def reject_bad_columns(

@@ -1,0 +1,192 @@
+"""The planning policy: the sampled lookahead over size-told heuristics, served from the state.
+
+`rlalloc headroom --futures sampled-1h` measured the one gain over the size-told heuristic that
+held on every workload tried (docs/agent.md, "Where this stands"), but it forked the simulator
+the run happened in. Here the same `LookaheadPolicy` forks a simulator rebuilt from the
+`ClusterState` alone (`env.rebuild`), so it reads nothing a controller lacks and the simulator,
+`rlalloc evaluate` and the actuator can all run it. What it needs besides the state is saved in
+one policy directory by `rlalloc planner fit`:
+
+- a size table (`agent.job_sizes`) that tells the base heuristic and its alternatives each
+  job's remaining work;
+- the history its forks draw future arrivals from: the jobs of past workloads, each at its
+  offset from the workload's start, read as a time of day (a workload starts at midnight, as
+  the simulator counts time), with the speed curve a policy sees;
+- the horizon and number of draws;
+- the measured profiles (``profiles/``) of the applications behind the table's speed curves:
+  the copy runs each job on its application's throughput model, not on the fitted curve a
+  policy sees. On workload-7 the curve alone kept -0.6 % of the -5.3 % the lookahead gained
+  with the profiles (docs/agent.md, "The planner"). A curve no profile is known for keeps the
+  curve.
+
+Each contested decision costs one rebuild and `samples` forks per candidate, each run to the
+end of the jobs it knows of: seconds of one core, against a 5-minute decision interval.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from agent.heuristics import ElasticPolicy
+from agent.job_sizes import CurveKey, JobSizeHistory, curve_key, told_sizes
+from agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
+from agent.registry import PLANNER_FILE
+from env.errors import UserError
+from env.profiles import AppProfile, load_profiles
+from env.rebuild import SpeedOf, curve_speed, simulator_from_state
+from env.scenario import Scenario
+from env.simulator import JobSpeed, Simulator, ThroughputFn
+from env.state import ClusterState
+from env.workload.spec import JobSpec
+
+FORMAT_VERSION = 1
+PROFILES_DIR = "profiles"
+"""Where a saved planner keeps its copies of the applications' profiles."""
+HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
+                   "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta")
+"""One history job per row of a saved planner, in this column order."""
+
+
+def planning_policy(base: ElasticPolicy, alternatives: Sequence[ElasticPolicy],
+                    history: HistoryArrivals, name: str,
+                    speed_of: SpeedOf = curve_speed) -> LookaheadPolicy:
+    """`LookaheadPolicy` over `base` and `alternatives` whose forks are of a simulator rebuilt
+    from the state, each job given the remaining work `base` believes it has and the speed
+    model `speed_of` gives its curve."""
+
+    def rebuilt(state: ClusterState) -> Simulator:
+        remaining = base.remaining_work_s(state, np.arange(state.jobs.count))
+        return simulator_from_state(state, remaining, speed_of)
+
+    return LookaheadPolicy(rebuilt, base, alternatives, Future(history.horizon_s, sampled=True),
+                           history, name=name)
+
+
+def profiled_speeds(sizes: JobSizeHistory, profiles: dict[str, AppProfile]) -> SpeedOf:
+    """The speed model of a curve: the measured throughput of the one application and batch
+    size the size table saw behind it, where `profiles` has it; the curve itself otherwise."""
+    models: dict[CurveKey, ThroughputFn] = {}
+    for key, kinds in sizes.kinds.items():
+        if len(kinds) == 1 and kinds[0][0] in profiles:
+            application, batch_size = kinds[0]
+            models[key] = profiles[application].throughput(batch_size).iterations_per_s
+    cache: dict[tuple[float, float, float], JobSpeed] = {}
+
+    def speed_of(speed_1gpu: float, alpha: float, beta: float) -> JobSpeed:
+        curve = (speed_1gpu, alpha, beta)
+        if curve not in cache:
+            model = models.get(curve_key(*curve))
+            cache[curve] = (JobSpeed(model, *curve) if model is not None
+                            else curve_speed(*curve))
+        return cache[curve]
+
+    return speed_of
+
+
+def history_rows(scenario: Scenario) -> list[list[float]]:
+    """The jobs of `scenario` as `HISTORY_COLUMNS` rows."""
+    return [[job.submit_s, job.requested_gpus, job.min_workers, job.max_workers,
+             job.work / speed.speed_1gpu, job.restore_s, speed.speed_1gpu, speed.scaling_alpha,
+             speed.scaling_beta]
+            for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True)]
+
+
+def history_arrivals(rows: Sequence[Sequence[float]],
+                     speed_of: SpeedOf = curve_speed) -> Arrivals:
+    """The inverse of `history_rows`: jobs, and the speed models `speed_of` gives their
+    curves."""
+    jobs, speeds = [], []
+    for index, row in enumerate(rows):
+        submit, requested, lo, hi, work_s, restore, speed_1gpu, alpha, beta = row
+        jobs.append(JobSpec(f"job{index}", float(submit), int(requested),
+                            float(work_s) * float(speed_1gpu), int(lo), int(hi), float(restore)))
+        speeds.append(speed_of(float(speed_1gpu), float(alpha), float(beta)))
+    return tuple(jobs), tuple(speeds)
+
+
+def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
+                 history: dict[str, Scenario], command: str, profiles_root: Path | None) -> None:
+    """Write `PLANNER_FILE` (`config`: base, alternatives, horizon_s, samples, seed, cluster),
+    a card and the profiles under `profiles_root` of the applications the size table names,
+    for the planner over the past workloads `history` (name -> scenario). All of them replace
+    an earlier planner's together or not at all."""
+    from env.output import staged_outputs, write_atomic, write_json
+
+    applications = sorted({application for kinds in sizes.kinds.values()
+                           for application, _ in kinds})
+    copied = [application for application in applications
+              if profiles_root is not None and (profiles_root / application).is_dir()]
+    with staged_outputs(directory) as staging:
+        for application in copied:  # files only: the shared data's read-only modes would
+            target = staging / PROFILES_DIR / application  # stop a later --force removing them
+            target.mkdir(parents=True)
+            for path in sorted((profiles_root / application).glob("*.csv")):
+                shutil.copyfile(path, target / path.name)
+        write_json(staging / PLANNER_FILE, {
+            "format_version": FORMAT_VERSION, **config, "command": command,
+            "profiles": copied, "curves": sizes.to_json(),
+            "history_columns": list(HISTORY_COLUMNS),
+            "history": [{"workload": name, "jobs": history_rows(scenario)}
+                        for name, scenario in history.items()]})
+        write_atomic(staging / "card.md", _card(config, history, copied, command))
+
+
+def _card(config: dict, history: dict[str, Scenario], profiles: list[str], command: str) -> str:
+    """card.md of a saved planner: what it does, what it was fitted on, how it was made."""
+    jobs = sum(len(s.workload.jobs) for s in history.values())
+    speeds = (f"Jobs of {', '.join(profiles)} run in the copy on their measured profiles "
+              f"({PROFILES_DIR}/), other jobs on their speed curve." if profiles else
+              "Jobs run in the copy on their speed curve (no profiles were found).")
+    return "\n".join([
+        f"# Planner over `{config['base']}`, told job sizes", "",
+        f"At every decision where `{config['base']}` and its alternatives "
+        f"({', '.join(f'`{a}`' for a in config['alternatives'])}) propose different actions, "
+        "this policy rebuilds a simulator from the cluster state, forks it once per proposal "
+        f"and per future, each future the jobs that arrived in the next "
+        f"{config['horizon_s'] / 3600:g} h at the same time of day in one of "
+        f"{config['samples']} past workloads drawn at random, runs every fork to its end "
+        "under the base, and takes another proposal only if it ends with less job-time in "
+        "every future (`agent/planner.py`, `agent/lookahead.py`). Every heuristic is told job "
+        f"sizes from the same past workloads (`agent/job_sizes.py`). {speeds}", "",
+        f"Fitted on {len(history)} workload(s) ({jobs} past jobs): {', '.join(history)}; "
+        f"cluster {config['cluster']}.", "",
+        f"Command: `{command}`", ""])
+
+
+def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
+    """The planner saved by `save_planner` in `directory`; a damaged file is a `UserError`."""
+    path = Path(directory) / PLANNER_FILE
+    try:
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError(f"it holds a {type(raw).__name__}, not an object")
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
+                            f"rlalloc reads {FORMAT_VERSION}; fit it again with "
+                            "`rlalloc planner fit`")
+        if raw["history_columns"] != list(HISTORY_COLUMNS):
+            raise ValueError(f"history_columns {raw['history_columns']!r}")
+        sizes = JobSizeHistory.from_json(raw["curves"])
+        names = [str(raw["base"]), *map(str, raw["alternatives"])]
+        speed_of = (profiled_speeds(sizes, load_profiles(Path(directory) / PROFILES_DIR))
+                    if raw["profiles"] else curve_speed)
+        history = HistoryArrivals([history_arrivals(w["jobs"], speed_of)
+                                   for w in raw["history"]], float(raw["horizon_s"]),
+                                  int(raw["samples"]), int(raw["seed"]))
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:
+        raise UserError(f"{path}: damaged planner ({err.__class__.__name__}: "
+                        f"{str(err).splitlines()[0][:120] if str(err) else 'no detail'}); "
+                        "fit it again with `rlalloc planner fit`") from err
+    try:
+        base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy)
+                               for policy in names]
+    except UserError as err:
+        raise UserError(f"{path}: {err}; fit it again with `rlalloc planner fit`") from err
+    return planning_policy(base, alternatives, history, name or Path(directory).name, speed_of)

@@ -1,0 +1,96 @@
+"""`rlalloc planner fit`: the planning policy (`agent.planner`) fitted on past workloads.
+
+Learns job sizes from the --workload files and keeps their jobs as the history the planner's
+forks draw future arrivals from; saves both with the heuristics and the horizon as a policy
+directory that `rlalloc evaluate`, `simulate` and the actuator load by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from agent.planner import PROFILES_DIR
+from agent.registry import MODEL_META_FILE, PLANNER_FILE
+from env.argtypes import POSITIVE_INT, SEED, unique_names
+from env.cluster import add_cluster_flag
+from env.errors import UserError
+from env.output import add_out_flags, prepare_out_dir
+
+OUTPUT_FILES = (PLANNER_FILE, "card.md", PROFILES_DIR)
+"""What `rlalloc planner fit` writes into --out."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc planner fit`."""
+    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+                        required=True,
+                        help="past workload (repeatable): its jobs' sizes are learnt and its "
+                             "arrivals are the futures the planner draws; at least two, and "
+                             "jobs that name their application and batch size")
+    add_cluster_flag(parser)
+    parser.add_argument("--base", default="elastic-srpt-0.25",
+                        help="the elastic heuristic the planner follows unless a lookahead "
+                             "shows another proposal is better (default elastic-srpt-0.25)")
+    parser.add_argument("--alternatives", type=unique_names, default="elastic-srpt,elastic",
+                        help="comma-separated elastic heuristics whose proposals are weighed "
+                             "against the base's (default elastic-srpt,elastic)")
+    parser.add_argument("--horizon", type=_horizon, default="1h",
+                        help="how far ahead each drawn future reaches: <N>h or <N>m "
+                             "(default 1h)")
+    parser.add_argument("--samples", type=POSITIVE_INT, default=5,
+                        help="futures drawn per contested decision; an alternative must win in "
+                             "every one (default 5)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the draws (default 0)")
+    add_out_flags(parser, Path("runs/planner"))
+
+
+def _horizon(text: str) -> float:
+    """``1h`` or ``30m`` in seconds (`agent.lookahead.parse_future`'s horizons)."""
+    from agent.lookahead import parse_future
+
+    try:
+        future = parse_future(text)
+    except ValueError:
+        future = None
+    if future is None or future.sampled or not 0 < future.horizon_s < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a horizon such as 1h or 30m")
+    return future.horizon_s
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the heuristics, fit the sizes, save the planner directory."""
+    from agent.job_sizes import learn_sizes, told_sizes
+    from agent.planner import save_planner
+    from env.profiles import default_profiles_root
+    from env.scenario import build_scenario
+
+    if (args.out / MODEL_META_FILE).exists():  # its card.md is the model's, not ours to replace
+        raise UserError(f"--out {args.out}: holds a model trained by `rlalloc train` "
+                        f"({MODEL_META_FILE}), which --force does not replace; choose another "
+                        "--out")
+    for flag, names in (("--base", [args.base]), ("--alternatives", args.alternatives)):
+        for name in names:
+            try:
+                told_sizes(name, None, name)
+            except UserError as err:
+                raise UserError(f"{flag} {err}") from None
+    if len(set(args.workloads)) < 2:
+        raise UserError("--workload: give at least two past workloads; the planner draws "
+                        "each future from a different one")
+    history = {w: build_scenario(w, args.cluster) for w in dict.fromkeys(args.workloads)}
+    sizes = learn_sizes(list(history.values()), f"--workload {' '.join(history)}")
+    prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
+    command = shlex.join(["rlalloc", *sys.argv[1:]])
+    config = {"base": args.base, "alternatives": args.alternatives,
+              "horizon_s": args.horizon, "samples": args.samples, "seed": args.seed,
+              "cluster": args.cluster, "fitted_on": list(history)}
+    save_planner(args.out, config, sizes, history, command, default_profiles_root())
+    print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
+          f"{sum(len(s.workload.jobs) for s in history.values())} past jobs) and card.md; "
+          "compare it with its base on workloads W it was not fitted on: `rlalloc evaluate "
+          f"--workload W --cluster {shlex.quote(args.cluster)} --policies "
+          f"{args.base},{shlex.quote(str(args.out))} --reference {args.base}`")
+    return 0

@@ -1,0 +1,95 @@
+"""A simulator rebuilt from a `ClusterState`: the live cluster as a controller can fork it.
+
+`rlalloc headroom` measures lookahead by forking the simulator a run happens in, which knows
+every job's true size and exact speed model. A controller in a real cluster has only the
+`ClusterState` the actuator builds from Prometheus. This module turns that state into a
+`Simulator` that starts where the cluster stands, so the same lookahead can run on it
+(`agent.planner`). What the state does not say is filled in the way a policy sees it:
+
+- **Speed**: the caller's `speed_of` maps a job's state curve (speed on one GPU, alpha, beta)
+  to a speed model: by default the curve itself, ``speed_1gpu * speedup(n, nodes, alpha,
+  beta)`` (`env.featurizer.speedup`); the planner passes measured profiles where it has them,
+  since on the Pollux workloads the curve fit loses most of what the lookahead gains
+  (docs/agent.md).
+  Epochs and batch-size changes are not modelled.
+- **Size**: the caller gives each job's remaining work in seconds on one GPU (told by a size
+  table, or estimated); progress keeps its fraction, so a size-told policy run in the copy
+  reads the same remaining work as in the cluster.
+- **Restore**: a job still restoring pays its whole restore time again (the state does not say
+  how much is left).
+- **Failures**: none are drawn; down and cordoned nodes take no new workers, and a job with a
+  worker on a down node is queued (its checkpoint's progress is not in the state, so it keeps
+  its current progress).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from env.cluster import ClusterSpec, NodeSpec
+from env.failures import FailureParams
+from env.featurizer import speedup
+from env.params import SimParams
+from env.simulator import FoundJob, JobSpeed, Simulator
+from env.state import ClusterState, JobStatus
+from env.workload.spec import JobSpec, Workload
+
+NO_FAILURE_PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
+"""A rebuilt simulator's parameters: the defaults, no failures drawn."""
+
+_MIN_LEFT = 1e-6
+"""Smallest share of a job taken as still to do: a job at progress 1 is finishing now."""
+
+
+def curve_speed(speed_1gpu: float, alpha: float, beta: float) -> JobSpeed:
+    """The speed model a job's state curve implies: what a controller knows of its speed."""
+
+    def iterations_per_s(shape: tuple[int, ...]) -> float:
+        return speed_1gpu * float(speedup(sum(shape), len(shape), alpha, beta))
+
+    return JobSpeed(iterations_per_s, speed_1gpu, alpha, beta)
+
+
+SpeedOf = Callable[[float, float, float], JobSpeed]
+"""A job's speed model from its state curve: (speed on one GPU, scaling alpha, beta)."""
+
+
+def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
+                         speed_of: SpeedOf = curve_speed,
+                         params: SimParams = NO_FAILURE_PARAMS) -> Simulator:
+    """A simulator at `state.time_s` holding the nodes and jobs of `state`, each job with
+    `remaining_1gpu_s` (state order) of work left and the speed model `speed_of` gives its
+    curve; see the module docstring for the rest."""
+    nodes, jobs = state.nodes, state.jobs
+    cluster = ClusterSpec(tuple(NodeSpec(name, int(gpus), gpu_type, int(rack))
+                                for name, gpus, gpu_type, rack in zip(
+                                    nodes.name, nodes.gpus_total, nodes.gpu_type, nodes.rack,
+                                    strict=True)))
+    order = np.argsort(jobs.submit_s, kind="stable")
+    specs, speeds, found = [], [], []
+    for row in order.tolist():
+        speed_1gpu = float(jobs.speed_1gpu[row])
+        progress = float(jobs.progress[row])
+        left = max(1.0 - progress, _MIN_LEFT)
+        work = float(remaining_1gpu_s[row]) * speed_1gpu / left
+        specs.append(JobSpec(jobs.job_id[row], min(float(jobs.submit_s[row]), state.time_s),
+                             int(jobs.requested_gpus[row]), work, int(jobs.min_workers[row]),
+                             int(jobs.max_workers[row]), float(jobs.restore_s[row])))
+        speeds.append(speed_of(speed_1gpu, float(jobs.scaling_alpha[row]),
+                               float(jobs.scaling_beta[row])))
+        status = int(jobs.status[row])
+        placement = jobs.placement[row]
+        placed = (tuple(nodes.name[n] for n in placement)
+                  if all(nodes.ready[n] for n in placement) else ())
+        found.append(FoundJob(
+            done=work * (1.0 - left), nodes=placed,
+            restore_left_s=float(jobs.restore_s[row]) if status == JobStatus.RESTARTING else 0.0,
+            attained_gpu_s=float(jobs.attained_gpu_s[row]), run_s=float(jobs.run_s[row]),
+            restarts=int(jobs.restarts[row])))
+    sim = Simulator(cluster, Workload("rebuilt", tuple(specs)), speeds, params)
+    unusable = [name for name, ready, cordoned in zip(nodes.name, nodes.ready, nodes.cordoned,
+                                                       strict=True) if not ready or cordoned]
+    sim.start_as_found(state.time_s, found, unusable)
+    return sim

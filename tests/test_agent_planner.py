@@ -1,0 +1,214 @@
+"""The planning policy: a simulator rebuilt from a `ClusterState` stands where the cluster
+stands and runs on as the original would, the planner served from it decides like the
+in-simulator lookahead, and `rlalloc planner fit` saves, loads and refuses as documented."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agent.evaluation import run_policy
+from agent.heuristics import ElasticConfig, ElasticPolicy
+from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
+from agent.planner import PROFILES_DIR, planning_policy
+from agent.registry import PLANNER_FILE, load_policy
+from env.errors import UserError
+from env.profiles import DEFAULT_PROFILES_ROOT
+from env.rebuild import simulator_from_state
+from env.scenario import Scenario, build_scenario
+from env.simulator import Simulator
+from env.state import ActionKind, ClusterState, JobStatus
+from tests.test_agent_job_sizes import NO_FAILURES
+
+POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
+needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+SMALL = ("synthetic:40:3:3", "1x4")
+
+
+def _cli(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "env.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _sim_at_decision(decisions: int, seed: int = 3) -> Simulator:
+    """A small synthetic run (generic jobs: the state's curve is their exact speed model)
+    after `decisions` decision points of elastic-srpt-0.25."""
+    sim = build_scenario(*SMALL, seed=seed).simulator(NO_FAILURES, seed)
+    policy = load_policy("elastic-srpt-0.25")
+    for _ in range(decisions):
+        for _ in range(sim.params.max_actions_per_decision):
+            action = policy.act(sim.state())
+            if action.kind == ActionKind.NOOP or not sim.apply(action):
+                break
+        sim.advance()
+    return sim
+
+
+def _true_remaining(sim: Simulator) -> np.ndarray:
+    return sim.remaining_work_s(list(sim.state().jobs.job_id))
+
+
+def test_rebuilt_simulator_shows_the_state_it_was_built_from():
+    sim = _sim_at_decision(25)
+    state = sim.state()
+    assert (state.jobs.status == JobStatus.RUNNING).any() and (state.jobs.workers == 0).any()
+    rebuilt = simulator_from_state(state, _true_remaining(sim))
+    again = rebuilt.state()
+    assert again.time_s == state.time_s
+    for column in ("job_id", "status", "workers", "placement", "requested_gpus", "min_workers",
+                   "max_workers", "restarts"):
+        assert list(getattr(again.jobs, column)) == list(getattr(state.jobs, column)), column
+    for column in ("progress", "attained_gpu_s", "run_s", "speed_1gpu", "scaling_alpha"):
+        np.testing.assert_allclose(getattr(again.jobs, column), getattr(state.jobs, column),
+                                   rtol=1e-6, err_msg=column)
+    assert list(again.nodes.gpus_free) == list(state.nodes.gpus_free)
+    np.testing.assert_allclose(rebuilt.remaining_work_s(list(state.jobs.job_id)),
+                               _true_remaining(sim), rtol=1e-5)
+
+
+def test_rebuilt_simulator_runs_the_rest_as_the_original_would():
+    """With the true sizes and the jobs' exact speed model, the copy's future under a policy is
+    the original's without later arrivals: the same job-seconds to the end."""
+    policy = load_policy("elastic-srpt-0.25")
+    for decisions in (10, 25, 40):
+        sim = _sim_at_decision(decisions)
+        state = sim.state()
+        if (state.jobs.status == JobStatus.RESTARTING).any():
+            continue  # the copy pays a restore in progress again (module docstring)
+        rebuilt = simulator_from_state(state, _true_remaining(sim))
+        assert cost_to_go(rebuilt, policy) == pytest.approx(cost_to_go(sim.fork(0.0), policy),
+                                                            rel=1e-4)
+        break
+    else:
+        pytest.fail("no decision point without a restoring job")
+
+
+def test_cordoned_and_down_nodes_take_no_new_workers_in_the_copy():
+    """A cordoned node's jobs run on, but as they leave its GPUs stay free; a down node
+    (not Ready) loses its jobs to the queue and gets nothing."""
+    sim = build_scenario("synthetic:40:3:3", "3x4", seed=3).simulator(NO_FAILURES, 3)
+    policy = load_policy("elastic")
+    run_policy(sim, policy.act, limit_s=1800.0)
+    state = sim.state()
+    busy = int(np.argmin(state.nodes.gpus_free))
+    assert state.nodes.gpus_free[busy] < state.nodes.gpus_total[busy]
+    state.nodes.cordoned[busy] = True
+    down = (busy + 1) % 3
+    on_down = {job for job, nodes in zip(state.jobs.job_id, state.jobs.placement, strict=True)
+               if down in nodes}
+    assert on_down
+    state.nodes.ready[down] = False
+    rebuilt = simulator_from_state(state, _true_remaining(sim))
+    copy = rebuilt.state().jobs
+    assert {job for job, workers in zip(copy.job_id, copy.workers, strict=True)
+            if workers == 0} >= on_down
+    free = [int(state.nodes.gpus_free[busy])]
+    while not rebuilt.done:
+        for _ in range(rebuilt.params.max_actions_per_decision):
+            action = policy.act(rebuilt.state())
+            if action.kind == ActionKind.NOOP or not rebuilt.apply(action):
+                break
+        nodes = rebuilt.state().nodes
+        free.append(int(nodes.gpus_free[busy]))
+        assert nodes.cordoned[busy] and nodes.cordoned[down]
+        assert nodes.gpus_free[down] == nodes.gpus_total[down]
+        rebuilt.advance()
+    assert free == sorted(free) and free[-1] == state.nodes.gpus_total[busy]
+
+
+def _told(config: ElasticConfig, scenario: Scenario) -> ElasticPolicy:
+    """`config` told each job's true size by its id, also for a job drawn from history (whose
+    id carries a ``history<k>/`` prefix)."""
+    size_s = {job.job_id: job.work / speed.speed_1gpu
+              for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True)}
+
+    def remaining(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+        total = np.array([size_s[state.jobs.job_id[row].rsplit("/", 1)[-1]]
+                          for row in rows.tolist()])
+        return (1.0 - state.jobs.progress[rows].astype(np.float64)) * total
+
+    return ElasticPolicy(config, "told", remaining)
+
+
+def test_planner_from_the_state_decides_like_the_lookahead_in_the_simulator():
+    """Drawing its one future from the workload itself, the planner (forks of a copy rebuilt
+    from the state) makes the lookahead's decisions (forks of the run's own simulator) and
+    ends with the same JCT: the rebuild loses nothing a controller needs."""
+    scenario = build_scenario(*SMALL, seed=3)
+    results = []
+    for served in (False, True):
+        sim = scenario.simulator(NO_FAILURES, 3)
+        base = _told(ElasticConfig(remaining_power=0.25), scenario)
+        alternatives = [_told(ElasticConfig(remaining_power=0.5), scenario),
+                        _told(ElasticConfig(), scenario)]
+        history = HistoryArrivals.of_scenarios([scenario], 1e9, samples=1, seed=0)
+        policy = (planning_policy(base, alternatives, history, "planner") if served else
+                  LookaheadPolicy(lambda _state, sim=sim: sim, base, alternatives,
+                                  Future(math.inf)))
+        result = run_policy(sim, policy.act)
+        assert result.finished
+        results.append((result.metrics["avg_jct_s"], policy.contested, policy.deviations))
+    (in_sim_jct, in_sim_contested, in_sim_deviations), (served_jct, contested, deviations) = results
+    assert deviations > 0
+    assert (contested, deviations) == (in_sim_contested, in_sim_deviations)
+    assert served_jct == pytest.approx(in_sim_jct, rel=1e-6)
+
+
+@needs_pollux
+def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
+    out = tmp_path / "planner"
+    workloads = [str(POLLUX / f"workload-{i}.csv") for i in (1, 2)]
+    proc = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
+                "--samples", "2", "--horizon", "30m", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((out / PLANNER_FILE).read_text())
+    assert saved["samples"] == 2 and saved["horizon_s"] == 1800.0
+    assert [len(w["jobs"]) for w in saved["history"]] == [160, 160]
+    assert "workload-2.csv" in (out / "card.md").read_text()
+    assert saved["profiles"] and sorted(p.name for p in (out / PROFILES_DIR).iterdir()) == \
+        saved["profiles"]
+    planner = load_policy(str(out))
+    assert planner.name == "planner" and planner.history.samples == 2
+    sim = build_scenario(str(POLLUX / "workload-3.csv"), "16x4").simulator(NO_FAILURES, 0)
+    run_policy(sim, planner.act, limit_s=2 * 3600.0)
+    assert planner.contested > 0 and sim.invalid_actions == 0
+    # the copy runs the jobs on their profiles: with the sizes exact (the table knows every
+    # Pollux curve), it is the original without later arrivals, once no job is restoring
+    while (sim.state().jobs.status == JobStatus.RESTARTING).any():
+        sim.advance()
+    assert cost_to_go(planner.sim_at(sim.state()), planner.base) == pytest.approx(
+        cost_to_go(sim.fork(0.0), planner.base), rel=1e-4)
+    again = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
+                 "--out", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr
+    assert json.loads((out / PLANNER_FILE).read_text()) == saved
+    forced = _cli("planner", "fit", "--workload", workloads[1], "--workload", workloads[0],
+                  "--samples", "2", "--horizon", "30m", "--out", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr  # the copied profiles are replaced too
+    for damaged in ('{"format_version": 1, "base": "elastic"}', "[1, 2]",
+                    (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"static"', 1)):
+        (out / PLANNER_FILE).write_text(damaged)
+        with pytest.raises(UserError, match=f"{PLANNER_FILE}: .*fit it again") as err:
+            load_policy(str(out))
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--workload", "synthetic", "--workload", "synthetic:30"], "application"),
+    (["--workload", "synthetic"], "at least two"),
+    (["--workload", "a", "--workload", "b", "--base", "static"], "--base static"),
+    (["--workload", "a", "--workload", "b", "--alternatives", "elastic,tiresias"],
+     "--alternatives tiresias"),
+    (["--workload", "a", "--workload", "b", "--horizon", "sampled-1h"], "--horizon"),
+    (["--workload", "a", "--workload", "b", "--samples", "0"], "--samples"),
+])
+def test_planner_fit_refuses_in_one_line(tmp_path, argv, named):
+    proc = _cli("planner", "fit", *argv, "--out", str(tmp_path / "p"))
+    assert proc.returncode == 2, proc.stderr
+    assert named in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "p" / PLANNER_FILE).exists()

@@ -1,0 +1,157 @@
+"""`rlalloc evaluate`'s report: it says when seeds repeated one run, keeps equal curves
+visible in its plots, and is replaced whole or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.figure
+import numpy as np
+import pytest
+
+from agent import evaluate_cmd
+from agent.evaluate_cmd import RunSpec, results_markdown, seeds_repeat, summarise
+from env.cli import main
+from env.metrics import METRIC_KEYS
+
+EVALUATE = ["evaluate", "--cluster", "2x4", "--seeds", "2", "--jobs", "1", "--failures", "none",
+            "--policies", "static,elastic"]
+JOBS_CSV = ("job_id,submit_s,num_gpus,duration_s\n"
+            "a,0,4,3600\nb,60,4,1800\nc,120,2,900\nd,300,8,600\n")
+"""A workload file: nothing in it is drawn from the seed."""
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory`, hidden ones included (relative path -> bytes)."""
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _runs(avg_jct_s: dict[tuple[str, int], float], workloads=("w",)) -> dict[RunSpec, dict]:
+    """Runs of each (policy, seed) with every metric at this avg JCT, on every workload (but
+    mean_recovery_s, NaN as in a run without failures)."""
+    return {RunSpec(policy, workload, seed, "2x4", 0.0): {
+                "metrics": {**dict.fromkeys(METRIC_KEYS, jct), "mean_recovery_s": float("nan")},
+                "finished": True}
+            for (policy, seed), jct in avg_jct_s.items() for workload in workloads}
+
+
+def _report(results: dict[RunSpec, dict], names: dict[str, str]) -> dict:
+    seeds = sorted({spec.seed for spec in results})
+    workloads = sorted({spec.workload for spec in results})
+    return summarise(results, names, workloads, seeds, "2x4", "none")
+
+
+@pytest.mark.parametrize("jcts, repeated", [
+    ({("a", 0): 10.0, ("a", 1): 10.0, ("b", 0): 8.0, ("b", 1): 8.0}, ["a", "b"]),
+    ({("a", 0): 10.0, ("a", 1): 10.0, ("b", 0): 8.0, ("b", 1): 9.0}, ["a"]),
+    ({("a", 0): 10.0, ("a", 1): 11.0, ("b", 0): 8.0, ("b", 1): 9.0}, []),
+    ({("a", 0): 10.0, ("b", 0): 8.0}, []),  # one seed: nothing to repeat
+])
+def test_seeds_that_repeat_one_run_are_found_from_the_runs(jcts, repeated):
+    names = {"a": "a", "b": "b"}
+    assert seeds_repeat(_runs(jcts), names) == repeated  # NaN metrics equal their copies
+    note = results_markdown(_report(_runs(jcts), names), with_paired=False)
+    if repeated == ["a", "b"]:
+        assert "all 2 seeds gave the same run for every policy" in note
+        assert "the ± are 0" in note and "--failures" in note
+    elif repeated:
+        assert "all 2 seeds gave the same run for `a` on each workload" in note
+    else:
+        assert "gave the same run" not in note
+
+
+def test_repeated_seeds_over_several_workloads_say_the_ci_is_too_narrow():
+    jcts = {("a", 0): 10.0, ("a", 1): 10.0, ("b", 0): 8.0, ("b", 1): 8.0}
+    note = results_markdown(_report(_runs(jcts, ("w1", "w2")), {"a": "a", "b": "b"}), False)
+    assert "as if independent" in note and "the ± are 0" not in note
+
+
+def test_evaluate_of_a_workload_file_without_failures_says_its_seeds_repeat(tmp_path, capsys):
+    workload = tmp_path / "jobs.csv"
+    workload.write_text(JOBS_CSV)
+    assert main([*EVALUATE, "--workload", str(workload), "--out", str(tmp_path / "file")]) == 0
+    report = json.loads((tmp_path / "file" / "results.json").read_text())
+    assert report["seeds_repeat"] == ["static", "elastic"]
+    assert "seeds gave the same run" in (tmp_path / "file" / "results.md").read_text()
+    assert main([*EVALUATE, "--workload", "synthetic:8:1.0", "--out",
+                 str(tmp_path / "synthetic")]) == 0  # a synthetic workload draws per seed
+    report = json.loads((tmp_path / "synthetic" / "results.json").read_text())
+    assert report["seeds_repeat"] == []
+    assert "same run" not in (tmp_path / "synthetic" / "results.md").read_text()
+    capsys.readouterr()
+
+
+def _capture_figures(monkeypatch) -> dict[str, matplotlib.figure.Figure]:
+    """Figures by file name instead of PNGs."""
+    drawn: dict[str, matplotlib.figure.Figure] = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, **kw: drawn.__setitem__(Path(path).name, fig))
+    return drawn
+
+
+def test_a_policy_with_the_same_curves_as_another_stays_visible(tmp_path, monkeypatch):
+    """ppo equals elastic run for run: drawn solid, its line would hide elastic's."""
+    drawn = _capture_figures(monkeypatch)
+    results = {}
+    for policy, factor in (("static", 1.0), ("elastic", 0.8), ("ppo", 0.8)):
+        for seed in (0, 1):
+            results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
+                "metrics": {"avg_jct_s": 100.0 * factor},
+                "jcts_s": np.array([50.0, 100.0]) * factor,
+                "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8 * factor],
+                           "queued_jobs": [factor, 0]}}
+    names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
+    evaluate_cmd._plots(results, names, tmp_path, reference="static")
+    for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png"):
+        ax = drawn[png].axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == ["static", "elastic", "ppo (same as elastic)"], png
+        assert [text.get_text() for text in ax.get_legend().get_texts()] == list(lines), png
+        assert lines["static"].get_linestyle() == lines["elastic"].get_linestyle() == "-"
+        assert lines["ppo (same as elastic)"].get_linestyle() != "-", png  # dashed over it
+
+
+def test_equal_curves_take_turns_along_the_line():
+    """Each of the equal curves drawn over the first shows in its own stretch."""
+    x = np.array([0.0, 1.0])
+    curves = {"a": (x, x), "b": (x, x), "c": (x, 2 * x), "d": (x, x)}
+    assert evaluate_cmd.same_curves(curves) == {"b": "a", "d": "a"}
+    starts = set()
+    for member in (1, 2):
+        offset, (on, off) = evaluate_cmd._dash_style(member, 3)
+        assert on + off == 3 * on
+        starts.add((on + off - offset) % (on + off))
+    assert len(starts) == 2 and 2 * on not in starts  # the last stretch is the solid one's
+
+
+def _interrupt_at_second_figure(monkeypatch) -> None:
+    """Ctrl-C while the plots are drawn, after the first figure was saved."""
+    save = matplotlib.figure.Figure.savefig
+    saved = []
+
+    def savefig(fig, path, **kwargs):
+        if saved:
+            raise KeyboardInterrupt
+        saved.append(path)
+        save(fig, path, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+
+
+def test_an_evaluate_stopped_while_writing_keeps_the_earlier_results_whole(
+        tmp_path, monkeypatch, capsys):
+    """results.json, results.md and plots are replaced together or not at all: a Ctrl-C among
+    the plots left the new results beside the replaced run's plots."""
+    out = tmp_path / "eval"
+    run = [*EVALUATE, "--workload", "synthetic:8:1.0", "--out", str(out)]
+    assert main(run) == 0
+    earlier = files(out)
+    _interrupt_at_second_figure(monkeypatch)
+    assert main([*run, "--seeds", "1", "--force"]) == 130
+    assert files(out) == earlier  # no staging directory left either
+    fresh = tmp_path / "fresh" / "eval"
+    assert main([*run[:-1], str(fresh)]) == 130
+    assert not (tmp_path / "fresh").exists()  # nothing new behind
+    capsys.readouterr()
