@@ -182,17 +182,25 @@ def told_sizes(base: str, remaining_work: RemainingWork | None, name: str) -> El
     return ElasticPolicy(HEURISTICS[base]().config, name, remaining_work)
 
 
+def read_saved_policy(path: Path, format_version: int, command: str) -> dict:
+    """The JSON object a policy directory's `path` holds, written in `format_version`: a
+    `UserError` naming `command` (that fits it again) for another version; OSError, ValueError
+    or TypeError for a file that is missing, not JSON or not an object, which the caller words
+    with what the file is."""
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict):
+        raise TypeError(f"it holds a {type(raw).__name__}, not an object")
+    if raw.get("format_version") != format_version:
+        raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this rlalloc "
+                        f"reads {format_version}; fit it again with `{command}`")
+    return raw
+
+
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`."""
     path = Path(directory) / SIZES_FILE
     try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise TypeError(f"it holds a {type(raw).__name__}, not an object")
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
-                            f"rlalloc reads {FORMAT_VERSION}; fit it again with "
-                            "`rlalloc sizes fit`")
+        raw = read_saved_policy(path, FORMAT_VERSION, "rlalloc sizes fit")
         base = str(raw["base"])
         sizes = JobSizeHistory.from_json(raw["curves"])
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -25,7 +25,6 @@ end of the jobs it knows of: seconds of one core, against a 5-minute decision in
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from agent.heuristics import ElasticPolicy
-from agent.job_sizes import CurveKey, JobSizeHistory, curve_key, told_sizes
+from agent.job_sizes import (
+    CurveKey,
+    JobSizeHistory,
+    curve_key,
+    read_saved_policy,
+    told_sizes,
+)
 from agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
 from agent.registry import PLANNER_FILE
 from env.errors import UserError
@@ -162,13 +167,7 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
     """The planner saved by `save_planner` in `directory`; a damaged file is a `UserError`."""
     path = Path(directory) / PLANNER_FILE
     try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise TypeError(f"it holds a {type(raw).__name__}, not an object")
-        if raw.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"{path}: format_version {raw.get('format_version')!r}, this "
-                            f"rlalloc reads {FORMAT_VERSION}; fit it again with "
-                            "`rlalloc planner fit`")
+        raw = read_saved_policy(path, FORMAT_VERSION, "rlalloc planner fit")
         if raw["history_columns"] != list(HISTORY_COLUMNS):
             raise ValueError(f"history_columns {raw['history_columns']!r}")
         sizes = JobSizeHistory.from_json(raw["curves"])

@@ -98,3 +98,13 @@ class WorkLedger:
             if now < before - 1e-6:
                 assert failed and jobs.status[row] == JobStatus.QUEUED, (job_id, before, now)
             self._progress[job_id] = now
+
+
+def run_decisions(sim: Simulator, policy: object, decisions: int) -> None:
+    """Drive `sim` with `policy` for `decisions` decision points (as `run_policy` does)."""
+    for _ in range(decisions):
+        for _ in range(sim.params.max_actions_per_decision):
+            action = policy.act(sim.state())
+            if action.kind == ActionKind.NOOP or not sim.apply(action):
+                break
+        sim.advance()

@@ -24,7 +24,7 @@ from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
 from env.scenario import build_scenario
 from env.simulator import Simulator
-from env.state import ActionKind
+from tests.sim_helpers import run_decisions
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the lookahead deviates from elastic-srpt-0.25 (4 times, known future)."""
@@ -48,16 +48,6 @@ def _lookahead_jct(future: Future, history: HistoryArrivals | None = None) -> tu
     return result.metrics["avg_jct_s"], lookahead.deviations
 
 
-def _run_decisions(sim: Simulator, policy, decisions: int) -> None:
-    """Drive `sim` with `policy` for `decisions` decision points (as `run_policy` does)."""
-    for _ in range(decisions):
-        for _ in range(sim.params.max_actions_per_decision):
-            action = policy.act(sim.state())
-            if action.kind == ActionKind.NOOP or not sim.apply(action):
-                break
-        sim.advance()
-
-
 def test_fork_repeats_the_run_with_the_same_failures_and_leaves_the_original_alone():
     policy = load_policy("elastic")
     reference = _small_sim(FAILURE_PRESETS["stress"] * 20)
@@ -65,7 +55,7 @@ def test_fork_repeats_the_run_with_the_same_failures_and_leaves_the_original_alo
     assert reference.accounting.summary()["failures"] > 0  # the random draws matter here
 
     sim = _small_sim(FAILURE_PRESETS["stress"] * 20)
-    _run_decisions(sim, policy, 40)
+    run_decisions(sim, policy, 40)
     before = (sim.time_s, sim.jobs_in_system, sim.events_processed)
     fork = sim.fork()
     run_policy(fork, policy.act)
@@ -78,7 +68,7 @@ def test_fork_repeats_the_run_with_the_same_failures_and_leaves_the_original_alo
 @pytest.mark.parametrize("known_s", [0.0, 1200.0])
 def test_fork_knows_only_the_arrivals_within_its_horizon(known_s):
     sim = _small_sim()
-    _run_decisions(sim, load_policy("elastic"), 20)
+    run_decisions(sim, load_policy("elastic"), 20)
     known = sum(j.submit_s <= sim.time_s + known_s for j in sim.workload.jobs)
     assert known < len(sim.workload.jobs) and sim.has_pending_arrivals
     fork = sim.fork(arrivals_known_s=known_s)
@@ -95,7 +85,7 @@ def test_fork_told_the_real_arrivals_as_extra_jobs_repeats_the_known_future():
     policy = load_policy("elastic-srpt-0.25")
     scenario = build_scenario(*SMALL, seed=0)
     sim = _small_sim()
-    _run_decisions(sim, policy, 20)
+    run_decisions(sim, policy, 20)
     later = [row for row, job in enumerate(scenario.workload.jobs) if job.submit_s > sim.time_s]
     assert later and sim.jobs_in_system
     renamed = tuple(replace(scenario.workload.jobs[row], job_id=f"told/{row}") for row in later)
@@ -139,7 +129,7 @@ def test_parse_future(text, future):
 def test_cost_to_go_is_the_rest_of_the_total_jct():
     policy = load_policy("elastic-srpt-0.25")
     sim = _small_sim()
-    _run_decisions(sim, policy, 25)
+    run_decisions(sim, policy, 25)
     now = sim.time_s
     cost = cost_to_go(sim.fork(), policy)
     run_policy(sim, policy.act)

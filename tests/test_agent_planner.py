@@ -23,6 +23,7 @@ from env.rebuild import simulator_from_state
 from env.scenario import Scenario, build_scenario
 from env.simulator import Simulator
 from env.state import ActionKind, ClusterState, JobStatus
+from tests.sim_helpers import run_decisions
 from tests.test_agent_job_sizes import NO_FAILURES
 
 POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
@@ -39,13 +40,7 @@ def _sim_at_decision(decisions: int, seed: int = 3) -> Simulator:
     """A small synthetic run (generic jobs: the state's curve is their exact speed model)
     after `decisions` decision points of elastic-srpt-0.25."""
     sim = build_scenario(*SMALL, seed=seed).simulator(NO_FAILURES, seed)
-    policy = load_policy("elastic-srpt-0.25")
-    for _ in range(decisions):
-        for _ in range(sim.params.max_actions_per_decision):
-            action = policy.act(sim.state())
-            if action.kind == ActionKind.NOOP or not sim.apply(action):
-                break
-        sim.advance()
+    run_decisions(sim, load_policy("elastic-srpt-0.25"), decisions)
     return sim
 
 
