@@ -67,31 +67,41 @@ def parse_future(text: str) -> Future:
     return Future(float(match[2]) * (3600.0 if match[3] == "h" else 60.0), bool(match[1]))
 
 
+_DAY_S = 86_400.0
+
 Arrivals = tuple[tuple[JobSpec, ...], tuple[JobSpeed, ...]]
 """Jobs a fork is told will arrive, with their speed models."""
 
 
 class HistoryArrivals:
-    """Sampled futures: the jobs that arrived in the next `horizon_s` at the same time of day in
-    past workloads of the cluster (a job's submit time read as a time of day: a workload starts
-    at midnight, as the simulator counts time).
+    """Sampled futures: the jobs that arrived in the next `horizon_s` at the same time of day on
+    past days of the cluster (a job's submit time read as a time of day: a workload starts at
+    midnight, as the simulator counts time, and one longer than a day gives a day each).
 
     The Pollux workloads are 8-hour samples of one trace and share its daily shape (each of the
     eight gets the most arrivals in hour 6, about twice its hourly mean), so the same hour of
-    another workload is a plausible next hour. Each call to `draw` picks `samples` distinct history
-    workloads at random (seeded: runs repeat).
+    another workload is a plausible next hour. Each call to `draw` picks `samples` distinct past
+    days at random (seeded: runs repeat). A horizon that runs past midnight continues at the
+    start of the same day, as if it came again (one of a day or more takes the rest of the day).
     """
 
     def __init__(self, history: Sequence[Arrivals], horizon_s: float, samples: int,
                  seed: int) -> None:
         assert history and samples > 0 and horizon_s > 0
         self.horizon_s = horizon_s
-        self.samples = min(samples, len(history))
         self._rng = np.random.default_rng(seed)
-        self._pool = []
+        self._pool: list[tuple[list[float], tuple[JobSpec, ...], tuple[JobSpeed, ...]]] = []
         for index, (jobs, speeds) in enumerate(history):
-            renamed = tuple(replace(job, job_id=f"history{index}/{job.job_id}") for job in jobs)
-            self._pool.append(([job.submit_s for job in renamed], renamed, tuple(speeds)))
+            days: dict[int, list[int]] = {}
+            for row, job in enumerate(jobs):
+                days.setdefault(int(job.submit_s // _DAY_S), []).append(row)
+            for day, rows in sorted(days.items()):
+                renamed = tuple(replace(jobs[row], job_id=f"history{index}/{jobs[row].job_id}",
+                                        submit_s=jobs[row].submit_s - day * _DAY_S)
+                                for row in rows)
+                self._pool.append(([job.submit_s for job in renamed], renamed,
+                                   tuple(speeds[row] for row in rows)))
+        self.samples = min(samples, len(self._pool))
 
     @staticmethod
     def of_scenarios(history: Sequence[Scenario], horizon_s: float, samples: int,
@@ -102,20 +112,22 @@ class HistoryArrivals:
 
     def draw(self, now_s: float, time_of_day_s: float | None = None) -> list[Arrivals]:
         """`samples` futures for the instant `now_s`, which is `time_of_day_s` into its day
-        (default: `now_s`, a simulation's first day): the jobs submitted in the next horizon
-        after that time of day in as many history workloads, moved to the same offset from
-        `now_s`."""
-        day_s = now_s if time_of_day_s is None else time_of_day_s
+        (default: `now_s` into the first day): the jobs submitted in the next horizon after
+        that time of day on as many past days, moved to the same offset from `now_s`."""
+        day_s = (now_s if time_of_day_s is None else time_of_day_s) % _DAY_S
         futures = []
         for pick in self._rng.choice(len(self._pool), size=self.samples, replace=False):
             submit, jobs, speeds = self._pool[pick]
-            lo = bisect.bisect_right(submit, day_s)
-            hi = bisect.bisect_right(submit, day_s + self.horizon_s)
-            drawn = jobs[lo:hi]
-            if day_s != now_s:
-                drawn = tuple(replace(job, submit_s=job.submit_s - day_s + now_s)
-                              for job in drawn)
-            futures.append((drawn, speeds[lo:hi]))
+            windows = [(day_s, day_s + self.horizon_s, now_s - day_s)]
+            if day_s + self.horizon_s > _DAY_S > self.horizon_s:  # the day's start again
+                windows.append((-1.0, day_s + self.horizon_s - _DAY_S, now_s - day_s + _DAY_S))
+            drawn, drawn_speeds = [], []
+            for after, until, shift in windows:
+                lo, hi = bisect.bisect_right(submit, after), bisect.bisect_right(submit, until)
+                drawn += [replace(job, submit_s=job.submit_s + shift) if shift else job
+                          for job in jobs[lo:hi]]
+                drawn_speeds += speeds[lo:hi]
+            futures.append((tuple(drawn), tuple(drawn_speeds)))
         return futures
 
 

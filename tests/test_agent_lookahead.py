@@ -24,7 +24,8 @@ from env.failures import FAILURE_PRESETS, FailureParams
 from env.params import SimParams
 from env.scenario import build_scenario
 from env.simulator import Simulator
-from tests.sim_helpers import run_decisions
+from env.workload.spec import JobSpec
+from tests.sim_helpers import GENERIC, run_decisions
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the lookahead deviates from elastic-srpt-0.25 (4 times, known future)."""
@@ -297,3 +298,25 @@ def test_headroom_force_record_keeps_old_recordings_until_its_runs_finish(tmp_pa
     assert [p.name for p in (tmp_path / RECORDINGS_DIR).iterdir()] == [
         recording_path(tmp_path, SMALL[0], "none").name]
     assert not list(tmp_path.glob(".staging-*"))
+
+
+def _spec(job_id: str, submit_s: float) -> JobSpec:
+    return JobSpec(job_id, submit_s, 1, 100.0, 1, 4, 30.0)
+
+
+def test_history_draws_by_time_of_day_from_each_past_day_and_wraps_at_midnight():
+    """A two-day workload is two past days; the drawn jobs keep their time of day, moved to
+    the instant drawn for (a live clock's day 30 here); an hour from 23:30 takes 23:30-24:00
+    and then 0:00-0:30 of the same day."""
+    day = 86_400.0
+    jobs = tuple(_spec(f"j{i}", t) for i, t in enumerate(
+        [600.0, 84_700.0, day + 1200.0, day + 85_000.0]))
+    history = HistoryArrivals([(jobs, (GENERIC,) * len(jobs))], 3600.0, samples=5, seed=0)
+    assert history.samples == 2  # two past days, not one workload
+    now = 30 * day + 84_600.0  # 23:30 on day 30
+    drawn = {job.job_id: job.submit_s for future, _ in history.draw(now, 84_600.0)
+             for job in future}
+    assert drawn == {"history0/j1": now + 100.0, "history0/j3": now + 400.0,  # by 24:00
+                     "history0/j0": now + 2400.0, "history0/j2": now + 3000.0}  # 0:10, 0:20
+    assert all(job.submit_s > now for future, _ in history.draw(now, 84_600.0)
+               for job in future)
