@@ -191,11 +191,13 @@ class LookaheadPolicy:
         if len(candidates) == 1:
             return base_action
         self.contested += 1
-        futures: list[Arrivals] = (self.history.draw(state.time_s, state.time_of_day_s)
+        sim = self.sim_at(state)  # its clock may be the state's less whole days (env.rebuild)
+        futures: list[Arrivals] = (self.history.draw(sim.time_s, state.time_of_day_s)
                                    if self.future.sampled else [((), ())])
-        sim = self.sim_at(state)
         self.last_costs = {action: self._costs(sim, action, futures) for action in candidates}
         base_costs = self.last_costs[base_action]
+        if not np.isfinite(base_costs).all():
+            return base_action  # nothing to weigh the others against
         best_action, best_cost = base_action, float(np.mean(base_costs))
         for action in candidates[1:]:
             costs = self.last_costs[action]
@@ -213,7 +215,7 @@ class LookaheadPolicy:
             if action == NOOP:
                 costs[i] = cost_to_go(fork, self.base, stop_deciding=True)
                 continue
-            applied = fork.apply(action)
-            assert applied, (action, fork.validate(action))
-            costs[i] = cost_to_go(fork, self.base)
+            # valid in the state, a proposal can still be refused by a copy rebuilt from it
+            # (a job on a down node is queued there): it cannot be weighed, so it never wins
+            costs[i] = cost_to_go(fork, self.base) if fork.apply(action) else math.inf
         return costs

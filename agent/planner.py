@@ -120,7 +120,7 @@ def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
     a card and the profiles under `profiles_root` of the applications the size table names,
     for the planner over the past workloads `history` (name -> scenario). All of them replace
     an earlier planner's together or not at all."""
-    from env.output import staged_outputs, write_atomic, write_json
+    from env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     applications = sorted({application for kinds in sizes.kinds.values()
                            for application, _ in kinds})
@@ -139,6 +139,8 @@ def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
             "history": [{"workload": name, "jobs": history_rows(scenario)}
                         for name, scenario in history.items()]})
         write_atomic(staging / "card.md", _card(config, history, copied, command))
+    if not copied:  # an earlier fit's profiles must not pass for this one's
+        remove_outputs(directory, [PROFILES_DIR])
 
 
 def _card(config: dict, history: dict[str, Scenario], profiles: list[str], command: str) -> str:
@@ -163,6 +165,26 @@ def _card(config: dict, history: dict[str, Scenario], profiles: list[str], comma
         f"Command: `{command}`", ""])
 
 
+def _speeds_of(directory: Path, applications: list[str], sizes: JobSizeHistory) -> SpeedOf:
+    """The speed models of a saved planner: its copied profiles of `applications` (the curves
+    alone when it has none); a `UserError` when one of them is missing, since the planner would
+    run on, quietly keeping little of its gain (docs/agent.md, "The planner")."""
+    if not applications:
+        return curve_speed
+    folder = directory / PROFILES_DIR
+    try:
+        profiles = load_profiles(folder)
+    except UserError as err:
+        reason = str(err).split(";")[0].removeprefix(f"{folder}: ")
+        raise UserError(f"{folder}: the planner's copied profiles cannot be read ({reason}); "
+                        "fit it again with `rlalloc planner fit`") from None
+    missing = sorted(set(applications) - set(profiles))
+    if missing:
+        raise UserError(f"{folder}: the profiles of {', '.join(missing)} are missing; fit the "
+                        "planner again with `rlalloc planner fit`")
+    return profiled_speeds(sizes, profiles)
+
+
 def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
     """The planner saved by `save_planner` in `directory`; a damaged file is a `UserError`."""
     path = Path(directory) / PLANNER_FILE
@@ -172,8 +194,7 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
             raise ValueError(f"history_columns {raw['history_columns']!r}")
         sizes = JobSizeHistory.from_json(raw["curves"])
         names = [str(raw["base"]), *map(str, raw["alternatives"])]
-        speed_of = (profiled_speeds(sizes, load_profiles(Path(directory) / PROFILES_DIR))
-                    if raw["profiles"] else curve_speed)
+        speed_of = _speeds_of(Path(directory), [str(a) for a in raw["profiles"]], sizes)
         history = HistoryArrivals([history_arrivals(w["jobs"], speed_of)
                                    for w in raw["history"]], float(raw["horizon_s"]),
                                   int(raw["samples"]), int(raw["seed"]))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from agent.planner import PROFILES_DIR
-from agent.registry import MODEL_META_FILE, PLANNER_FILE
+from agent.registry import PLANNER_FILE, refuse_other_policy
 from env.argtypes import POSITIVE_INT, SEED, unique_names
 from env.cluster import add_cluster_flag
 from env.errors import UserError
@@ -67,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from env.profiles import default_profiles_root
     from env.scenario import build_scenario
 
-    if (args.out / MODEL_META_FILE).exists():  # its card.md is the model's, not ours to replace
-        raise UserError(f"--out {args.out}: holds a model trained by `rlalloc train` "
-                        f"({MODEL_META_FILE}), which --force does not replace; choose another "
-                        "--out")
+    refuse_other_policy(args.out, PLANNER_FILE)
     for flag, names in (("--base", [args.base]), ("--alternatives", args.alternatives)):
         for name in names:
             try:
@@ -87,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     config = {"base": args.base, "alternatives": args.alternatives,
               "horizon_s": args.horizon, "samples": args.samples, "seed": args.seed,
               "cluster": args.cluster, "fitted_on": list(history)}
-    save_planner(args.out, config, sizes, history, command, default_profiles_root())
+    try:
+        save_planner(args.out, config, sizes, history, command, default_profiles_root())
+    except OSError as err:
+        raise UserError(f"--out {args.out}: cannot write the planner ({err.strerror or err}); "
+                        "an earlier planner there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(len(s.workload.jobs) for s in history.values())} past jobs) and card.md; "
           "compare it with its base on workloads W it was not fitted on: `rlalloc evaluate "

@@ -46,6 +46,10 @@ imports nothing of it."""
 MODEL_META_FILE = "policy.json"
 """A saved model's metadata file (`agent.deployed` writes it), named here so that recognising a
 saved model imports no torch."""
+POLICY_FILES = {SIZES_FILE: "a size table (`rlalloc sizes fit`)",
+                MODEL_META_FILE: "a trained model (`rlalloc train`)",
+                PLANNER_FILE: "a planner (`rlalloc planner fit`)"}
+"""The file that makes a directory each kind of saved policy, with what writes it."""
 SHIPPED_MODELS = ("ppo", "dqn")
 """Names of the learned policies shipped in `MODELS_DIR`."""
 
@@ -59,6 +63,16 @@ def elastic_names() -> tuple[str, ...]:
     """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
     they can be told them (`agent.job_sizes.told_sizes`)."""
     return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))
+
+
+def refuse_other_policy(out: Path, own: str) -> None:
+    """A one-line `UserError` if `out` holds a saved policy of a kind other than the one whose
+    file is `own` (a `POLICY_FILES` key): each writes card.md, so a `--force` of one command
+    into another's directory would replace that card and leave a directory that is neither."""
+    for name, kind in POLICY_FILES.items():
+        if name != own and (Path(out) / name).exists():
+            raise UserError(f"--out {out}: holds {kind} ({name}), which --force does not "
+                            "replace; choose another --out")
 
 
 def load_policy(name_or_path: str) -> Policy:
@@ -77,23 +91,23 @@ def load_policy(name_or_path: str) -> Policy:
                             f"{directory}` or pass a model directory")
         return _load_learned(directory, name_or_path)
     path = Path(name_or_path)
-    if (path / PLANNER_FILE).is_file():
+    kinds = [name for name in POLICY_FILES if (path / name).is_file()]
+    if len(kinds) > 1:  # `--force` of one command into another's OUT, before they refused it
+        raise UserError(f"{path}: holds both {POLICY_FILES[kinds[0]]} ({kinds[0]}) and "
+                        f"{POLICY_FILES[kinds[1]]} ({kinds[1]}), so which policy it is is "
+                        "unclear; move one of them to a directory of its own")
+    if PLANNER_FILE in kinds:
         from agent.planner import load_planner
 
         return load_planner(path, name=path.name)
-    if (path / SIZES_FILE).is_file():
-        if (path / MODEL_META_FILE).is_file():  # `--force` of one command into the other's OUT
-            raise UserError(f"{path}: holds both a size table ({SIZES_FILE}, `rlalloc sizes fit`) "
-                            f"and a trained model ({MODEL_META_FILE}, `rlalloc train`), so which "
-                            "policy it is is unclear; move one of them to a directory of its own")
+    if SIZES_FILE in kinds:
         from agent.job_sizes import load_sized_policy
 
         return load_sized_policy(path, name=path.name)
     if path.is_dir():
         return _load_learned(path, path.name)
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files
-        saved = any((path.parent / f).is_file()
-                    for f in (SIZES_FILE, MODEL_META_FILE, PLANNER_FILE))
+        saved = any((path.parent / f).is_file() for f in POLICY_FILES)
         hint = (f"give its directory, {path.parent}" if saved else
                 "give the directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")

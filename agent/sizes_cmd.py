@@ -13,12 +13,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from agent.registry import MODEL_META_FILE
+from agent.job_sizes import SIZES_FILE
+from agent.registry import refuse_other_policy
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
 
-OUTPUT_FILES = ("sizes.json", "card.md")
+OUTPUT_FILES = (SIZES_FILE, "card.md")
 """What `rlalloc sizes fit` writes into --out."""
 
 
@@ -39,10 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
     from env.scenario import build_scenario
 
-    if (args.out / MODEL_META_FILE).exists():  # its card.md is the model's, not ours to replace
-        raise UserError(f"--out {args.out}: holds a model trained by `rlalloc train` "
-                        f"({MODEL_META_FILE}), which --force does not replace; choose another "
-                        "--out")
+    refuse_other_policy(args.out, SIZES_FILE)
     try:
         told_sizes(args.base, None, args.base)
     except UserError as err:

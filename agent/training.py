@@ -37,8 +37,8 @@ from agent.distill import Recording, fit_advantages, load_recordings, prefer_bas
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
-from agent.job_sizes import SIZES_FILE, JobSizeHistory, learn_sizes
-from agent.registry import load_policy
+from agent.job_sizes import JobSizeHistory, learn_sizes
+from agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
 from agent.residual import (
     follow_first,
     init_follow_head,
@@ -437,9 +437,7 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
     `out` holds an earlier run and neither `resume` nor `force` says what to do with it, or
     if a resume finds no run there, changes the network's algorithm or action space or would
     add no steps."""
-    if (out / SIZES_FILE).exists():  # not ours to replace, and beside a model it is ambiguous
-        raise UserError(f"{out}: holds a size table ({SIZES_FILE} of `rlalloc sizes fit`), which "
-                        "--force does not replace; choose another --out for the trained model")
+    refuse_other_policy(out, MODEL_META_FILE)  # not ours to replace, ambiguous beside a model
     earlier = [name for name in RUN_FILES if (out / name).exists()]
     if not resume:
         if earlier and not force:

@@ -95,6 +95,12 @@ class RunAccounting:
             setattr(self, name, np.concatenate([getattr(self, name), column]))
 
     # --- integration ---------------------------------------------------------------------
+    def start_at(self, t: float) -> None:
+        """Begin the integrals and time series at `t` rather than 0 (a simulator started where
+        a live cluster stands, `Simulator.start_as_found`): nothing before it is recorded."""
+        assert self._t == 0.0, "start_at must come before any time passes"
+        self._t = self._next_sample = self._next_demand = t
+
     def advance(self, t: float) -> None:
         """Integrate the current levels from the last call up to time t."""
         dt = t - self._t

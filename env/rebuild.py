@@ -20,10 +20,15 @@ every job's true size and exact speed model. A controller in a real cluster has 
 - **Failures**: none are drawn; down and cordoned nodes take no new workers, and a job with a
   worker on a down node is queued (its checkpoint's progress is not in the state, so it keeps
   its current progress).
+- **Capacity**: a node has the GPUs the state leaves free plus those its jobs hold, so GPUs of
+  pods the state does not manage stay taken.
+- **Decisions**: every `SimParams` default, the 300 s decision interval included, whatever
+  interval the caller decides at (the actuator's is 30 s).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -39,6 +44,7 @@ from env.workload.spec import JobSpec, Workload
 NO_FAILURE_PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 """A rebuilt simulator's parameters: the defaults, no failures drawn."""
 
+_DAY_S = 86_400.0
 _MIN_LEFT = 1e-6
 """Smallest share of a job taken as still to do: a job at progress 1 is finishing now."""
 
@@ -57,39 +63,55 @@ SpeedOf = Callable[[float, float, float], JobSpeed]
 
 
 def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
-                         speed_of: SpeedOf = curve_speed,
-                         params: SimParams = NO_FAILURE_PARAMS) -> Simulator:
-    """A simulator at `state.time_s` holding the nodes and jobs of `state`, each job with
-    `remaining_1gpu_s` (state order) of work left and the speed model `speed_of` gives its
-    curve; see the module docstring for the rest."""
+                         speed_of: SpeedOf = curve_speed) -> Simulator:
+    """A simulator holding the nodes and jobs of `state`, each job with `remaining_1gpu_s`
+    (state order) of work left and the speed model `speed_of` gives its curve; see the module
+    docstring for the rest.
+
+    Its clock starts at midnight of the day the oldest job was submitted (`start_as_found`
+    processes nothing before now, but the simulator would otherwise keep a live clock's
+    1.7e9 s of time series and health chunks in every fork), so its `time_s` is the state's
+    less whole days: every time of day, wait and age is the state's.
+    """
     nodes, jobs = state.nodes, state.jobs
+    origin = math.floor(min(float(jobs.submit_s.min(initial=state.time_s)), state.time_s)
+                        / _DAY_S) * _DAY_S
+    placed_gpus = np.zeros(len(nodes.name), dtype=np.int64)
+    for placement in jobs.placement:
+        np.add.at(placed_gpus, list(placement), 1)
+    # a node's GPUs are what the state leaves free plus what its jobs hold: GPUs of pods the
+    # state does not know (other tenants) stay out of the copy
+    capacity = np.where(nodes.ready, nodes.gpus_free + placed_gpus, nodes.gpus_total)
     cluster = ClusterSpec(tuple(NodeSpec(name, int(gpus), gpu_type, int(rack))
                                 for name, gpus, gpu_type, rack in zip(
-                                    nodes.name, nodes.gpus_total, nodes.gpu_type, nodes.rack,
+                                    nodes.name, capacity, nodes.gpu_type, nodes.rack,
                                     strict=True)))
     order = np.argsort(jobs.submit_s, kind="stable")
     specs, speeds, found = [], [], []
     for row in order.tolist():
         speed_1gpu = float(jobs.speed_1gpu[row])
-        progress = float(jobs.progress[row])
-        left = max(1.0 - progress, _MIN_LEFT)
+        left = max(1.0 - float(jobs.progress[row]), _MIN_LEFT)
         work = float(remaining_1gpu_s[row]) * speed_1gpu / left
-        specs.append(JobSpec(jobs.job_id[row], min(float(jobs.submit_s[row]), state.time_s),
-                             int(jobs.requested_gpus[row]), work, int(jobs.min_workers[row]),
-                             int(jobs.max_workers[row]), float(jobs.restore_s[row])))
+        specs.append(JobSpec(jobs.job_id[row], min(float(jobs.submit_s[row]), state.time_s)
+                             - origin, int(jobs.requested_gpus[row]), work,
+                             int(jobs.min_workers[row]), int(jobs.max_workers[row]),
+                             float(jobs.restore_s[row])))
         speeds.append(speed_of(speed_1gpu, float(jobs.scaling_alpha[row]),
                                float(jobs.scaling_beta[row])))
-        status = int(jobs.status[row])
         placement = jobs.placement[row]
         placed = (tuple(nodes.name[n] for n in placement)
                   if all(nodes.ready[n] for n in placement) else ())
+        restoring = int(jobs.status[row]) == JobStatus.RESTARTING
         found.append(FoundJob(
             done=work * (1.0 - left), nodes=placed,
-            restore_left_s=float(jobs.restore_s[row]) if status == JobStatus.RESTARTING else 0.0,
+            restore_left_s=float(jobs.restore_s[row]) if restoring else 0.0,
+            started=bool(placement) or jobs.run_s[row] > 0 or jobs.restarts[row] > 0,
             attained_gpu_s=float(jobs.attained_gpu_s[row]), run_s=float(jobs.run_s[row]),
             restarts=int(jobs.restarts[row])))
-    sim = Simulator(cluster, Workload("rebuilt", tuple(specs)), speeds, params)
-    unusable = [name for name, ready, cordoned in zip(nodes.name, nodes.ready, nodes.cordoned,
-                                                       strict=True) if not ready or cordoned]
-    sim.start_as_found(state.time_s, found, unusable)
+    sim = Simulator(cluster, Workload("rebuilt", tuple(specs)), speeds, NO_FAILURE_PARAMS)
+    sim.start_as_found(state.time_s - origin, found,
+                       down=[n for n, ready in zip(nodes.name, nodes.ready, strict=True)
+                             if not ready],
+                       cordoned=[n for n, cordoned in zip(nodes.name, nodes.cordoned,
+                                                          strict=True) if cordoned])
     return sim

@@ -98,9 +98,15 @@ class FoundJob:
     """The node of each worker; () while queued."""
     restore_left_s: float = 0.0
     """Restore still to pay before it trains (0 for a job already training)."""
+    started: bool = False
+    """Whether it has run before (placed now, suspended or requeued): a start then pays the
+    restore, as a restart does."""
     attained_gpu_s: float = 0.0
+    """GPU-seconds it has held."""
     run_s: float = 0.0
+    """Seconds it has held GPUs."""
     restarts: int = 0
+    """Restarts so far."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,32 +298,42 @@ class Simulator:
             self._push_health(event)
 
     def start_as_found(self, time_s: float, found: Sequence[FoundJob],
-                       unusable_nodes: Sequence[str] = ()) -> None:
+                       down: Sequence[str] = (), cordoned: Sequence[str] = ()) -> None:
         """Put this fresh simulator where a live cluster stands at `time_s`: every job of the
-        workload (all submitted by then) is as `found` says, in workload order; the
-        `unusable_nodes` (down or cordoned) take no new workers.
+        workload (all submitted by then) is as `found` says, in workload order; the `down`
+        nodes are down and the `cordoned` ones cordoned.
 
         A simulator rebuilt from a `ClusterState` (`env.rebuild`) starts this way, so that a
-        controller can fork it for lookahead. Jobs already placed count as started: a later
-        resize pays their restore. Accounting before `time_s` is meaningless; lookahead reads
-        only what happens after it.
+        controller can fork it for lookahead. Nothing before `time_s` is simulated or
+        accounted: the jobs arrive at `time_s`, and the time series start there. It needs a
+        simulator without failures, whose health process would start at time 0.
         """
         assert self.time_s == 0.0 and not self._active, "start_as_found needs a fresh simulator"
+        assert self.params.failures.failures_per_gpu_day == 0, "start_as_found draws no failures"
         assert len(found) == len(self.job_ids), (len(found), len(self.job_ids))
-        self._process_until(time_s)
-        assert not self._arrivals_pending, "every job must be submitted by time_s"
-        for name in unusable_nodes:
+        assert all(t <= time_s for t in self._submit_list), "every job must be submitted"
+        self._events, self._arrivals_pending = [], 0
+        self.accounting.start_at(time_s)
+        self.time_s = time_s
+        self._health_pulled_until = time_s
+        for name in down:
+            node = self.node_index[name]
+            self._down[node], self._gpus_free[node] = True, 0
+        for name in cordoned:
             self._cordoned[self.node_index[name]] = True
         for row, job in enumerate(found):
+            self._status[row] = _QUEUED
+            self._active[row] = None
+            self.accounting.change(queued_gpus=int(self._requested[row]), queued_jobs=1)
             self._done[row] = job.done
             self._attained[row] = job.attained_gpu_s
             self._run_s[row] = job.run_s
             self._restarts[row] = job.restarts
+            self._started_once[row] = job.started
             if job.nodes:
-                self._started_once[row] = True
-                self.accounting.job_started(row, time_s)
                 self._allocate(row, tuple(sorted(self.node_index[n] for n in job.nodes)),
                                time_s, job.restore_left_s)
+        self._snapshot_rows = None
         self._health_changed()
 
     def fork(self, arrivals_known_s: float = math.inf, extra_jobs: Sequence[JobSpec] = (),

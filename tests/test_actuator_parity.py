@@ -222,7 +222,8 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
             rebuilt = report.built.state
             _assert_same_state(state, rebuilt, names)
             got = report.outcomes[0][0].action if report.outcomes else NOOP
-            if not np.allclose(rebuilt.jobs.progress, state.jobs.progress, atol=1e-6):
+            if make_policy is _planner and not np.allclose(rebuilt.jobs.progress,
+                                                           state.jobs.progress, atol=1e-6):
                 unseen += 1  # a stopped job's rollback (see _assert_same_state)
                 continue
             if _translate(expected, names) != got:
@@ -231,8 +232,10 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
         server.stop()
     assert mismatches == [], f"{len(mismatches)} of {len(recorded)} decisions differ: " \
                              f"{mismatches[:5]}"
-    # Only the planner reads a stopped job's progress (its copy's sizes), so for the others
-    # the states that differ there must decide alike too; they are a few in any case.
+    # The planner rebuilds its copy from every job's progress, a stopped job's included, and
+    # its forks turn a small difference there into another choice; where the actuator's state
+    # is the simulator's it must decide alike, and that is nearly everywhere. The heuristics
+    # are compared at every point.
     assert unseen <= len(recorded) // 10
 
 

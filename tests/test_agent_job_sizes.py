@@ -150,19 +150,32 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
         load_policy(str(out))
 
 
-def test_a_directory_with_a_size_table_and_a_trained_model_is_refused(tmp_path):
+@pytest.mark.parametrize("files, named", [
+    ((SIZES_FILE, "policy.json"), "a size table .* and a trained model"),
+    (("planner.json", SIZES_FILE), "a size table .* and a planner"),
+    (("planner.json", "policy.json"), "a trained model .* and a planner"),
+])
+def test_a_directory_with_two_kinds_of_policy_is_refused(tmp_path, files, named):
     """`sizes fit --force` into a model's directory (or `train --force` into a size table's,
     which keeps sizes.json) left a model that silently ran as the sized heuristic."""
-    (tmp_path / SIZES_FILE).write_text("{}")
-    (tmp_path / "policy.json").write_text("{}")
-    with pytest.raises(UserError, match="holds both a size table .* and a trained model"):
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(UserError, match=f"holds both {named}"):
         load_policy(str(tmp_path))
+
+
+_PLANNER_FIT = ["planner", "fit", "--workload", "synthetic:8:1.0", "--workload", "synthetic"]
 
 
 @pytest.mark.parametrize("kept, argv", [
     ("policy.json", ["sizes", "fit", "--workload", "synthetic:8:1.0", "--cluster", "2x4"]),
     (SIZES_FILE, ["train", "--workload", "synthetic:8:1.0", "--cluster", "2x4",
                   "--timesteps", "64"]),
+    ("planner.json", ["sizes", "fit", "--workload", "synthetic:8:1.0", "--cluster", "2x4"]),
+    ("planner.json", ["train", "--workload", "synthetic:8:1.0", "--cluster", "2x4",
+                      "--timesteps", "64"]),
+    (SIZES_FILE, _PLANNER_FIT),
+    ("policy.json", _PLANNER_FIT),
 ])
 def test_neither_command_writes_into_the_others_directory_even_with_force(tmp_path, kept,
                                                                           argv):

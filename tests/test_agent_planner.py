@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from env.profiles import DEFAULT_PROFILES_ROOT
 from env.rebuild import simulator_from_state
 from env.scenario import Scenario, build_scenario
 from env.simulator import Simulator
-from env.state import ActionKind, ClusterState, JobStatus
+from env.state import Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes
 from tests.sim_helpers import run_decisions
 from tests.test_agent_job_sizes import NO_FAILURES
 
@@ -110,10 +111,69 @@ def test_cordoned_and_down_nodes_take_no_new_workers_in_the_copy():
                 break
         nodes = rebuilt.state().nodes
         free.append(int(nodes.gpus_free[busy]))
-        assert nodes.cordoned[busy] and nodes.cordoned[down]
-        assert nodes.gpus_free[down] == nodes.gpus_total[down]
+        assert nodes.cordoned[busy] and not nodes.ready[down]
+        assert not any(down in placement for placement in rebuilt.state().jobs.placement)
         rebuilt.advance()
     assert free == sorted(free) and free[-1] == state.nodes.gpus_total[busy]
+
+
+def _as_read_live(state: ClusterState, days: int, foreign_gpus: dict[int, int] | None = None
+                  ) -> ClusterState:
+    """`state` as the actuator would build it `days` whole days later on a wall clock (Unix
+    seconds), with `foreign_gpus` (node -> GPUs) held by pods it does not manage."""
+    shift = days * 86_400.0
+    jobs = Jobs.from_records([replace(state.jobs.record(i), submit_s=state.jobs.submit_s[i]
+                                      + shift) for i in range(state.jobs.count)])
+    nodes = [state.nodes.record(i) for i in range(len(state.nodes.name))]
+    for node, gpus in (foreign_gpus or {}).items():
+        nodes[node] = replace(nodes[node], gpus_free=nodes[node].gpus_free - gpus)
+    return ClusterState(time_s=state.time_s + shift, nodes=Nodes.from_records(nodes), jobs=jobs,
+                        demand=state.demand, time_of_day_s=state.time_of_day_s)
+
+
+def test_a_state_read_on_a_wall_clock_rebuilds_into_the_same_copy():
+    """At Unix time (1.7e9 s) the copy starts at midnight of the oldest job's day: it records
+    nothing of the decades before, and its future is the simulated state's."""
+    sim = _sim_at_decision(25)
+    state = sim.state()
+    live = _as_read_live(state, days=20_000)
+    assert live.time_s > 1.7e9
+    policy = load_policy("elastic-srpt-0.25")
+    copies = [simulator_from_state(s, _true_remaining(sim)) for s in (state, live)]
+    assert copies[1].state().time_of_day_s == pytest.approx(state.time_of_day_s)
+    assert copies[1].time_s < 86_400.0 and len(copies[1].accounting.series["t"]) <= 1
+    assert cost_to_go(copies[1], policy) == pytest.approx(cost_to_go(copies[0], policy),
+                                                          rel=1e-9)
+
+
+def test_gpus_of_pods_the_state_does_not_manage_stay_taken_in_the_copy():
+    sim = build_scenario("synthetic:40:3:3", "3x4", seed=3).simulator(NO_FAILURES, 3)
+    run_policy(sim, load_policy("elastic").act, limit_s=600.0)
+    state = sim.state()
+    node = int(np.argmax(state.nodes.gpus_free))
+    assert state.nodes.gpus_free[node] >= 1
+    shared = _as_read_live(state, days=0, foreign_gpus={node: 1})
+    copy = simulator_from_state(shared, _true_remaining(sim)).state()
+    assert list(copy.nodes.gpus_free) == list(shared.nodes.gpus_free)
+
+
+def test_a_suspended_job_pays_its_restore_to_start_again_in_the_copy():
+    """A job that ran before and holds no GPUs now (suspended, or requeued by a failure)
+    resumes from a checkpoint, in the copy as in the cluster."""
+    sim = _sim_at_decision(25)
+    running = next(job for job, status in zip(sim.state().jobs.job_id, sim.state().jobs.status,
+                                               strict=True) if status == JobStatus.RUNNING)
+    assert sim.apply(Action(ActionKind.SCALE, running, 0))
+    state = sim.state()
+    copy = simulator_from_state(state, _true_remaining(sim))
+    row = state.jobs.job_id.index(running)
+    again = Action(ActionKind.SCALE, running, 1, (state.nodes.name[
+        int(np.argmax(state.nodes.gpus_free))],))
+    for world in (sim.fork(), copy):
+        assert world.apply(again)
+        after = world.state().jobs
+        assert after.status[row] == JobStatus.RESTARTING
+        assert after.restarts[row] == state.jobs.restarts[row] + 1
 
 
 def _told(config: ElasticConfig, scenario: Scenario) -> ElasticPolicy:

@@ -217,6 +217,9 @@ def test_unknown_header(tmp_path):
         # a misspelt required column is named for its rename, as an optional one is below
         ("job_id,submit_s,num_gpu,duration_s\na,0,1,10\n",
          "missing column(s) num_gpus; rename num_gpu to num_gpus"),
+        # ... but a valid optional column is never offered as one (min_gpus is no num_gpus)
+        ("job_id,submit_s,min_gpus,max_gpus,duration_s\na,0,1,2,10\n",
+         "missing column(s) num_gpus; the header must include"),
         ("name,time,application,num_replica,batchsize\nj,0,ncf,1,64\n",
          "missing column(s) num_replicas, batch_size; rename num_replica to num_replicas; "
          "rename batchsize to batch_size"),

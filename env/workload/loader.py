@@ -16,7 +16,7 @@ from pathlib import Path
 from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.profiles import AppProfile, default_profiles_root, require_profiles
-from env.workload.canonical import CANONICAL_COLUMNS, load_canonical
+from env.workload.canonical import CANONICAL_COLUMNS, CANONICAL_OPTIONAL_COLUMNS, load_canonical
 from env.workload.philly import PHILLY_COLUMNS, load_philly
 from env.workload.pollux import POLLUX_COLUMNS, load_pollux
 from env.workload.spec import Workload
@@ -32,6 +32,8 @@ replay takes about a second. Needs no data files."""
 _FORMATS = (("Philly", PHILLY_COLUMNS), ("Pollux", POLLUX_COLUMNS),
             ("canonical", CANONICAL_COLUMNS))
 """Workload formats by their required columns, in the order a header is matched against them."""
+_OPTIONAL = {"canonical": CANONICAL_OPTIONAL_COLUMNS}
+"""Each format's optional columns, where it has any."""
 _USAGE = (f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
           f"(e.g. {SYNTHETIC}:500:0.9:24)")
 
@@ -80,7 +82,7 @@ def _format_of(path: Path, header: set[str]) -> str:
         problem = "the file is empty" if not header - {""} else "header matches no workload format"
         raise UserError(f"{path}: {problem}; start the file with a header line, one of "
                         f"{formats}; see docs/workloads.md")
-    require_columns(path, header, required, fmt)
+    require_columns(path, header, required, fmt, _OPTIONAL.get(fmt, ()))
     return fmt
 
 

@@ -68,21 +68,23 @@ def read_table(
             f"{path}: cannot read as CSV ({err.__class__.__name__}); fix or re-export the file"
         ) from err
     df.columns = [str(c).strip() for c in df.columns]
-    require_columns(path, set(df.columns), required, fmt)
+    require_columns(path, set(df.columns), required, fmt, optional or ())
     if df.empty:
         raise UserError(f"{path}: {fmt} workload has a header but no jobs; add rows")
     return df
 
 
-def require_columns(path: Path, header: set[str], required: tuple[str, ...], fmt: str) -> None:
+def require_columns(path: Path, header: set[str], required: tuple[str, ...], fmt: str,
+                    optional: tuple[str, ...] = ()) -> None:
     """One-line `UserError` naming the `required` columns of format `fmt` that `header` lacks,
     and for each the header's closest other column to rename (``num_gpu``): a misspelt
     required column is as common as a misspelt optional one, which `reject_bad_columns`
-    already names this way."""
+    already names this way. The format's `optional` columns are never offered: ``min_gpus``
+    is no misspelt ``num_gpus``."""
     missing = [c for c in required if c not in header]
     if missing:
         must = f"the header must include {','.join(required)}"
-        renames = _closest_renames(missing, sorted(header - set(required)))
+        renames = _closest_renames(missing, sorted(header - set(required) - set(optional)))
         fix = "; ".join(f"rename {found} to {wanted}" for wanted, found in renames.items())
         raise UserError(f"{path}: {fmt} workload is missing column(s) {', '.join(missing)}; "
                         + (f"{fix} ({must}; " if fix else f"{must} (") + "see docs/workloads.md)")
