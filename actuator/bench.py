@@ -29,6 +29,11 @@ from env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
 from env.signals import load_signals
 from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
+_CLOCK_S = 1_767_225_600.0 + 8 * 3600.0
+"""The cluster's wall clock, 2026-01-01 08:00 UTC in Unix seconds, as the actuator reads it:
+a policy that rebuilds a simulator from the state (`agent.planner`) pays for a clock far
+from 0 if it mishandles one."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench actuator`."""
@@ -72,7 +77,8 @@ def synthetic_state(n_nodes: int, n_jobs: int, seed: int) -> ClusterState:
                 placement = (node,) * requested
         status = JobStatus.RUNNING if placement else JobStatus.QUEUED
         jobs.append(JobInfo(
-            job_id=f"job-{j:05d}", status=status, submit_s=float(j), requested_gpus=requested,
+            job_id=f"job-{j:05d}", status=status, submit_s=_CLOCK_S - n_jobs + j,
+            requested_gpus=requested,
             min_workers=1, max_workers=max(requested * 2, 2), workers=len(placement),
             placement=placement, throughput=float(len(placement)), progress=float(rng.random()),
             since_checkpoint_s=float(rng.uniform(0, 1800))))
@@ -81,8 +87,9 @@ def synthetic_state(n_nodes: int, n_jobs: int, seed: int) -> ClusterState:
                       xid_errors_5m=2 if i in warned else 0, gpu_util=1.0 - free[i] / 8)
              for i in range(n_nodes)]
     queued = sum(j.requested_gpus for j in jobs if not j.placement)
-    return ClusterState(time_s=float(n_jobs) + 3600.0, nodes=Nodes.from_records(nodes),
-                        jobs=Jobs.from_records(jobs), demand=Demand(pending_gpus=queued))
+    return ClusterState(time_s=_CLOCK_S + 3600.0, nodes=Nodes.from_records(nodes),
+                        jobs=Jobs.from_records(jobs), demand=Demand(pending_gpus=queued),
+                        time_of_day_s=(_CLOCK_S + 3600.0) % 86_400.0)
 
 
 def measure(policy: Policy, n_nodes: int = 500, n_jobs: int = 1000, repeats: int = 5,

@@ -20,7 +20,8 @@ one policy directory by `rlalloc planner fit`:
   curve.
 
 Each contested decision costs one rebuild and `samples` forks per candidate, each run to the
-end of the jobs it knows of: seconds of one core, against a 5-minute decision interval.
+end of the jobs it knows of: about a second of one core on the Pollux workloads, against the
+actuator's 30 s cycle (docs/agent.md, "The planner").
 """
 
 from __future__ import annotations
