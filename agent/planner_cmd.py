@@ -11,6 +11,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.planner import PROFILES_DIR
 from agent.registry import PLANNER_FILE, refuse_other_policy
@@ -18,6 +19,9 @@ from env.argtypes import POSITIVE_INT, SEED, unique_names
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
+
+if TYPE_CHECKING:
+    from env.scenario import Scenario
 
 OUTPUT_FILES = (PLANNER_FILE, "card.md", PROFILES_DIR)
 """What `rlalloc planner fit` writes into --out."""
@@ -91,7 +95,19 @@ def run(args: argparse.Namespace) -> int:
                         "an earlier planner there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(len(s.workload.jobs) for s in history.values())} past jobs) and card.md; "
+          f"{_coverage(history)}; "
           "compare it with its base on workloads W it was not fitted on: `rlalloc evaluate "
           f"--workload W --cluster {shlex.quote(args.cluster)} --policies "
           f"{args.base},{shlex.quote(str(args.out))} --reference {args.base}`")
     return 0
+
+
+def _coverage(history: dict[str, Scenario]) -> str:
+    """Which hours of the day the history's arrivals fall in: outside them every drawn future
+    is empty and the planner sees only the jobs already submitted (a workload's time 0 is
+    midnight UTC on a live cluster's clock)."""
+    times = [job.submit_s % 86_400.0 for s in history.values() for job in s.workload.jobs]
+    first, last = min(times), max(times)
+    return (f"its futures come from arrivals between {first // 3600:.0f}:{first % 3600 // 60:02.0f}"
+            f" and {last // 3600:.0f}:{last % 3600 // 60:02.0f} of the day (UTC; a workload "
+            "starts at midnight), none at other times")

@@ -221,6 +221,7 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
     proc = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
                 "--samples", "2", "--horizon", "30m", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    assert "futures come from arrivals between 0:0" in proc.stdout  # the Pollux 8-hour days
     saved = json.loads((out / PLANNER_FILE).read_text())
     assert saved["samples"] == 2 and saved["horizon_s"] == 1800.0
     assert [len(w["jobs"]) for w in saved["history"]] == [160, 160]
