@@ -310,9 +310,7 @@ class Twin:
         """The simulator's `health_listener`: a node's warning, failure or repair, told as a
         `TwinEvent` (runs inside `sim.advance`, before the twin mirrors the change, so the
         pods still show which jobs a failure hit)."""
-        kind = _HEALTH_KINDS.get(event.kind)
-        if kind is None:
-            return
+        kind = _HEALTH_KINDS[event.kind]  # the simulator tells no "calm" (an episode's end)
         node = self.sim.node_names[event.node]
         self._report(TwinEvent(time_s, kind, node,
                                tuple(self._jobs_on(node)) if kind == "failed" else ()))
