@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -239,13 +240,24 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
         sim.advance()
     assert cost_to_go(planner.sim_at(sim.state()), planner.base) == pytest.approx(
         cost_to_go(sim.fork(0.0), planner.base), rel=1e-4)
+    profiles = out / PROFILES_DIR
+    shutil.rmtree(profiles / saved["profiles"][0])  # the planner would quietly use the curve
+    with pytest.raises(UserError, match=f"profiles of {saved['profiles'][0]} are missing"):
+        load_policy(str(out))
+    shutil.rmtree(profiles)
+    with pytest.raises(UserError, match="copied profiles cannot be read .*fit it again"):
+        load_policy(str(out))
     again = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
                  "--out", str(out))
     assert again.returncode == 2 and "--force" in again.stderr
     assert json.loads((out / PLANNER_FILE).read_text()) == saved
     forced = _cli("planner", "fit", "--workload", workloads[1], "--workload", workloads[0],
                   "--samples", "2", "--horizon", "30m", "--out", str(out), "--force")
-    assert forced.returncode == 0, forced.stderr  # the copied profiles are replaced too
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(p.name for p in profiles.iterdir()) == saved["profiles"]
+    forced = _cli("planner", "fit", "--workload", workloads[1], "--workload", workloads[0],
+                  "--out", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr  # over read-write copies of read-only data
     for damaged in ('{"format_version": 1, "base": "elastic"}', "[1, 2]",
                     (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"static"', 1)):
         (out / PLANNER_FILE).write_text(damaged)
