@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,12 +116,31 @@ def history_arrivals(rows: Sequence[Sequence[float]],
     return tuple(jobs), tuple(speeds)
 
 
-def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
+@dataclass(frozen=True)
+class PlannerConfig:
+    """What `rlalloc planner fit` was asked for, saved in `PLANNER_FILE` as it was given."""
+
+    base: str
+    """The elastic heuristic followed unless a lookahead shows another proposal better."""
+    alternatives: tuple[str, ...]
+    """The elastic heuristics whose proposals are weighed against the base's."""
+    horizon_s: float
+    """How far ahead each drawn future reaches."""
+    samples: int
+    """Futures drawn per contested decision."""
+    seed: int
+    """Seed of the draws."""
+    cluster: str
+    """--cluster as given."""
+    fitted_on: tuple[str, ...]
+    """The past workloads, as given."""
+
+
+def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
                  history: dict[str, Scenario], command: str, profiles_root: Path | None) -> None:
-    """Write `PLANNER_FILE` (`config`: base, alternatives, horizon_s, samples, seed, cluster),
-    a card and the profiles under `profiles_root` of the applications the size table names,
-    for the planner over the past workloads `history` (name -> scenario). All of them replace
-    an earlier planner's together or not at all."""
+    """Write `PLANNER_FILE`, a card and the profiles under `profiles_root` of the applications
+    the size table names, for the planner over the past workloads `history` (name ->
+    scenario). All of them replace an earlier planner's together or not at all."""
     from env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     applications = sorted({application for kinds in sizes.kinds.values()
@@ -134,7 +154,7 @@ def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
             for path in sorted((profiles_root / application).glob("*.csv")):
                 shutil.copyfile(path, target / path.name)
         write_json(staging / PLANNER_FILE, {
-            "format_version": FORMAT_VERSION, **config, "command": command,
+            "format_version": FORMAT_VERSION, **asdict(config), "command": command,
             "profiles": copied, "curves": sizes.to_json(),
             "history_columns": list(HISTORY_COLUMNS),
             "history": [{"workload": name, "jobs": history_rows(scenario)}
@@ -144,25 +164,26 @@ def save_planner(directory: Path, config: dict, sizes: JobSizeHistory,
         remove_outputs(directory, [PROFILES_DIR])
 
 
-def _card(config: dict, history: dict[str, Scenario], profiles: list[str], command: str) -> str:
+def _card(config: PlannerConfig, history: dict[str, Scenario], profiles: list[str],
+          command: str) -> str:
     """card.md of a saved planner: what it does, what it was fitted on, how it was made."""
     jobs = sum(len(s.workload.jobs) for s in history.values())
     speeds = (f"Jobs of {', '.join(profiles)} run in the copy on their measured profiles "
               f"({PROFILES_DIR}/), other jobs on their speed curve." if profiles else
               "Jobs run in the copy on their speed curve (no profiles were found).")
     return "\n".join([
-        f"# Planner over `{config['base']}`, told job sizes", "",
-        f"At every decision where `{config['base']}` and its alternatives "
-        f"({', '.join(f'`{a}`' for a in config['alternatives'])}) propose different actions, "
+        f"# Planner over `{config.base}`, told job sizes", "",
+        f"At every decision where `{config.base}` and its alternatives "
+        f"({', '.join(f'`{a}`' for a in config.alternatives)}) propose different actions, "
         "this policy rebuilds a simulator from the cluster state, forks it once per proposal "
         f"and per future, each future the jobs that arrived in the next "
-        f"{config['horizon_s'] / 3600:g} h at the same time of day in one of "
-        f"{config['samples']} past workloads drawn at random, runs every fork to its end "
+        f"{config.horizon_s / 3600:g} h at the same time of day in one of "
+        f"{config.samples} past days drawn at random, runs every fork to its end "
         "under the base, and takes another proposal only if it ends with less job-time in "
         "every future (`agent/planner.py`, `agent/lookahead.py`). Every heuristic is told job "
         f"sizes from the same past workloads (`agent/job_sizes.py`). {speeds}", "",
         f"Fitted on {len(history)} workload(s) ({jobs} past jobs): {', '.join(history)}; "
-        f"cluster {config['cluster']}.", "",
+        f"cluster {config.cluster}.", "",
         f"Command: `{command}`", ""])
 
 

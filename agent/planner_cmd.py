@@ -67,7 +67,7 @@ def _horizon(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Check the heuristics, fit the sizes, save the planner directory."""
     from agent.job_sizes import learn_sizes, told_sizes
-    from agent.planner import save_planner
+    from agent.planner import PlannerConfig, save_planner
     from env.profiles import default_profiles_root
     from env.scenario import build_scenario
 
@@ -85,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = learn_sizes(list(history.values()), f"--workload {' '.join(history)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
-    config = {"base": args.base, "alternatives": args.alternatives,
-              "horizon_s": args.horizon, "samples": args.samples, "seed": args.seed,
-              "cluster": args.cluster, "fitted_on": list(history)}
+    config = PlannerConfig(args.base, tuple(args.alternatives), args.horizon, args.samples,
+                           args.seed, args.cluster, tuple(history))
     try:
         save_planner(args.out, config, sizes, history, command, default_profiles_root())
     except OSError as err:
