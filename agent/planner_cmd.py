@@ -78,10 +78,16 @@ def run(args: argparse.Namespace) -> int:
                 told_sizes(name, None, name)
             except UserError as err:
                 raise UserError(f"{flag} {err}") from None
-    if len(set(args.workloads)) < 2:
+    if not args.alternatives or args.base in args.alternatives:
+        raise UserError("--alternatives: give one or more elastic heuristics other than --base "
+                        f"{args.base}; the planner only ever chooses between their proposals")
+    repeated = sorted({w for w in args.workloads if args.workloads.count(w) > 1})
+    if repeated:
+        raise UserError(f"--workload {repeated[0]}: listed twice; give each past workload once")
+    if len(args.workloads) < 2:
         raise UserError("--workload: give at least two past workloads; the planner draws "
                         "each future from a different one")
-    history = {w: build_scenario(w, args.cluster) for w in dict.fromkeys(args.workloads)}
+    history = {w: build_scenario(w, args.cluster) for w in args.workloads}
     sizes = learn_sizes(list(history.values()), f"--workload {' '.join(history)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
@@ -94,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
                         "an earlier planner there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(len(s.workload.jobs) for s in history.values())} past jobs) and card.md; "
-          f"{_coverage(history)}; "
-          "compare it with its base on workloads W it was not fitted on: `rlalloc evaluate "
-          f"--workload W --cluster {shlex.quote(args.cluster)} --policies "
-          f"{args.base},{shlex.quote(str(args.out))} --reference {args.base}`")
+          f"{_coverage(history)}. Compare it with its base told the same sizes, on workloads W "
+          "it was not fitted on (minutes per Pollux-sized workload): `rlalloc sizes fit "
+          f"{' '.join(f'--workload {shlex.quote(w)}' for w in history)} --base {args.base} "
+          "--out SIZED`, then `rlalloc evaluate --workload W --cluster "
+          f"{shlex.quote(args.cluster)} --policies SIZED,{shlex.quote(str(args.out))} "
+          "--reference SIZED --seeds 1 --failures none`")
     return 0
 
 

@@ -223,6 +223,9 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
                 "--samples", "2", "--horizon", "30m", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "futures come from arrivals between 0:0" in proc.stdout  # the Pollux 8-hour days
+    # the hint compares it with its base told the same sizes, not with the plain base
+    assert "--reference SIZED --seeds 1 --failures none" in proc.stdout
+    assert f"rlalloc sizes fit --workload {workloads[0]}" in proc.stdout
     saved = json.loads((out / PLANNER_FILE).read_text())
     assert saved["samples"] == 2 and saved["horizon_s"] == 1800.0
     assert [len(w["jobs"]) for w in saved["history"]] == [160, 160]
@@ -272,6 +275,10 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
     (["--workload", "a", "--workload", "b", "--base", "static"], "--base static"),
     (["--workload", "a", "--workload", "b", "--alternatives", "elastic,tiresias"],
      "--alternatives tiresias"),
+    (["--workload", "a", "--workload", "b", "--alternatives", ""], "--alternatives: give"),
+    (["--workload", "a", "--workload", "b", "--alternatives", "elastic,elastic-srpt-0.25"],
+     "other than --base elastic-srpt-0.25"),
+    (["--workload", "a", "--workload", "b", "--workload", "a"], "--workload a: listed twice"),
     (["--workload", "a", "--workload", "b", "--horizon", "sampled-1h"], "--horizon"),
     (["--workload", "a", "--workload", "b", "--samples", "0"], "--samples"),
 ])
