@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
                                limit_s=limit_s)
         metrics = sim.accounting.summary()
         unfinished = len(scenario.workload.jobs) - metrics["jobs_completed"]
+        lookahead = _lookahead_counts(policy)
         write_json(out / "metrics.json", {
             **metrics,
             "finished": finished,
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "efficiency": args.efficiency,
             "params": dataclasses.asdict(params),
+            **({"lookahead": lookahead} if lookahead else {}),
         })
     table = Table(title=f"{args.workload} on {scenario.cluster.describe()} - {policy.name}")
     table.add_column("metric")
@@ -106,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         value = metrics[key]
         table.add_row(key, metric_text(value))
     Console().print(table)
+    if lookahead:
+        print(f"{policy.name} left its base at {lookahead['deviations']} of the "
+              f"{lookahead['contested']} decisions where the heuristics' proposals differed")
     print(f"wrote {out / 'metrics.json'}")
     if finished:
         return 0
@@ -113,6 +118,16 @@ def run(args: argparse.Namespace) -> int:
           f"jobs unfinished at the simulated-time limit ({limit_s:,.0f} s); the "
           "metrics cover the finished jobs only", file=sys.stderr)
     return UNFINISHED_EXIT_CODE
+
+
+def _lookahead_counts(policy: object) -> dict[str, int] | None:
+    """A lookahead policy's (the planner's) contested decisions and deviations from its base,
+    else None: without them a user cannot tell whether the planner ever left its base."""
+    from agent.lookahead import LookaheadPolicy
+
+    if not isinstance(policy, LookaheadPolicy):
+        return None
+    return {"contested": policy.contested, "deviations": policy.deviations}
 
 
 def metric_text(value: float | int) -> str:

@@ -243,6 +243,15 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
         sim.advance()
     assert cost_to_go(planner.sim_at(sim.state()), planner.base) == pytest.approx(
         cost_to_go(sim.fork(0.0), planner.base), rel=1e-4)
+    short = tmp_path / "workload-3-first-30.csv"  # simulate says how often it left its base
+    short.write_text("".join((POLLUX / "workload-3.csv").read_text().splitlines(True)[:31]))
+    simulated = _cli("simulate", "--workload", str(short), "--cluster", "16x4", "--policy",
+                     str(out), "--failures", "none", "--out", str(tmp_path / "sim"))
+    assert simulated.returncode == 0, simulated.stderr
+    counts = json.loads((tmp_path / "sim" / "metrics.json").read_text())["lookahead"]
+    assert counts["contested"] > 0
+    assert (f"planner left its base at {counts['deviations']} of the {counts['contested']} "
+            "decisions") in simulated.stdout
     profiles = out / PROFILES_DIR
     shutil.rmtree(profiles / saved["profiles"][0])  # the planner would quietly use the curve
     with pytest.raises(UserError, match=f"profiles of {saved['profiles'][0]} are missing"):
