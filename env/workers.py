@@ -19,10 +19,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from types import FrameType
 from typing import NoReturn, TypeVar
 
@@ -30,9 +28,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 INTERRUPTED_EXIT_CODE = 130
 """128 + SIGINT, as a shell reports a process that Ctrl-C ended."""
-_SIGNAL_GRACE_S = 0.5
-"""How long a broken pool waits for an interrupt that killed its workers to reach this
-process too (`ordered_results`)."""
 
 
 def worker_pool(max_workers: int) -> ProcessPoolExecutor:
@@ -54,16 +49,7 @@ def ordered_results(pool: ProcessPoolExecutor, run: Callable[[T], R],
     printed a traceback setting its error on the cancelled runs ("InvalidStateError")."""
     futures = [pool.submit(run, item) for item in items]
     for future in futures:
-        try:
-            result = future.result()
-        except BrokenProcessPool:
-            # Ctrl-C ends the workers and this process together, and the pool may notice the
-            # dead workers before this thread runs its own KeyboardInterrupt (a traceback, seen
-            # once in a full test run on a loaded machine): give a pending interrupt the moment
-            # to be raised; a worker that died of anything else still breaks the pool.
-            time.sleep(_SIGNAL_GRACE_S)
-            raise
-        yield result
+        yield future.result()
 
 
 def torch_on_one_thread() -> None:

@@ -55,7 +55,11 @@ def test_ctrl_c_of_the_whole_command_ends_it_quietly_and_at_once():
     # as a terminal's Ctrl-C: SIGINT to the command and its workers together. With pool.map the
     # stopped caller cancelled the runs left and the broken pool then printed a traceback
     # ("InvalidStateError: CANCELLED"); with SystemExit in the workers it could hang for ever
-    script = ("import sys, time\n"
+    # A job started in the background by a non-interactive shell (CI's, `make test &`) starts
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt for it: the command
+    # gets Ctrl-C's default back first, as it has in a terminal.
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from env.workers import ordered_results, worker_pool\n"
               "try:\n"
               "    with worker_pool(2) as pool:\n"
