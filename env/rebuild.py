@@ -41,7 +41,7 @@ from env.simulator import FoundJob, JobSpeed, Simulator
 from env.state import ClusterState, JobStatus
 from env.workload.spec import JobSpec, Workload
 
-NO_FAILURE_PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
+_PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 """A rebuilt simulator's parameters: the defaults, no failures drawn."""
 
 _DAY_S = 86_400.0
@@ -108,7 +108,7 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
             started=bool(placement) or jobs.run_s[row] > 0 or jobs.restarts[row] > 0,
             attained_gpu_s=float(jobs.attained_gpu_s[row]), run_s=float(jobs.run_s[row]),
             restarts=int(jobs.restarts[row])))
-    sim = Simulator(cluster, Workload("rebuilt", tuple(specs)), speeds, NO_FAILURE_PARAMS)
+    sim = Simulator(cluster, Workload("rebuilt", tuple(specs)), speeds, _PARAMS)
     sim.start_as_found(state.time_s - origin, found,
                        down=[n for n, ready in zip(nodes.name, nodes.ready, strict=True)
                              if not ready],
