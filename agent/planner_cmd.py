@@ -114,7 +114,6 @@ def _coverage(history: dict[str, Scenario]) -> str:
     is empty and the planner sees only the jobs already submitted (a workload's time 0 is
     midnight UTC on a live cluster's clock)."""
     times = [job.submit_s % 86_400.0 for s in history.values() for job in s.workload.jobs]
-    first, last = min(times), max(times)
-    return (f"its futures come from arrivals between {first // 3600:.0f}:{first % 3600 // 60:02.0f}"
-            f" and {last // 3600:.0f}:{last % 3600 // 60:02.0f} of the day (UTC; a workload "
-            "starts at midnight), none at other times")
+    first, last = (f"{int(t // 3600)}:{int(t % 3600 // 60):02d}" for t in (min(times), max(times)))
+    return (f"its futures come from arrivals between {first} and {last} of the day (UTC; a "
+            "workload starts at midnight), none at other times")

@@ -322,9 +322,7 @@ class Simulator:
         for name in cordoned:
             self._cordoned[self.node_index[name]] = True
         for row, job in enumerate(found):
-            self._status[row] = _QUEUED
-            self._active[row] = None
-            self.accounting.change(queued_gpus=int(self._requested[row]), queued_jobs=1)
+            self._arrive(row)
             self._done[row] = job.done
             self._attained[row] = job.attained_gpu_s
             self._run_s[row] = job.run_s
@@ -333,8 +331,14 @@ class Simulator:
             if job.nodes:
                 self._allocate(row, tuple(sorted(self.node_index[n] for n in job.nodes)),
                                time_s, job.restore_left_s)
-        self._snapshot_rows = None
         self._health_changed()
+
+    def _arrive(self, row: int) -> None:
+        """The job joins the queue."""
+        self._status[row] = _QUEUED
+        self._active[row] = None
+        self._snapshot_rows = None
+        self.accounting.change(queued_gpus=int(self._requested[row]), queued_jobs=1)
 
     def fork(self, arrivals_known_s: float = math.inf, extra_jobs: Sequence[JobSpec] = (),
              extra_speeds: Sequence[JobSpeed] = ()) -> Simulator:
@@ -635,10 +639,7 @@ class Simulator:
             self.time_s = t
             if kind == _ARRIVAL:
                 self._arrivals_pending -= 1
-                self._status[a] = _QUEUED
-                self._active[a] = None
-                self._snapshot_rows = None
-                self.accounting.change(queued_gpus=int(self._requested[a]), queued_jobs=1)
+                self._arrive(a)
             elif kind == _RESTORED:
                 if b == self._version[a]:
                     self._on_restored(a, t)
