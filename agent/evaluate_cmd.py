@@ -9,8 +9,11 @@ utilisation and queue length over time. results.json's ``sources`` maps each lab
 path where that name is taken: see `policy_labels`). Its ``cluster`` is --cluster as given;
 ``cluster_file`` records a cluster YAML's content as it was used (`env.cluster.cluster_record`;
 null for NODESxGPUS), and results.md shows it. Its ``seeds_repeat`` lists the policies whose
-every seed gave the same run (`seeds_repeat`), which results.md explains under its table. All of
-these files replace an earlier run's together or not at all (`write_report`).
+every seed gave the same run (`seeds_repeat`), which results.md explains under its table. Its
+``lookahead`` gives each lookahead policy's (a planner's, `rlalloc planner fit`) contested
+decisions and deviations from its base, summed over its runs (`lookahead_totals`; results.md
+has a line per such policy). All of these files replace an earlier run's together or not at
+all (`write_report`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -107,10 +110,12 @@ class RunSpec:
 
 
 def _run_one(spec: RunSpec) -> dict:
-    """Worker: run one simulation and return its metrics, JCTs and down-sampled series (torch,
-    where the policy loads it, on one thread: in a worker and in the --jobs 1 main process
-    alike, so that both give the same numbers)."""
-    from agent.evaluation import run_policy
+    """Worker: run one simulation and return its metrics, JCTs, down-sampled series and, for a
+    lookahead policy, its decision counts (`lookahead_counts`; None otherwise). The policy is
+    loaded afresh per run, so the counts are this run's. Torch, where the policy loads it, runs
+    on one thread: in a worker and in the --jobs 1 main process alike, so that both give the
+    same numbers."""
+    from agent.evaluation import lookahead_counts, run_policy
     from agent.registry import load_policy
     from env.failures import FailureParams
     from env.params import SimParams
@@ -120,13 +125,13 @@ def _run_one(spec: RunSpec) -> dict:
     params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
     policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
     scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=efficiency)
-    decide = load_policy(policy).act
+    loaded = load_policy(policy)
     torch_on_one_thread()
-    result = run_policy(scenario.simulator(params, seed=spec.seed), decide)
+    result = run_policy(scenario.simulator(params, seed=spec.seed), loaded.act)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
-            "series": series}
+            "series": series, "lookahead": lookahead_counts(loaded)}
 
 
 def policy_and_mode(entry: str, default: str) -> tuple[str, str]:
@@ -224,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
 def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: list[str],
               seeds: list[int], cluster: str, failures: str, efficiency: str = "none") -> dict:
-    """The results.json document."""
+    """The results.json document (its ``lookahead``: `lookahead_totals`)."""
     policies: dict[str, dict] = {}
     unfinished: dict[str, int] = {}
     for policy, name in names.items():
@@ -235,7 +240,26 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
             "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
             "efficiency": efficiency, "runs_unfinished": unfinished,
-            "seeds_repeat": seeds_repeat(results, names)}
+            "seeds_repeat": seeds_repeat(results, names),
+            "lookahead": lookahead_totals(results, names)}
+
+
+def lookahead_totals(results: dict[RunSpec, dict], names: dict[str, str]) -> dict[str, dict]:
+    """Per lookahead policy (a planner; label -> counts), its decisions contested (where its
+    heuristics' proposals differed) and deviations from its base, summed over its ``runs``;
+    other policies are left out. Sums, not means: deviations / contested is then the rate over
+    every decision, and a run with few contested decisions weighs as little as it counts.
+    A key of its own beside ``policies``, whose every entry is a metric's mean and CI for every
+    policy: these are counts, of some policies only, like ``lookahead`` in `rlalloc simulate`'s
+    metrics.json."""
+    totals: dict[str, dict] = {}
+    for policy, name in names.items():
+        counts = [r["lookahead"] for spec, r in results.items() if spec.policy == policy]
+        if all(count is not None for count in counts):
+            totals[name] = {"contested": sum(c["contested"] for c in counts),
+                            "deviations": sum(c["deviations"] for c in counts),
+                            "runs": len(counts)}
+    return totals
 
 
 def seeds_repeat(results: dict[RunSpec, dict], names: dict[str, str]) -> list[str]:
@@ -460,7 +484,8 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
 
 def results_markdown(report: dict, with_paired: bool) -> str:
     """results.md: the table, the note where seeds repeated one run, the paired table
-    (`with_paired`), unfinished runs, the plots' names and a cluster file's content."""
+    (`with_paired`), unfinished runs, each lookahead policy's deviations, the plots' names and
+    a cluster file's content."""
     unfinished = {k: v for k, v in report["runs_unfinished"].items() if v}
     md = [f"# Policy comparison on {report['cluster']}",
           "",
@@ -480,6 +505,8 @@ def results_markdown(report: dict, with_paired: bool) -> str:
                "",
                paired_table(paired),
                ""]
+    for name, counts in report["lookahead"].items():
+        md += [_lookahead_line(name, counts), ""]
     if unfinished:
         md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                   "JCTs count only the finished jobs).")
@@ -488,6 +515,16 @@ def results_markdown(report: dict, with_paired: bool) -> str:
     if report.get("cluster_file"):
         md += ["", *cluster_markdown(report["cluster_file"])]
     return "\n".join(md) + "\n"
+
+
+def _lookahead_line(name: str, counts: dict) -> str:
+    """results.md's line on how often lookahead policy `name` left its base (`lookahead_totals`),
+    as `rlalloc simulate` prints it: a planner that never deviated is its base, at a second of
+    simulation per contested decision."""
+    runs = counts["runs"]
+    return (f"`{name}` left its base at {counts['deviations']:,} of the {counts['contested']:,} "
+            "decisions where its heuristics' proposals differed (contested), summed over its "
+            f"{runs} run{'s' if runs > 1 else ''}.")
 
 
 def _seeds_repeat_note(report: dict) -> str | None:
@@ -526,6 +563,12 @@ PAIRED_LOG_RATIO = 3.0
 """paired_avg_jct.png turns to a log axis (of each run's JCT ratio to the reference, labelled as
 % change) once the largest ratio is this many times the smallest: on a linear axis a policy at
 +450% squeezes the close ones, which the plot is there to separate, into a few pixels."""
+PAIRED_MIN_SPAN_PCT = 1.0
+"""A linear paired axis reaches at least this many % either side of 0: scaled to its data alone,
+a change of +0.007 % spread over the whole width and read as large as one of +50 %. Close
+policies in docs/agent.md differ by about 1-5 % (elastic-srpt-0.25 against elastic-srpt -0.9 %,
+the planner against its base -1.9 %), so on this span a change well under 1 % looks small and
+one of those still stands apart from 0; larger changes widen the axis as before."""
 _CHANGE_TICKS = (-99, -95, -90, -75, -50, -25, -10, 0, 10, 25, 50, 100, 200, 400, 900, 1900,
                  4900, 9900)
 
@@ -574,7 +617,8 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
                  out: Path, colors: dict[str, str]) -> None:
     """paired_avg_jct.png: every run's avg-JCT change against `reference`, per policy in
     results.md's order, with the mean and its 95% CI: the spread the paired CI summarises, and
-    which workloads drive it. The axis is a log one of JCT ratios where they span a lot."""
+    which workloads drive it. The axis is a log one of JCT ratios where they span a lot, a
+    linear one at least `PAIRED_MIN_SPAN_PCT` either side of 0 otherwise."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -610,6 +654,8 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(lambda r, _: _percent(100 * (r - 1))))
     else:
+        low, high = ax.get_xlim()
+        ax.set_xlim(min(low, -PAIRED_MIN_SPAN_PCT), max(high, PAIRED_MIN_SPAN_PCT))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _percent(v)))
     ax.set_xlabel(f"avg JCT change per run against {names[reference]} (lower is better"
                   + (", log scale" if log else "") + ")")
@@ -634,16 +680,43 @@ _DASH = 4.0
 
 
 def same_curves(curves: dict[str, Curve]) -> dict[str, str]:
-    """Each policy whose curve equals an earlier one's (in `curves`' order) -> that earlier
-    policy: a policy and the heuristic it equals, or a learned policy that never moved off
-    its start, draw one line, and the later would hide the earlier entirely."""
+    """Each policy whose curve is the same as an earlier one's (in `curves`' order, `_same`) ->
+    that earlier policy: a policy and the heuristic it equals, or a learned policy that never
+    moved off its start, draw one line, and the later would hide the earlier entirely."""
     same: dict[str, str] = {}
-    for i, (policy, (x, y)) in enumerate(curves.items()):
-        for earlier, (x0, y0) in list(curves.items())[:i]:
-            if earlier not in same and np.array_equal(x, x0) and np.array_equal(y, y0):
+    for i, (policy, curve) in enumerate(curves.items()):
+        for earlier, earlier_curve in list(curves.items())[:i]:
+            if earlier not in same and _same(curve, earlier_curve):
                 same[policy] = earlier
                 break
     return same
+
+
+def _same(first: Curve, second: Curve) -> bool:
+    """Whether two curves draw the same line: equal where both are drawn, and the one that
+    goes on further stays at the other's last value after that one ends (at its first before
+    it starts). Then whichever is drawn later covers the other wherever that one shows, and
+    where one goes on alone its own line shows it. Compared as drawn, straight between points,
+    not point by point: two runs that end at different times, all-zero queues say, have series
+    of different lengths, down-sampled at different steps (`_SERIES_POINTS`), and drew over
+    each other solid though their lines coincide. Two piecewise-linear lines agree everywhere
+    if they agree at every point of either; an x repeated (a vertical step, as in a CDF) is
+    compared at the step's two ends. A curve without points (a run that recorded none) is the
+    same only as another without."""
+    lines = [tuple(np.asarray(values, dtype=float) for values in curve)
+             for curve in (first, second)]
+    if not (len(lines[0][0]) and len(lines[1][0])):
+        return len(lines[0][0]) == len(lines[1][0])
+    return all(np.allclose(_line_at(other, line[0]), _line_at(line, line[0]), rtol=1e-9,
+                           atol=1e-12, equal_nan=True)
+               for line, other in (lines, lines[::-1]))
+
+
+def _line_at(curve: Curve, at: np.ndarray) -> np.ndarray:
+    """`curve`'s line (x increasing) at each of `at`, held at its ends outside its x: the value
+    coming from the left and the one leaving to the right (they differ at a vertical step)."""
+    x, y = curve
+    return np.stack([np.interp(-at, -x[::-1], y[::-1]), np.interp(at, x, y)])
 
 
 def _dash_style(member: int, members: int) -> tuple[float, tuple[float, float]]:

@@ -3,6 +3,7 @@
 `Simulator.run` trusts its policy to finish every job; a half-trained learned policy may leave
 a job queued forever (the clock would tick on without end), so evaluation and training use
 `run_policy`, which stops at a simulated-time limit and reports the jobs left unfinished.
+`lookahead_counts` reads what a planner did in a run, for `rlalloc simulate` and `evaluate`.
 """
 
 from __future__ import annotations
@@ -36,3 +37,12 @@ def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
                      sim.accounting.finished_jcts_s().tolist())
 
 
+def lookahead_counts(policy: object) -> dict[str, int] | None:
+    """A lookahead policy's (the planner's) contested decisions and deviations from its base
+    so far, else None: without them a user cannot tell whether the planner ever left its base
+    (it costs about a second per contested decision, and may have matched its base for it)."""
+    from agent.lookahead import LookaheadPolicy  # here: it loads pandas and scipy
+
+    if not isinstance(policy, LookaheadPolicy):
+        return None
+    return {"contested": policy.contested, "deviations": policy.deviations}

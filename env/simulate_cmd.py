@@ -70,6 +70,7 @@ def sim_params(failures: str, checkpoint_interval_s: float | None = None) -> Sim
 
 def run(args: argparse.Namespace) -> int:
     """Replay the workload, print the summary table, write DIR/metrics.json."""
+    from agent.evaluation import lookahead_counts
     from agent.registry import load_policy
 
     params = sim_params(args.failures, args.checkpoint_interval)
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                limit_s=limit_s)
         metrics = sim.accounting.summary()
         unfinished = len(scenario.workload.jobs) - metrics["jobs_completed"]
-        lookahead = _lookahead_counts(policy)
+        lookahead = lookahead_counts(policy)
         write_json(out / "metrics.json", {
             **metrics,
             "finished": finished,
@@ -118,16 +119,6 @@ def run(args: argparse.Namespace) -> int:
           f"jobs unfinished at the simulated-time limit ({limit_s:,.0f} s); the "
           "metrics cover the finished jobs only", file=sys.stderr)
     return UNFINISHED_EXIT_CODE
-
-
-def _lookahead_counts(policy: object) -> dict[str, int] | None:
-    """A lookahead policy's (the planner's) contested decisions and deviations from its base,
-    else None: without them a user cannot tell whether the planner ever left its base."""
-    from agent.lookahead import LookaheadPolicy
-
-    if not isinstance(policy, LookaheadPolicy):
-        return None
-    return {"contested": policy.contested, "deviations": policy.deviations}
 
 
 def metric_text(value: float | int) -> str:

@@ -1,5 +1,6 @@
 """`rlalloc evaluate`'s report: it says when seeds repeated one run, keeps equal curves
-visible in its plots, and is replaced whole or not at all."""
+visible in its plots (of different lengths too), draws a negligible paired change small, says
+how often a planner left its base, and is replaced whole or not at all."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
-from agent import evaluate_cmd
+from agent import evaluate_cmd, registry
 from agent.evaluate_cmd import RunSpec, results_markdown, seeds_repeat, summarise
+from agent.evaluation import lookahead_counts, run_policy
+from agent.lookahead import HistoryArrivals, LookaheadPolicy
+from agent.planner import planning_policy
 from env.cli import main
+from env.failures import FailureParams
 from env.metrics import METRIC_KEYS
+from env.params import SimParams
+from env.scenario import build_scenario
 
 EVALUATE = ["evaluate", "--cluster", "2x4", "--seeds", "2", "--jobs", "1", "--failures", "none",
             "--policies", "static,elastic"]
@@ -33,7 +40,7 @@ def _runs(avg_jct_s: dict[tuple[str, int], float], workloads=("w",)) -> dict[Run
     mean_recovery_s, NaN as in a run without failures)."""
     return {RunSpec(policy, workload, seed, "2x4", 0.0): {
                 "metrics": {**dict.fromkeys(METRIC_KEYS, jct), "mean_recovery_s": float("nan")},
-                "finished": True}
+                "finished": True, "lookahead": None}
             for (policy, seed), jct in avg_jct_s.items() for workload in workloads}
 
 
@@ -113,6 +120,67 @@ def test_a_policy_with_the_same_curves_as_another_stays_visible(tmp_path, monkey
         assert lines["ppo (same as elastic)"].get_linestyle() != "-", png  # dashed over it
 
 
+def test_curves_that_draw_one_line_are_the_same_whatever_their_points():
+    """Runs ending at different times have series of different lengths, sampled at different
+    steps: the same line all the same, and drawn solid one would hide the other."""
+    zeros_3h = (np.array([0.0, 1.0, 2.0, 3.0]), np.zeros(4))
+    zeros_6h = (np.array([0.0, 2.0, 4.0, 6.0]), np.zeros(4))
+    rises_late = (np.array([0.0, 1.0, 2.0, 3.0, 4.0]), np.array([0.0, 0.0, 0.0, 0.0, 1.0]))
+    assert evaluate_cmd.same_curves({"a": zeros_3h, "b": zeros_6h, "c": rises_late}) == {"b": "a"}
+    ramp = (np.array([0.0, 1.0, 2.0]), np.array([2.0, 1.0, 0.0]))
+    sampled_less = (np.array([0.0, 2.0]), np.array([2.0, 0.0]))  # on the ramp's line
+    assert evaluate_cmd.same_curves({"a": ramp, "b": sampled_less}) == {"b": "a"}
+    step = (np.array([1.0, 1.0, 2.0]), np.array([1 / 3, 2 / 3, 1.0]))  # a CDF's vertical step
+    slope = (np.array([1.0, 2.0]), np.array([2 / 3, 1.0]))  # ends where the step does
+    assert evaluate_cmd.same_curves({"a": step, "b": slope, "c": step}) == {"c": "a"}
+
+
+def test_queue_lines_of_runs_that_end_at_different_times_are_drawn_as_one(tmp_path,
+                                                                         monkeypatch):
+    """Two all-zero queues, one run ending 2 h later, drew over each other solid."""
+    drawn = _capture_figures(monkeypatch)
+    results = {}
+    for policy, hours, queued in (("static", 2, 3.0), ("elastic", 2, 0.0), ("ppo", 4, 0.0)):
+        t = np.arange(hours + 1) * 3600.0
+        results[RunSpec(policy, "w", 0, "2x4", 0.0)] = {
+            "metrics": {"avg_jct_s": 100.0 * hours}, "jcts_s": np.array([50.0 * hours]),
+            "series": {"t": t, "alloc_gpus": 8 - t / 3600.0, "queued_jobs": np.full(
+                hours + 1, queued)}}
+    evaluate_cmd._plots(results, {p: p for p in ("static", "elastic", "ppo")}, tmp_path)
+    labels = {png: [line.get_label() for line in drawn[png].axes[0].get_lines()]
+              for png in ("queue_length.png", "gpu_util.png")}
+    assert labels["queue_length.png"] == ["static", "elastic", "ppo (same as elastic)"]
+    # ppo's allocation goes on falling after static's run ends: a line of its own
+    assert labels["gpu_util.png"] == ["static", "elastic (same as static)", "ppo"]
+
+
+def _paired_runs(factor: float) -> tuple[dict[RunSpec, dict], dict[str, str]]:
+    """Two seeds of static and of a policy at `factor` times static's avg JCT."""
+    results = {}
+    for policy, jct_factor in (("static", 1.0), ("other", factor)):
+        for seed in (0, 1):
+            jct = 1_000.0 * (1 + seed) * jct_factor
+            results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
+                "metrics": {"avg_jct_s": jct}, "jcts_s": np.array([jct]),
+                "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
+    return results, {"static": "static", "other": "other"}
+
+
+@pytest.mark.parametrize("factor, change", [(1.00007, 0.007), (1.5, 50.0), (0.6, -40.0)])
+def test_paired_axis_draws_a_negligible_change_small_and_a_large_one_whole(
+        tmp_path, monkeypatch, factor, change):
+    """Scaled to its data alone, +0.007 % took the whole width of the axis."""
+    drawn = _capture_figures(monkeypatch)
+    evaluate_cmd._plots(*_paired_runs(factor), tmp_path, reference="static")
+    ax = drawn[evaluate_cmd.PAIRED_PLOT].axes[0]
+    low, high = ax.get_xlim()
+    assert ax.get_xscale() == "linear"
+    assert low <= min(change, -evaluate_cmd.PAIRED_MIN_SPAN_PCT)
+    assert high >= max(change, evaluate_cmd.PAIRED_MIN_SPAN_PCT)
+    if abs(change) > 1:  # no wider than the data needs
+        assert high - low < 1.5 * abs(change)
+
+
 def test_equal_curves_take_turns_along_the_line():
     """Each of the equal curves drawn over the first shows in its own stretch."""
     x = np.array([0.0, 1.0])
@@ -154,4 +222,48 @@ def test_an_evaluate_stopped_while_writing_keeps_the_earlier_results_whole(
     fresh = tmp_path / "fresh" / "eval"
     assert main([*run[:-1], str(fresh)]) == 130
     assert not (tmp_path / "fresh").exists()  # nothing new behind
+    capsys.readouterr()
+
+
+TINY_WORKLOAD = "synthetic:12:3:3"
+
+
+def _tiny_planner() -> LookaheadPolicy:
+    """A planner over the size-estimating heuristics, its futures drawn from the tiny workload
+    itself: a few contested decisions in well under a second, where `rlalloc planner fit`
+    needs workloads with applications."""
+    history = HistoryArrivals.of_scenarios([build_scenario(TINY_WORKLOAD, "1x4", seed=0)],
+                                           3600.0, samples=1, seed=0)
+    heuristics = [registry.load_policy(name)
+                  for name in ("elastic-srpt-0.25", "elastic-srpt", "elastic")]
+    return planning_policy(heuristics[0], heuristics[1:], history, "planner")
+
+
+def test_evaluate_says_how_often_a_planner_left_its_base(tmp_path, monkeypatch, capsys):
+    """As `rlalloc simulate` does: a planner that never deviated is its base at a second of
+    simulation per contested decision. The counts sit beside ``policies``, which stays a
+    mean and CI per metric."""
+    load_policy = registry.load_policy
+    monkeypatch.setattr(registry, "load_policy", lambda name: _tiny_planner()
+                        if name == "planner" else load_policy(name))
+    expected = {"contested": 0, "deviations": 0, "runs": 2}
+    for seed in (0, 1):
+        planner = _tiny_planner()
+        scenario = build_scenario(TINY_WORKLOAD, "1x4", seed=seed)
+        run_policy(scenario.simulator(SimParams(failures=FailureParams(failures_per_gpu_day=0.0)),
+                                      seed=seed), planner.act)
+        for key, count in lookahead_counts(planner).items():
+            expected[key] += count
+    assert expected["deviations"] > 0 and expected["contested"] > expected["deviations"]
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--workload", TINY_WORKLOAD, "--cluster", "1x4", "--seeds", "2",
+                 "--jobs", "1", "--failures", "none", "--policies", "elastic-srpt-0.25,planner",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["lookahead"] == {"planner": expected}
+    assert all(set(metric) == {"mean", "ci95"} for metrics in report["policies"].values()
+               for metric in metrics.values())
+    assert (f"`planner` left its base at {expected['deviations']} of the "
+            f"{expected['contested']} decisions where its heuristics' proposals differed "
+            "(contested), summed over its 2 runs.") in (out / "results.md").read_text()
     capsys.readouterr()
