@@ -62,6 +62,10 @@ class Decision:
     """Why it was refused ("" when accepted)."""
     disruptive: bool = False
     """It restarts running workers (resize, suspend or move of a running job)."""
+    from_nodes: tuple[str, ...] = ()
+    """The job's nodes, one per worker, when the policy proposed the action (on the state as
+    the actions accepted before it in the cycle leave it), so a log line can show the move
+    from -> to: the action alone says only where the job goes."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
                                           >= config.max_disruptions_per_hour):
             reason = (f"disruption cap: {config.max_disruptions_per_hour} disruptive moves "
                       "in the last hour")
-        decisions.append(Decision(action, not reason, reason, disruptive))
+        decisions.append(Decision(action, not reason, reason, disruptive,
+                                  current_nodes(state, action.job_id)))
         if reason:
             break
         cycle_disruptions += int(disruptive)
@@ -112,6 +117,16 @@ def is_disruptive(state: ClusterState, action: Action) -> bool:
     except KeyError:
         return False
     return bool(state.jobs.workers[row] > 0)
+
+
+def current_nodes(state: ClusterState, job_id: str) -> tuple[str, ...]:
+    """The nodes of `job_id`'s workers in `state`, one per worker (none for a job that is not
+    in it: an unmanaged one)."""
+    try:
+        row = state.job_index(job_id)
+    except KeyError:
+        return ()
+    return tuple(state.nodes.name[i] for i in state.jobs.placement[row])
 
 
 def check(state: ClusterState, action: Action, config: ActuatorConfig,

@@ -7,13 +7,17 @@ that ignores them (an emulator, an old proxy) cannot widen what the actuator tou
 
 Writes are retried on 409, 429 (honouring Retry-After) and 5xx, and on connection errors, with
 exponential backoff and a bounded number of attempts; other errors fail at once. Each write is a
-single request, so a failed call leaves the object as it was.
+single request, so a failed call leaves the object as it was. Once the actuator is stopping
+(`stop_retrying`) every call gets one attempt: retries against an API that has gone would hold
+the exit for their whole backoff (7.5 s a call by default), while one that is up answers the
+first.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -109,16 +113,25 @@ class KubeClient:
     """The reads and writes the actuator makes; see the module docstring for the retry policy."""
 
     def __init__(self, config: ActuatorConfig, api_client: k8s.ApiClient,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], object] | None = None) -> None:
+        """`sleep`: how to wait between attempts (default: a wait that `stop_retrying` ends
+        at once)."""
         self._config = config
         self._core = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
-        self._sleep = sleep
+        self._stopping = threading.Event()
+        self._sleep = sleep or self._stopping.wait
         self.server_url: str = api_client.configuration.host
         """The API server's address (for errors that tell what could not be reached)."""
         self.retries_done = 0
         """Retries made so far (exported as a metric)."""
+
+    def stop_retrying(self) -> None:
+        """Give every call from now on (and the one under way) one attempt more at most, so a
+        shutdown is prompt when the API has gone (see the module docstring); safe from a
+        signal handler or another thread."""
+        self._stopping.set()
 
     # ------------------------------------------------------------------------------- reads
     def list_nodes(self) -> list[dict]:
@@ -250,15 +263,15 @@ class KubeClient:
             except ApiException as err:
                 status = int(err.status or 0)
                 retryable = status in RETRYABLE_STATUS and (status != 409 or retry_conflict)
-                if not retryable or attempt == attempts - 1:
+                if not retryable or attempt == attempts - 1 or self._stopping.is_set():
                     raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
                                     + (f" after {attempt + 1} attempts" if attempt else ""),
                                     status) from err
                 wait = max(delay, _retry_after(err))
             except (urllib3.exceptions.HTTPError, OSError) as err:
-                if attempt == attempts - 1:
-                    raise KubeError(f"{what}: {_unanswered(err)} after {attempts} attempts"
-                                    ) from err
+                if attempt == attempts - 1 or self._stopping.is_set():
+                    raise KubeError(f"{what}: {_unanswered(err)} after {attempt + 1} "
+                                    f"attempt{'s' if attempt else ''}") from err
                 wait = delay
             log.debug("retrying %s in %.2fs", what, wait)
             self.retries_done += 1

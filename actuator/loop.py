@@ -6,6 +6,12 @@ same loop runs in the cluster, against the digital twin and in tests. A cycle th
 going; a standby replica only tries to take the lease. Only actions that were really applied
 (or, in dry-run, would have been) enter the guardrails' history, so a failed move is not held
 back by its own cooldown.
+
+Each decision is logged as one JSON line showing the move from -> to (or why a guardrail refused
+it), and a cycle that decided anything adds one summary line (`cycle_summary`): idle cycles log
+nothing, so the log does not grow by a line every `interval_s`. A policy that weighs
+alternatives against a base heuristic (the planner) is asked, through `WeighsAlternatives`, how
+many of the cycle's decisions were contested and how many deviated from its base.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from actuator.apply import Applier
 from actuator.config import ActuatorConfig
 from actuator.events import EventRecorder
 from actuator.guardrails import Decision, DecisionHistory, Policy, decide, rule_of
+from actuator.k8s_names import format_placement
 from actuator.kube import KubeClient, KubeError, involved_pytorchjob
 from actuator.leader import LeaderElector
 from actuator.observe import DEFAULT_HISTORY_MIN, MetricsSource, ObserveError
@@ -31,6 +39,18 @@ from trainer_jobs.crd_schema import PyTorchJobValidationError
 log = logging.getLogger("rlalloc.actuator")
 
 APPLIED, REFUSED, FAILED, DRY_RUN = "applied", "refused", "failed", "dry_run"
+
+
+@runtime_checkable
+class WeighsAlternatives(Protocol):
+    """A policy that weighs alternatives against a base heuristic and counts how it went: the
+    planner (`agent.lookahead.LookaheadPolicy`). Recognised by these attributes, so that the
+    actuator imports no agent code."""
+
+    contested: int
+    """Decisions so far where its candidates differed."""
+    deviations: int
+    """Of those, the ones where it did not follow its base heuristic."""
 
 
 @dataclass
@@ -46,6 +66,15 @@ class CycleReport:
     outcomes: list[tuple[Decision, str]] = field(default_factory=list)
     """Each decision with its outcome (applied, refused, failed, dry_run)."""
     built: BuiltState | None = None
+    lines: list[str] = field(default_factory=list)
+    """Each decision as its log line says it (`decision_line`: the move, why it failed)."""
+    cycle: int = 0
+    """The cycle's number, from 1."""
+    contested: int | None = None
+    """Of this cycle's calls to a `WeighsAlternatives` policy, those contested (None: the
+    policy does not count them)."""
+    deviations: int | None = None
+    """Of those, the ones where it did not follow its base heuristic."""
 
 
 class Controller:
@@ -83,7 +112,7 @@ class Controller:
     def _run_cycle(self) -> CycleReport:
         started = time.perf_counter()
         self._cycle += 1
-        report = CycleReport()
+        report = CycleReport(cycle=self._cycle)
         report.leader = self._elector.try_acquire() if self._elector else not self.config.dry_run
         self.metrics.leader.set(int(report.leader))
         if self._elector and not report.leader:
@@ -97,19 +126,30 @@ class Controller:
             return self._blind(report, err)
         report.observed, report.built = True, built
         self._ledger = built.ledger
+        counts_before = self.policy_counts()
         decided = decide(built.state, self._policy, self.config, self._history,
                          built.nodes_without_telemetry)
+        counts_after = self.policy_counts()
+        if counts_before is not None and counts_after is not None:
+            report.contested = counts_after[0] - counts_before[0]
+            report.deviations = counts_after[1] - counts_before[1]
         history = self._history
         for decision in decided.decisions:
             outcome, detail = self._carry_out(decision, built)
             report.outcomes.append((decision, outcome))
-            self._report(decision, outcome, detail, built)
+            report.lines.append(self._report(decision, outcome, detail, built))
             if outcome in (APPLIED, DRY_RUN):
                 history = history.record(decision.action.job_id, built.state.time_s,
                                          decision.disruptive)
             elif outcome == FAILED:
                 break  # later actions were decided assuming this one happened
         self._history = history
+        if report.outcomes or report.contested:
+            log.info("%s", cycle_summary(report, self.config.dry_run), extra={"event": {
+                "cycle": self._cycle, "identity": self.identity,
+                "outcomes": _outcome_counts(report),
+                **({} if report.contested is None else {
+                    "contested": report.contested, "deviations": report.deviations})}})
         elapsed = time.perf_counter() - started
         self.metrics.cycle_seconds.observe(elapsed)
         self.metrics.last_success.set(time.time())
@@ -158,21 +198,24 @@ class Controller:
             return FAILED, str(err)
         return APPLIED, ""
 
-    def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> None:
-        """Count the decision, log it as one JSON line and record it as an Event on the job."""
+    def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> str:
+        """Count the decision, log it as one JSON line and record it as an Event on the job;
+        returns the line's message."""
         action = decision.action
         kind = ActionKind(action.kind).name.lower()
         self.metrics.decisions.labels(kind, outcome).inc()
         event = {"cycle": self._cycle, "identity": self.identity, "decision": kind,
                  "job": action.job_id, "workers": action.workers, "nodes": list(action.nodes),
-                 "from_node": action.from_node, "outcome": outcome, "reason": detail,
-                 "disruptive": decision.disruptive, "dry_run": self.config.dry_run}
+                 "from_workers": len(decision.from_nodes),
+                 "from_nodes": list(decision.from_nodes), "from_node": action.from_node,
+                 "outcome": outcome, "reason": detail, "disruptive": decision.disruptive,
+                 "dry_run": self.config.dry_run}
         level = logging.INFO if outcome in (APPLIED, DRY_RUN) else logging.WARNING
-        log.log(level, "%s: %s%s", outcome, action.describe(), f" ({detail})" if detail else "",
-                extra={"event": event})
+        line = decision_line(decision, outcome, detail)
+        log.log(level, "%s", line, extra={"event": event})
         ref = built.jobs.get(action.job_id)
         if self.config.dry_run or ref is None:
-            return
+            return line
         reason = _EVENT_REASONS[outcome] if outcome != APPLIED else _applied_reason(
             action, built)
         message = action.describe() + (f": {detail}" if detail else "")
@@ -186,6 +229,7 @@ class Controller:
         except KubeError as err:
             self.metrics.errors.labels("event").inc()
             log.warning("could not record the event: %s", err)
+        return line
 
     # --------------------------------------------------------------------------- running
     def run(self, stop: threading.Event) -> None:
@@ -203,14 +247,69 @@ class Controller:
         finally:
             self.shutdown()
 
+    def policy_counts(self) -> tuple[int, int] | None:
+        """The policy's (contested, deviations) so far, if it is a `WeighsAlternatives`."""
+        if not isinstance(self._policy, WeighsAlternatives):
+            return None
+        return int(self._policy.contested), int(self._policy.deviations)
+
     def shutdown(self) -> None:
-        """Release the lease (if held) so a standby replica takes over at once."""
+        """Release the lease (if held) so a standby replica takes over at once. Calls get one
+        attempt from now on (`KubeClient.stop_retrying`): with the API gone, retrying the
+        release would hold the exit for seconds and the Lease expires anyway."""
+        self._kube.stop_retrying()
         if self._elector is not None:
             self._elector.release()
             self.metrics.leader.set(0)
 
 
 _EVENT_REASONS = {REFUSED: "ActionRefused", FAILED: "ActionFailed"}
+_OUTCOME_WORDS = {APPLIED: "applied", DRY_RUN: "would be applied (dry run: nothing written)",
+                  REFUSED: "refused by a guardrail", FAILED: "failed"}
+"""How `cycle_summary` names each outcome."""
+
+
+def decision_line(decision: Decision, outcome: str, detail: str = "") -> str:
+    """One decision as a log line: its outcome, the job and its move from -> to (workers and
+    nodes, as the placement annotation writes them), and why it was refused or failed, e.g.
+    ``dry_run: scale default/a: 0 -> 4 workers, none -> node-0000=4``."""
+    action = decision.action
+    before = format_placement(decision.from_nodes) or "none"
+    after = format_placement(action.nodes) or "none"
+    if action.kind == ActionKind.MIGRATE:
+        move = f"migrate {action.job_id} off {action.from_node}: {before} -> {after}"
+    else:
+        move = (f"scale {action.job_id}: {len(decision.from_nodes)} -> {action.workers} "
+                f"workers, {before} -> {after}")
+    shown = "" if outcome == DRY_RUN else detail  # a dry run's detail is its outcome again
+    return f"{outcome}: {move}" + (f" ({shown})" if shown else "")
+
+
+def cycle_summary(report: CycleReport, dry_run: bool) -> str:
+    """One line on what a cycle came to: its decisions by outcome, or why it made none, and,
+    for a `WeighsAlternatives` policy, how many calls were contested and deviated."""
+    if report.error:
+        return f"cycle {report.cycle}: no moves, cannot observe the cluster: {report.error}"
+    if not report.observed:
+        return f"cycle {report.cycle}: standby, another replica holds the lease"
+    counts = _outcome_counts(report)
+    if counts:
+        total = sum(counts.values())
+        decided = f"{total} decision{'s' if total != 1 else ''}: " + ", ".join(
+            f"{count} {_OUTCOME_WORDS[outcome]}" for outcome, count in counts.items())
+    else:
+        decided = "no move, the policy proposed none" + (" (dry run)" if dry_run else "")
+    if report.contested is not None:
+        decided += (f"; planner: {report.contested} contested, {report.deviations} deviated "
+                    "from its base")
+    return f"cycle {report.cycle}: {decided}"
+
+
+def _outcome_counts(report: CycleReport) -> dict[str, int]:
+    """The cycle's decisions by outcome, in the order applied, dry run, refused, failed."""
+    counts = {outcome: sum(1 for _, o in report.outcomes if o == outcome)
+              for outcome in (APPLIED, DRY_RUN, REFUSED, FAILED)}
+    return {outcome: count for outcome, count in counts.items() if count}
 
 
 def _applied_reason(action: Action, built: BuiltState) -> str:

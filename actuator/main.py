@@ -2,7 +2,10 @@
 
 Wires the pieces together — config, Kubernetes client, Prometheus source, policy, status server,
 controller — and runs until SIGTERM/SIGINT, when it finishes the current cycle and hands the
-lease over. Everything that can be wrong with the setup (config, kubeconfig, policy, CRD file,
+lease over, promptly: from the signal on, Kubernetes calls are not retried (an API that has gone
+would otherwise hold the exit for every call's backoff). `--once` prints what the cycle decided
+on stdout, a move per line and a summary, so a `--dry-run --once` shows what the policy would
+do. Everything that can be wrong with the setup (config, kubeconfig, policy, CRD file,
 status port) is checked before the first cycle and reported as one line, and so is a `--once`
 cycle that cannot reach Prometheus or the API server.
 """
@@ -20,7 +23,7 @@ import threading
 from actuator.config import CONFIG_ENV, ActuatorConfig, load_config
 from actuator.guardrails import Policy
 from actuator.kube import KubeClient, KubeError, api_client_from
-from actuator.loop import Controller
+from actuator.loop import Controller, cycle_summary
 from actuator.observe import ObserveError, PrometheusSource
 from actuator.server import (
     ActuatorMetrics,
@@ -113,10 +116,20 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             return _run_once(controller, kube)
         stop = threading.Event()
+
+        def stop_soon(signum: int, frame: object) -> None:
+            stop.set()
+            kube.stop_retrying()  # the cycle under way ends at once if the API has gone
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+            signal.signal(signum, stop_soon)
         controller.run(stop)
-        log.info("actuator stopped", extra={"event": {"identity": identity}})
+        counts = controller.policy_counts()
+        planner = {} if counts is None else {"contested": counts[0], "deviations": counts[1]}
+        log.info("actuator stopped" + ("" if counts is None else
+                                       f"; planner: {counts[0]} contested decisions, "
+                                       f"{counts[1]} deviated from its base"),
+                 extra={"event": {"identity": identity, **planner}})
         return 0
     finally:
         server.stop()
@@ -129,6 +142,10 @@ def _run_once(controller: Controller, kube: KubeClient) -> int:
     long-running loop instead keeps retrying, with /healthz red)."""
     report = controller.run_cycle()
     controller.shutdown()
+    if report.cause is None:
+        print(cycle_summary(report, controller.config.dry_run), flush=True)
+        for line in report.lines:
+            print(f"  {line}", flush=True)
     if isinstance(report.cause, ObserveError):
         raise UserError(f"--once: cannot read Prometheus at {controller.config.prometheus_url} "
                         f"({report.cause}); check --prometheus-url and that Prometheus is up")

@@ -21,6 +21,7 @@ import queue
 import signal
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,8 @@ _PORT = within(0, 65535, int)
 """A TCP port to listen on; 0 lets the system pick a free one."""
 DEMO_FILES = ("kubeconfig", "prometheus.yml", "actuator.yaml")
 """What the twin writes into --out-dir."""
+_PROMETHEUS_DEFAULT_PORT = 9090
+"""Where Prometheus listens unless told `--web.listen-address` (all interfaces)."""
 _EVENTS_EVERY_S = 0.2
 """Wall seconds between looks at the twin's events (12 simulated seconds at 60x)."""
 
@@ -174,7 +177,7 @@ def _serve(args: argparse.Namespace, scenario: Scenario, kube_url: str, target: 
           f"get pytorchjobs,pods)\n"
           f"  exporter        http://{target}/metrics\n"
           f"next:\n"
-          f"  prometheus --config.file={out}/prometheus.yml --storage.tsdb.path={out}/tsdb\n"
+          f"  {prometheus_command(out, args.prometheus_url)}\n"
           f"  rlalloc actuate --config {out}/actuator.yaml --policy proactive", flush=True)
     stop.serving = True  # a signal from now on stops the twin cleanly: exit 0
     deadline = time.monotonic() + args.duration_s if args.duration_s > 0 else None
@@ -183,6 +186,21 @@ def _serve(args: argparse.Namespace, scenario: Scenario, kube_url: str, target: 
         _print_events(events)
         if deadline is not None and time.monotonic() >= deadline:
             break
+
+
+def prometheus_command(out: Path, prometheus_url: str) -> str:
+    """The Prometheus command line that scrapes the twin and answers at `prometheus_url`, where
+    `actuator.yaml` sends the actuator: its port (and path, as the route prefix) when they are
+    not Prometheus's defaults, 9090 and none; otherwise Prometheus would listen where the
+    actuator does not look."""
+    url = urllib.parse.urlsplit(prometheus_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    command = f"prometheus --config.file={out}/prometheus.yml --storage.tsdb.path={out}/tsdb"
+    if port != _PROMETHEUS_DEFAULT_PORT:
+        command += f" --web.listen-address=:{port}"
+    if url.path.strip("/"):
+        command += f" --web.route-prefix=/{url.path.strip('/')}"
+    return command
 
 
 def sim_clock(seconds: float) -> str:
@@ -213,10 +231,14 @@ def _print_events(events: queue.SimpleQueue[TwinEvent]) -> None:
 def _summary_text(summary: TwinSummary, wall_s: float, speed: float) -> str:
     """The lines `rlalloc twin` ends with: time covered, jobs, failures, the actuator's
     actions (read from the Events it recorded: the twin sees nothing else of its decisions)."""
-    scripted = summary.scripted_failures - summary.scripted_pending
+    scripted = (summary.scripted_failures - summary.scripted_pending
+                - summary.scripted_found_down)
     failures = (f"node failures: {summary.failures} ({scripted} scripted, "
                 f"{summary.failures - scripted} from --failures) after {summary.warnings} "
                 f"warning(s)\n  jobs requeued from a checkpoint: {summary.jobs_requeued}")
+    if summary.scripted_found_down:
+        failures += (f"; {summary.scripted_found_down} scripted failure(s) came while the node "
+                     "was already down (no failure of their own)")
     if summary.scripted_pending:
         failures += f"; {summary.scripted_pending} scripted failure(s) still to come"
     events = ", ".join(f"{reason} {count}" for reason, count in

@@ -6,7 +6,9 @@ from __future__ import annotations
 import http.server
 import json
 import logging
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -15,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +34,7 @@ from actuator.server import StatusServer
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.kube_api import (
     EVENTS,
+    LEASES,
     NODES,
     PODS,
     PYTORCHJOBS,
@@ -67,6 +71,8 @@ from tests.actuator_fixtures import (
     twin_config,
     wait_until,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------ a hand-made world
@@ -388,6 +394,142 @@ def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
         (logging.INFO, "standby: another replica took the lease first")]
 
 
+class _CountingPlanner:
+    """Counts as the planner (`agent.lookahead.LookaheadPolicy`) does: every call contested,
+    every other one deviating from its base; proposes nothing."""
+
+    def __init__(self) -> None:
+        self.contested = 0
+        self.deviations = 0
+
+    def act(self, state: ClusterState) -> Action:
+        self.contested += 1
+        self.deviations += self.contested % 2
+        return Action(ActionKind.NOOP)
+
+
+def test_once_dry_run_prints_each_move_from_to_and_a_summary(tmp_path, monkeypatch, capsys):
+    server, *_ = _world(tmp_path, _state())
+    start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+    too_big = _rename(Action(ActionKind.SCALE, "j", 9, ("node-0000",) * 9))
+    out: list[str] = []
+    try:
+        with EmptyPrometheus() as prometheus:  # reachable, no telemetry: none required here
+            code, err, logs = _actuate(tmp_path, monkeypatch, capsys, {
+                "prometheus_url": prometheus.url, "require_node_telemetry": False,
+                "kubeconfig": _kubeconfig(tmp_path, server.url)}, "--dry-run",
+                policy=Scripted(start, too_big), stdout=out)
+    finally:
+        server.stop()
+    assert (code, err) == (0, [])
+    assert out == [
+        "cycle 1: 2 decisions: 1 would be applied (dry run: nothing written), 1 refused by a "
+        "guardrail",
+        "  dry_run: scale default/q: 0 -> 2 workers, none -> node-0001=2",
+        "  refused: scale default/j: 2 -> 9 workers, node-0000=2 -> node-0000=9 (9 workers is "
+        "outside the job's elasticPolicy [1, 4])"]
+    decided = [line for line in logs if "decision" in line]
+    assert [(d["from_workers"], d["from_nodes"]) for d in decided] == [
+        (0, []), (2, ["node-0000", "node-0000"])]
+    assert [line["message"] for line in logs if "outcomes" in line] == [out[0]]
+
+
+def test_a_planners_contested_and_deviating_decisions_are_reported(tmp_path, monkeypatch,
+                                                                   capsys):
+    server, *_ = _world(tmp_path, _state())
+    out: list[str] = []
+    try:
+        with EmptyPrometheus() as prometheus:
+            code, _, logs = _actuate(tmp_path, monkeypatch, capsys, {
+                "prometheus_url": prometheus.url,
+                "kubeconfig": _kubeconfig(tmp_path, server.url)}, "--dry-run",
+                policy=_CountingPlanner(), stdout=out)
+    finally:
+        server.stop()
+    summary = ("cycle 1: no move, the policy proposed none (dry run); planner: 1 contested, "
+               "1 deviated from its base")
+    assert (code, out) == (0, [summary])
+    assert [(line["contested"], line["deviations"]) for line in logs
+            if "contested" in line] == [(1, 1)]
+
+
+def test_stop_retrying_ends_a_call_to_an_api_that_has_gone_at_once(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every attempt is refused
+    config = ActuatorConfig(api_retries=4, api_backoff_s=0.5)  # 7.5 s of backoff in all
+    kube = kube_client(tmp_path, type("T", (), {"kube_url": url}), config)
+    threading.Timer(0.3, kube.stop_retrying).start()  # SIGTERM in the first backoff
+    started = time.monotonic()
+    with pytest.raises(KubeError, match="after 2 attempts$"):
+        kube.list_nodes()
+    with pytest.raises(KubeError, match="after 1 attempt$"):  # later calls: one attempt
+        kube.list_pods()
+    assert time.monotonic() - started < 1.5
+
+
+_ACTUATE_WITH_PLANNER = """\
+import sys, types
+from env.cli import main
+from env.state import Action, ActionKind
+
+class Planner:
+    def __init__(self):
+        self.contested = self.deviations = 0
+
+    def act(self, state):
+        self.contested += 1
+        self.deviations += self.contested % 2
+        return Action(ActionKind.NOOP)
+
+registry = types.ModuleType("agent.registry")
+registry.load_policy = lambda name: Planner()
+sys.modules["agent.registry"] = registry
+sys.exit(main(["actuate", "--config", sys.argv[1]]))
+"""
+"""`rlalloc actuate` with a policy that counts as the planner does (see `_CountingPlanner`)."""
+
+
+@pytest.mark.parametrize("api_gone", [True, False])
+def test_sigterm_exits_promptly_releasing_the_lease_if_the_api_is_there(tmp_path, api_gone):
+    # With the API gone, the cycle under way and the release retried every call with the
+    # default backoff (7.5 s each): the exit took ~13 s. Now each gets one attempt; with the
+    # API there the Lease is still released, so a standby takes over at once.
+    server, *_ = _world(tmp_path, _state())
+    path = tmp_path / "actuator.yaml"
+    with EmptyPrometheus() as prometheus:
+        path.write_text(yaml.safe_dump({
+            "prometheus_url": prometheus.url, "kubeconfig": _kubeconfig(tmp_path, server.url),
+            "signals": "none", "listen_port": 0, "lease_namespace": "default",
+            "interval_s": 1.0, "lease_duration_s": 30.0, "identity": "replica-a"}))
+        process = subprocess.Popen([sys.executable, "-c", _ACTUATE_WITH_PLANNER, str(path)],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+
+        def holder() -> str:
+            lease = server.call(server.api.get, LEASES, "default", "rlalloc-actuator")
+            return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+
+        try:
+            assert wait_until(lambda: holder() == "replica-a", 60), "never took the lease"
+            if api_gone:
+                server.stop()
+                time.sleep(1.5)  # the next cycle is under way, retrying the Lease
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=60)
+            took_s = time.monotonic() - started
+        finally:
+            process.kill()
+            released = "" if api_gone else holder()
+            server.stop()
+    assert process.returncode == 0, stderr
+    assert took_s < 3.0, stderr
+    assert released == ""
+    last = json.loads(stderr.splitlines()[-1])
+    assert last["message"] == (f"actuator stopped; planner: {last['contested']} contested "
+                               f"decisions, {last['deviations']} deviated from its base")
+    assert last["contested"] >= 1
+
+
 # -------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("text, expected", [
     ("interval_s: [1, 2\n", "not valid YAML at line"),
@@ -478,13 +620,14 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------- set-up and --once errors
-def _actuate(tmp_path, monkeypatch, capsys, settings: dict,
-             *flags: str) -> tuple[int, list[str], list[dict]]:
-    """`rlalloc actuate --once` in-process with the tiny policy, no look-ahead signals, any
-    status port, no API retries and `settings`; its exit code, the stderr lines that are
-    not JSON log lines, and the JSON log lines."""
+def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
+             policy: object | None = None,
+             stdout: list[str] | None = None) -> tuple[int, list[str], list[dict]]:
+    """`rlalloc actuate --once` in-process with `policy` (default: the tiny one), no look-ahead
+    signals, any status port, no API retries and `settings`; its exit code, the stderr lines
+    that are not JSON log lines, and the JSON log lines (its stdout lines into `stdout`)."""
     registry = types.ModuleType("agent.registry")
-    registry.load_policy = lambda name: TinyElastic()
+    registry.load_policy = lambda name: policy or TinyElastic()
     monkeypatch.setitem(sys.modules, "agent.registry", registry)
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # the actuator installs its JSON handler here
@@ -495,7 +638,10 @@ def _actuate(tmp_path, monkeypatch, capsys, settings: dict,
     path.write_text(yaml.safe_dump({"signals": "none", "listen_port": 0, "api_retries": 0,
                                     "lease_namespace": "default", **settings}))
     code = cli_main(["actuate", "--config", str(path), "--once", *flags])
-    lines = capsys.readouterr().err.splitlines()
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    if stdout is not None:
+        stdout += captured.out.splitlines()
     return (code, [line for line in lines if not line.startswith("{")],
             [json.loads(line) for line in lines if line.startswith("{")])
 

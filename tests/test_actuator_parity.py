@@ -301,7 +301,8 @@ def test_a_scripted_failure_is_the_simulators_own(tmp_path):
         JobRef(NAMESPACE, name, "", obj, ()),
         Action(ActionKind.SCALE, "a", 2, ("node-0000", "node-0000")), 2))
     fail_at = sim.time_s + params.checkpoint_interval_s + 600.0  # 10 minutes past a checkpoint
-    twin.script_failure(ScriptedFailure("node-0000", fail_at - 300.0, fail_at))
+    failure = ScriptedFailure("node-0000", fail_at - 300.0, fail_at)
+    twin.script_failure(failure)
     while sim.time_s < fail_at - 60.0:
         twin.tick(1.0)
     assert sim.state().jobs.placement[0] == (0, 0)
@@ -313,7 +314,7 @@ def test_a_scripted_failure_is_the_simulators_own(tmp_path):
     state = sim.state()
     assert not state.nodes.ready[0], "the simulator does not know node-0000 failed"
     assert float(state.jobs.progress[0]) == pytest.approx(checkpointed), "no work was lost"
-    assert twin.failure_hits == {"node-0000": [name]}
+    assert twin.failure_hits == {failure: (name,)}
     node = api.get(NODES, None, "node-0000")
     assert node["status"]["conditions"][0]["status"] != "True"
     while sim.time_s < fail_at + params.failures.repair_s + 60.0:

@@ -104,6 +104,64 @@ def test_the_twin_tells_a_scripted_failure_as_it_happens_with_the_jobs_it_requeu
     assert summary.simulated_s == twin.sim.time_s
 
 
+def test_a_scripted_failure_of_a_node_already_down_is_no_failure_and_not_the_scripts():
+    # node-0000 fails by the failure process (scheduled on the simulator, as its draws are);
+    # the failure scripted 50 s later finds it down, so the simulator fails nothing: the one
+    # failure is the random one. The summary used to count it as scripted.
+    from actuator.twin_cmd import _summary_text
+
+    twin = _twin([job("a", 0, 4, 4, 4)], [])
+    name = _start(twin, "a", 4)
+    node = twin.api.get(PODS, "default", f"{name}-worker-0")["spec"]["nodeName"]
+    now = twin.sim.time_s
+    twin.sim.schedule_failure(node, now + 100.0)
+    late = ScriptedFailure(node, now + 120.0, now + 150.0)
+    twin.script_failure(late)
+    _run_until(twin, now + 300.0)
+    summary = twin.summary()
+    assert (summary.failures, summary.scripted_failures, summary.scripted_pending,
+            summary.scripted_found_down) == (1, 1, 0, 1)
+    assert twin.failure_hits == {}
+    text = _summary_text(summary, 5.0, SPEED)
+    assert "node failures: 1 (0 scripted, 1 from --failures)" in text
+    assert "1 scripted failure(s) came while the node was already down" in text
+
+
+def test_each_scripted_failure_of_one_node_is_counted_once_with_its_own_hits():
+    # node X is scripted to fail twice: once with job a on it, and again after its repair,
+    # with nothing on it; a third failure scripted while it is down adds nothing. The hits
+    # used to be kept per node, the second failure overwriting the first.
+    twin = _twin([job("a", 0, 4, 4, 4, work=1e7)], [])
+    name = _start(twin, "a", 4)
+    node = twin.api.get(PODS, "default", f"{name}-worker-0")["spec"]["nodeName"]
+    repair_s = twin.sim.params.failures.repair_s
+    now = twin.sim.time_s
+    first = ScriptedFailure(node, now + 60.0, now + 100.0)
+    while_down = ScriptedFailure(node, now + 150.0, now + 200.0)
+    second = ScriptedFailure(node, now + repair_s + 200.0, now + repair_s + 300.0)
+    for failure in (first, while_down, second):
+        twin.script_failure(failure)
+    # requeued by the first failure, a is bound again on the other node (X is down): the
+    # second failure, after X's repair, hits nothing
+    _run_until(twin, now + 2 * repair_s + 400.0)
+    assert twin.failure_hits == {first: (name,), second: ()}
+    summary = twin.summary()
+    assert (summary.failures, summary.scripted_failures, summary.scripted_pending,
+            summary.scripted_found_down) == (2, 3, 0, 1)
+
+
+def test_the_printed_prometheus_command_listens_where_the_actuator_looks():
+    from actuator.twin_cmd import prometheus_command
+
+    out = Path("twin")
+    base = "prometheus --config.file=twin/prometheus.yml --storage.tsdb.path=twin/tsdb"
+    assert prometheus_command(out, "http://127.0.0.1:9090") == base
+    assert prometheus_command(out, "http://127.0.0.1:9091") == (
+        base + " --web.listen-address=:9091")
+    assert prometheus_command(out, "http://prometheus.local/prom/") == (
+        base + " --web.listen-address=:80 --web.route-prefix=/prom")
+
+
 def test_the_summary_counts_the_actuators_events_by_reason_repeats_included():
     twin = _twin([job("a", 0, 4, 1, 4), job("b", 3600, 4, 1, 4)], [])
     twin.script_failure(ScriptedFailure("node-0000", 500.0, 600.0))
@@ -228,8 +286,10 @@ def test_twin_command_prints_the_scripted_failure_and_a_summary(tmp_path, capsys
     from env.cli import main
 
     assert main(_argv(tmp_path / "twin", "--fail-node", "node-0001:30:90",
-                      "--duration-s", "3")) == 0
+                      "--duration-s", "3", "--prometheus-url", "http://127.0.0.1:9091")) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("prometheus --config.file=")
+               and line.endswith(" --web.listen-address=:9091") for line in lines), lines
     live = [line for line in lines if line.startswith("[sim ")]
     assert live[:2] == ["[sim 0:00:30] node-0001 warns: XID errors (the simulator's sign of a "
                         "coming failure)", "[sim 0:01:30] node-0001 failed; no job was running "

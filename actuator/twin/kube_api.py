@@ -1,8 +1,9 @@
 """The twin's Kubernetes API: kmock's `KubernetesEmulator` served over real HTTP, plus what a real
 API server does that the emulator does not (and the actuator relies on).
 
-kmock stores objects, serves list/get/create/patch/delete and keeps a request log, but treats
-every path the same way. This subclass adds, before the emulator touches its store:
+kmock stores objects, serves list/get/create/patch/delete and keeps a request log (here bounded
+to the latest `requests_kept`: kmock's grows with every request), but treats every path the
+same way. This subclass adds, before the emulator touches its store:
 
 - the PyTorchJob `/scale` subresource (GET returns an `autoscaling/v1` Scale; PATCH sets
   `spec.pytorchReplicaSpecs.Worker.replicas`, as the CRD's `specReplicasPath` says) — without it
@@ -67,6 +68,10 @@ _SERVED = {PODS: ("Pod", True, {"po"}), NODES: ("Node", False, {"no"}),
 knows them from a real API server's discovery)."""
 _HISTORY_KEPT = 2
 """Versions of each object kept (the emulator keeps all of them; a long demo would grow)."""
+REQUESTS_KEPT = 10_000
+"""Requests kept in the log (kmock keeps every one, with no setting to stop it, and a twin
+demo serving the actuator and kubectl for hours would grow without end); a test's requests
+fit many times over."""
 
 
 @dataclass
@@ -86,6 +91,8 @@ class TwinKubeAPI(KubernetesEmulator):
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     clock_s: Callable[[], float] = attrs.field(default=time.time)
     """The API server's clock (Unix seconds): the wall clock, or the twin's (`Twin` sets it)."""
+    requests_kept: int = REQUESTS_KEPT
+    """The request log (iterating the emulator) holds the latest this many requests."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -178,6 +185,7 @@ class TwinKubeAPI(KubernetesEmulator):
         return table
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        self._forget_old_requests()
         fault = self._take_fault(request)
         if fault is not None:
             return fault
@@ -191,6 +199,13 @@ class TwinKubeAPI(KubernetesEmulator):
         if request.action in (action.UPDATE, action.CREATE) and request.resource is not None:
             self._trim(request)
         return response
+
+    def _forget_old_requests(self) -> None:
+        """Cut the request logs to the latest `requests_kept`: kmock's root log and each of its
+        reactions' (one per kind of request the emulator serves) keep every request, held with
+        aiohttp's request and protocol objects, and it has no setting to stop that."""
+        for kept in (self._requests, *(reaction._requests for reaction in self._payloads)):
+            del kept[:-self.requests_kept]
 
     def _take_fault(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
         with self._faults_lock:

@@ -113,6 +113,10 @@ class TwinSummary:
     """Failures scripted (`script_failure`), whether they have happened yet or not."""
     scripted_pending: int
     """Of those, the ones still to happen."""
+    scripted_found_down: int
+    """Of those, the ones whose node was already down at their time (failed before, by the
+    failure process or another scripted failure): the simulator fails no node twice, so they
+    add no failure of their own."""
     jobs_requeued: int
     """Times a failure hit a job (requeued it from its checkpoint)."""
     actuator_events: dict[str, int]
@@ -145,12 +149,16 @@ class Twin:
         self.speed = speed
         self.epoch_s = epoch_s
         self.frame = TelemetryFrame(epoch_s)
-        self.failure_hits: dict[str, list[str]] = {}
-        """Scripted node -> names of the jobs that still had workers on it when it failed."""
+        self.failure_hits: dict[ScriptedFailure, tuple[str, ...]] = {}
+        """Each scripted failure that took effect -> names of the jobs that still had workers
+        on its node when it failed. Keyed by the failure, not the node: a node may be scripted
+        to fail more than once."""
         self._target_s = sim.time_s
         self._jobs: dict[str, _Job] = {}
         self._scripted: list[ScriptedFailure] = []
-        """Scripted failures whose hits are not recorded yet."""
+        """Scripted failures that have not taken effect yet."""
+        self._scripted_found_down: list[ScriptedFailure] = []
+        """Scripted failures that came while their node was down (see `TwinSummary`)."""
         self._scripted_count = 0
         self._xid_code: dict[str, int] = {}
         self._xid_seen: dict[str, int] = {}
@@ -196,6 +204,7 @@ class Twin:
             jobs_to_arrive=len(self.sim.job_ids) - finished - self.sim.jobs_in_system,
             warnings=self.event_counts["warning"], failures=self.event_counts["failed"],
             scripted_failures=self._scripted_count, scripted_pending=len(self._scripted),
+            scripted_found_down=len(self._scripted_found_down),
             jobs_requeued=self.sim.accounting.failures,
             actuator_events=dict(actuator_events))
 
@@ -205,7 +214,7 @@ class Twin:
         self._target_s += wall_dt_s * self.speed
         while not self.sim.done and self.sim.time_s < self._target_s:
             self.sim.advance()
-        self._record_failure_hits()
+        self._settle_scripted()
         self._mirror(self.sim.state())
 
     # --------------------------------------------------------------- operator + scheduler
@@ -290,16 +299,26 @@ class Twin:
             for pod in job.pods:
                 pod.node = None
 
-    def _record_failure_hits(self) -> None:
-        """Note the jobs a scripted failure that has just happened hit: those whose workers
-        were still on the node (the simulator has requeued them; their pods are unbound when
-        mirrored)."""
-        due = [f for f in self._scripted if self.sim.time_s >= f.fail_at_s]
-        for failure in due:
+    def _settle_scripted(self) -> None:
+        """Set aside the scripted failures whose time has passed without the simulator telling
+        of them (`_on_health` takes those it tells of): their node was already down, so they
+        are no failure of their own and must not be counted as one. Strictly past: a failure
+        due at the simulator's very now may not have been handled yet."""
+        for failure in [f for f in self._scripted if f.fail_at_s < self.sim.time_s]:
             self._scripted.remove(failure)
-            hits = self._jobs_on(failure.node)
-            self.failure_hits[failure.node] = hits
-            log.info("twin: node %s failed (jobs hit: %s)", failure.node, hits or "none")
+            self._scripted_found_down.append(failure)
+            log.info("twin: scripted failure of %s at %g s found the node already down",
+                     failure.node, failure.fail_at_s)
+
+    def _take_scripted(self, node: str, time_s: float) -> ScriptedFailure | None:
+        """The scripted failure behind a failure of `node` at `time_s`, no longer pending; None
+        for one of the failure process. `script_failure` schedules it at exactly its
+        `fail_at_s`, so the time tells them apart."""
+        for failure in self._scripted:
+            if failure.node == node and failure.fail_at_s == time_s:
+                self._scripted.remove(failure)
+                return failure
+        return None
 
     def _jobs_on(self, node: str) -> list[str]:
         """Names of the jobs with a worker bound to `node` (until the next mirror: also those
@@ -312,8 +331,13 @@ class Twin:
         pods still show which jobs a failure hit)."""
         kind = _HEALTH_KINDS[event.kind]  # the simulator tells no "calm" (an episode's end)
         node = self.sim.node_names[event.node]
-        self._report(TwinEvent(time_s, kind, node,
-                               tuple(self._jobs_on(node)) if kind == "failed" else ()))
+        hits = tuple(self._jobs_on(node)) if kind == "failed" else ()
+        scripted = self._take_scripted(node, time_s) if kind == "failed" else None
+        if scripted is not None:
+            self.failure_hits[scripted] = hits
+            log.info("twin: node %s failed as scripted (jobs hit: %s)", node,
+                     ", ".join(hits) or "none")
+        self._report(TwinEvent(time_s, kind, node, hits))
 
     def _report(self, event: TwinEvent) -> None:
         """Count `event` and tell `on_event` of it."""
