@@ -508,8 +508,8 @@ def results_markdown(report: dict, with_paired: bool) -> str:
     for name, counts in report["lookahead"].items():
         md += [_lookahead_line(name, counts), ""]
     if unfinished:
-        md.append(f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
-                  "JCTs count only the finished jobs).")
+        md += [f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
+               "JCTs count only the finished jobs).", ""]
     paired_png = f", {PAIRED_PLOT}" if with_paired else ""
     md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     if report.get("cluster_file"):

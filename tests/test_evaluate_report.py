@@ -267,3 +267,15 @@ def test_evaluate_says_how_often_a_planner_left_its_base(tmp_path, monkeypatch, 
             f"{expected['contested']} decisions where its heuristics' proposals differed "
             "(contested), summed over its 2 runs.") in (out / "results.md").read_text()
     capsys.readouterr()
+
+
+def test_unfinished_runs_are_a_paragraph_of_their_own():
+    """In Markdown a line directly under another joins its paragraph: the unfinished runs and
+    the plots' names read as one sentence."""
+    jcts = {("a", 0): 10.0, ("b", 0): 8.0}
+    results = _runs(jcts)
+    results[RunSpec("b", "w", 0, "2x4", 0.0)]["finished"] = False
+    md = results_markdown(_report(results, {"a": "a", "b": "b"}), with_paired=False)
+    unfinished = next(line for line in md.splitlines() if line.startswith("Runs stopped"))
+    assert "'b': 1" in unfinished
+    assert f"{unfinished}\n\nPlots: " in md
