@@ -213,18 +213,33 @@ RemainingWork = Callable[[ClusterState, np.ndarray], np.ndarray]
 """Remaining work of the jobs at rows `rows` of a state, in seconds on one GPU; NaN where it
 is not known (the estimate from progress is used there)."""
 
+Speedups = Callable[[ClusterState, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""Speed-up over one GPU of the jobs at rows `rows` of a state with `workers` GPUs on `nodes`
+nodes (arrays broadcast together; 0 for 0 workers)."""
+
+
+def curve_speedups(state: ClusterState, rows: np.ndarray, workers: np.ndarray,
+                   nodes: np.ndarray) -> np.ndarray:
+    """`Speedups` from the state's scaling curve: all a controller knows of a job's speed
+    without its application's profile (`agent.job_speeds` for one with)."""
+    jobs = state.jobs
+    return speedup(workers, nodes, jobs.scaling_alpha[rows], jobs.scaling_beta[rows])
+
 
 class ElasticPolicy:
     """Goodput-greedy elastic allocation (see module docstring)."""
 
     def __init__(self, config: ElasticConfig | None = None, name: str = "elastic",
-                 remaining_work: RemainingWork | None = None) -> None:
+                 remaining_work: RemainingWork | None = None,
+                 speedups: Speedups = curve_speedups) -> None:
         """`remaining_work` replaces the estimate from progress (`remaining_times`) by known
         or predicted job sizes (`Simulator.remaining_work_s`, `agent.job_sizes`), for
-        measuring what knowing them is worth."""
+        measuring what knowing them is worth; `speedups` replaces the state's curve by a
+        better speed model where one is known (`agent.job_speeds`)."""
         self.config = config or ElasticConfig()
         self.name = name
         self.remaining_work = remaining_work
+        self.speedups = speedups
         self._levels = np.asarray(sorted(self.config.worker_levels), dtype=np.int64)
 
     # ----------------------------------------------------------------- sizes and targets
@@ -246,17 +261,15 @@ class ElasticPolicy:
         sizes = np.sort(np.where(allowed, candidates, np.iinfo(np.int64).max), axis=1)
         count = allowed.sum(axis=1)
         sizes[np.arange(n_levels + 1)[None, :] >= count[:, None]] = 0
-        speedups = speedup(sizes, _packed_nodes(state, sizes), jobs.scaling_alpha[:, None],
-                           jobs.scaling_beta[:, None])
+        speedups = self.speedups(state, np.arange(n_jobs)[:, None], sizes,
+                                 _packed_nodes(state, sizes))
         return SizeTable(sizes, count, speedups)
 
-    @staticmethod
-    def _speedup(state: ClusterState, row: int, workers: int, nodes_used: int = 0) -> float:
+    def _speedup(self, state: ClusterState, row: int, workers: int, nodes_used: int = 0) -> float:
         """Speed-up over one GPU of `workers` on `nodes_used` nodes (0: packed)."""
         k = nodes_used or _packed_nodes(state, workers)
-        jobs = state.jobs
-        return float(speedup(np.array([workers]), np.array([k]), jobs.scaling_alpha[row],
-                             jobs.scaling_beta[row])[0])
+        return float(self.speedups(state, np.array([row]), np.array([workers]),
+                                   np.array([k]))[0])
 
     def remaining_s(self, state: ClusterState, row: int) -> float:
         """Estimated remaining run time of one job (see `remaining_times`)."""
@@ -284,14 +297,11 @@ class ElasticPolicy:
         (`agent.planner`)."""
         return self.remaining_times(state, rows) * self._current_speedups(state, rows)
 
-    @staticmethod
-    def _current_speedups(state: ClusterState, rows: np.ndarray) -> np.ndarray:
+    def _current_speedups(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
         """Speed-up over one GPU of jobs `rows` as placed now (1 for a job without GPUs)."""
-        jobs = state.jobs
-        workers = jobs.workers[rows]
-        return np.where(workers > 0, speedup(workers, _packed_nodes(state, workers),
-                                             jobs.scaling_alpha[rows],
-                                             jobs.scaling_beta[rows]), 1.0)
+        workers = state.jobs.workers[rows]
+        return np.where(workers > 0, self.speedups(state, rows, workers,
+                                                   _packed_nodes(state, workers)), 1.0)
 
     def _failed(self, state: ClusterState) -> np.ndarray:
         """bool per job: queued after having run (elastic never suspends: a failure did it)."""

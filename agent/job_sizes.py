@@ -30,7 +30,7 @@ from env.errors import UserError
 from env.state import ClusterState
 
 if TYPE_CHECKING:
-    from agent.heuristics import ElasticPolicy, RemainingWork
+    from agent.heuristics import ElasticPolicy, RemainingWork, Speedups
     from agent.policy import Policy
     from env.scenario import Scenario
 
@@ -128,34 +128,46 @@ def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
 
 
 def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
-                      fitted_on: Sequence[str], command: str, cluster: str) -> None:
-    """Write `SIZES_FILE` and a card for `base` told job sizes by `sizes`, fitted on the
-    workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's content is
-    recorded too, `cluster_record`)."""
+                      fitted_on: Sequence[str], command: str, cluster: str,
+                      profiles_root: Path | None) -> None:
+    """Write `SIZES_FILE`, a card and the profiles under `profiles_root` of the applications
+    `sizes` names (`agent.job_speeds`) for `base` told job sizes and speeds by `sizes`, fitted
+    on the workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's content
+    is recorded too, `cluster_record`). All of them replace an earlier fit's together or not
+    at all."""
+    from agent.job_speeds import PROFILES_DIR, copy_profiles
     from env.cluster import cluster_markdown, cluster_record
-    from env.output import write_atomic, write_json
+    from env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     cluster_file = cluster_record(cluster)
-    write_json(directory / SIZES_FILE, {"format_version": FORMAT_VERSION, "base": base,
-                                        "fitted_on": list(fitted_on), "cluster": cluster,
-                                        "cluster_file": cluster_file,
-                                        "curves": sizes.to_json()})
     rows = [f"| {_kinds_label(e['kinds'])} | {e['work_s']:,.0f} | {e['jobs']} |"
             for e in sizes.to_json()]
     shape = f" ({cluster_file['shape']}, the file as used is below)" if cluster_file else ""
-    write_atomic(directory / "card.md", "\n".join([
-        f"# `{base}`, told job sizes from history", "",
-        f"The heuristic `{base}` with each job's remaining work taken from the median size of "
-        "past jobs with the same speed curve (`agent/job_sizes.py`), where it would otherwise "
-        "extrapolate it from progress. A job runs on the curve of its application and batch "
-        "size; jobs of a kind not below keep the estimate. (The curves themselves are in "
-        f"{SIZES_FILE}.)", "",
-        f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}; cluster "
-        f"{cluster}{shape}.", "",
-        f"Command: `{command}`", "",
-        "| application (batch size) | median size (1-GPU s) | past jobs |",
-        "|---|---|---|", *rows,
-        *(["", *cluster_markdown(cluster_file)] if cluster_file else []), ""]))
+    with staged_outputs(directory) as staging:
+        copied = copy_profiles(sizes, profiles_root, staging)
+        write_json(staging / SIZES_FILE, {"format_version": FORMAT_VERSION, "base": base,
+                                          "fitted_on": list(fitted_on), "cluster": cluster,
+                                          "cluster_file": cluster_file, "profiles": copied,
+                                          "curves": sizes.to_json()})
+        speeds = (f"Its speed-ups are the measured profiles of {', '.join(copied)} "
+                  f"({PROFILES_DIR}/, `agent/job_speeds.py`) for the jobs of those kinds, the "
+                  "state's fitted curve for others." if copied else
+                  "Its speed-ups are the state's fitted curve (no profiles were found).")
+        write_atomic(staging / "card.md", "\n".join([
+            f"# `{base}`, told job sizes and speeds from history", "",
+            f"The heuristic `{base}` with each job's remaining work taken from the median size "
+            "of past jobs with the same speed curve (`agent/job_sizes.py`), where it would "
+            "otherwise extrapolate it from progress. A job runs on the curve of its "
+            "application and batch size; jobs of a kind not below keep the estimate. (The "
+            f"curves themselves are in {SIZES_FILE}.) {speeds}", "",
+            f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}; cluster "
+            f"{cluster}{shape}.", "",
+            f"Command: `{command}`", "",
+            "| application (batch size) | median size (1-GPU s) | past jobs |",
+            "|---|---|---|", *rows,
+            *(["", *cluster_markdown(cluster_file)] if cluster_file else []), ""]))
+    if not copied:  # an earlier fit's profiles must not pass for this one's
+        remove_outputs(directory, [PROFILES_DIR])
 
 
 def _kinds_label(kinds: list[dict]) -> str:
@@ -168,18 +180,21 @@ def _kinds_label(kinds: list[dict]) -> str:
                      for application, sizes in batches.items())
 
 
-def told_sizes(base: str, remaining_work: RemainingWork | None, name: str) -> ElasticPolicy:
+def told_sizes(base: str, remaining_work: RemainingWork | None, name: str,
+               speedups: Speedups | None = None) -> ElasticPolicy:
     """The elastic heuristic `base` (by name) told jobs' remaining work by `remaining_work`
-    (None: only check that `base` is one that uses sizes); a one-line `UserError` naming
-    `base` and the heuristics it may be when it does not estimate sizes (static, tiresias, a
-    learned policy, a saved model's path or an unknown name)."""
-    from agent.heuristics import ElasticPolicy
+    (None: only check that `base` is one that uses sizes) and, with `speedups`, their
+    speed-ups (`agent.job_speeds`); a one-line `UserError` naming `base` and the heuristics it
+    may be when it does not estimate sizes (static, tiresias, a learned policy, a saved
+    model's path or an unknown name)."""
+    from agent.heuristics import ElasticPolicy, curve_speedups
     from agent.registry import HEURISTICS, elastic_names
 
     if base not in elastic_names():
         raise UserError(f"{base} does not estimate job sizes; use one of the elastic heuristics "
                         f"{', '.join(elastic_names())}")
-    return ElasticPolicy(HEURISTICS[base]().config, name, remaining_work)
+    return ElasticPolicy(HEURISTICS[base]().config, name, remaining_work,
+                         speedups or curve_speedups)
 
 
 def read_saved_policy(path: Path, format_version: int, command: str) -> dict:
@@ -197,17 +212,23 @@ def read_saved_policy(path: Path, format_version: int, command: str) -> dict:
 
 
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
-    """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`."""
+    """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`.
+    A table saved before profiles were copied (no ``profiles``) keeps the curves."""
+    from agent.job_speeds import ProfiledSpeedups, read_copied_profiles
+
     path = Path(directory) / SIZES_FILE
     try:
         raw = read_saved_policy(path, FORMAT_VERSION, "rlalloc sizes fit")
         base = str(raw["base"])
         sizes = JobSizeHistory.from_json(raw["curves"])
+        applications = [str(a) for a in raw.get("profiles", [])]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{path}: damaged size table ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0][:120]}); fit it again with "
                         "`rlalloc sizes fit`") from err
+    models = read_copied_profiles(Path(directory), applications, sizes, "rlalloc sizes fit")
     try:
-        return told_sizes(base, sizes.remaining_work, name or Path(directory).name)
+        return told_sizes(base, sizes.remaining_work, name or Path(directory).name,
+                          ProfiledSpeedups(models) if models else None)
     except UserError as err:
         raise UserError(f"{path}: base {err}; fit it again with `rlalloc sizes fit`") from err

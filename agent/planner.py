@@ -26,7 +26,6 @@ actuator's 30 s cycle (docs/agent.md, "The planner").
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,26 +33,24 @@ from pathlib import Path
 import numpy as np
 
 from agent.heuristics import ElasticPolicy
-from agent.job_sizes import (
-    CurveKey,
-    JobSizeHistory,
-    curve_key,
-    read_saved_policy,
-    told_sizes,
+from agent.job_sizes import JobSizeHistory, read_saved_policy, told_sizes
+from agent.job_speeds import (
+    PROFILES_DIR,
+    ProfiledSpeedups,
+    copy_profiles,
+    profiled_speeds,
+    read_copied_profiles,
 )
 from agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
 from agent.registry import PLANNER_FILE
 from env.errors import UserError
-from env.profiles import AppProfile, load_profiles
 from env.rebuild import SpeedOf, curve_speed, simulator_from_state
 from env.scenario import Scenario
-from env.simulator import JobSpeed, Simulator, ThroughputFn
+from env.simulator import Simulator
 from env.state import ClusterState
 from env.workload.spec import JobSpec
 
 FORMAT_VERSION = 1
-PROFILES_DIR = "profiles"
-"""Where a saved planner keeps its copies of the applications' profiles."""
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
                    "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta")
 """One history job per row of a saved planner, in this column order."""
@@ -72,27 +69,6 @@ def planning_policy(base: ElasticPolicy, alternatives: Sequence[ElasticPolicy],
 
     return LookaheadPolicy(rebuilt, base, alternatives, Future(history.horizon_s, sampled=True),
                            history, name=name)
-
-
-def profiled_speeds(sizes: JobSizeHistory, profiles: dict[str, AppProfile]) -> SpeedOf:
-    """The speed model of a curve: the measured throughput of the one application and batch
-    size the size table saw behind it, where `profiles` has it; the curve itself otherwise."""
-    models: dict[CurveKey, ThroughputFn] = {}
-    for key, kinds in sizes.kinds.items():
-        if len(kinds) == 1 and kinds[0][0] in profiles:
-            application, batch_size = kinds[0]
-            models[key] = profiles[application].throughput(batch_size).iterations_per_s
-    cache: dict[tuple[float, float, float], JobSpeed] = {}
-
-    def speed_of(speed_1gpu: float, alpha: float, beta: float) -> JobSpeed:
-        curve = (speed_1gpu, alpha, beta)
-        if curve not in cache:
-            model = models.get(curve_key(*curve))
-            cache[curve] = (JobSpeed(model, *curve) if model is not None
-                            else curve_speed(*curve))
-        return cache[curve]
-
-    return speed_of
 
 
 def history_rows(scenario: Scenario) -> list[list[float]]:
@@ -143,16 +119,8 @@ def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
     scenario). All of them replace an earlier planner's together or not at all."""
     from env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
-    applications = sorted({application for kinds in sizes.kinds.values()
-                           for application, _ in kinds})
-    copied = [application for application in applications
-              if profiles_root is not None and (profiles_root / application).is_dir()]
     with staged_outputs(directory) as staging:
-        for application in copied:  # files only: the shared data's read-only modes would
-            target = staging / PROFILES_DIR / application  # stop a later --force removing them
-            target.mkdir(parents=True)
-            for path in sorted((profiles_root / application).glob("*.csv")):
-                shutil.copyfile(path, target / path.name)
+        copied = copy_profiles(sizes, profiles_root, staging)
         write_json(staging / PLANNER_FILE, {
             "format_version": FORMAT_VERSION, **asdict(config), "command": command,
             "profiles": copied, "curves": sizes.to_json(),
@@ -187,26 +155,6 @@ def _card(config: PlannerConfig, history: dict[str, Scenario], profiles: list[st
         f"Command: `{command}`", ""])
 
 
-def _speeds_of(directory: Path, applications: list[str], sizes: JobSizeHistory) -> SpeedOf:
-    """The speed models of a saved planner: its copied profiles of `applications` (the curves
-    alone when it has none); a `UserError` when one of them is missing, since the planner would
-    run on, quietly keeping little of its gain (docs/agent.md, "The planner")."""
-    if not applications:
-        return curve_speed
-    folder = directory / PROFILES_DIR
-    try:
-        profiles = load_profiles(folder)
-    except UserError as err:
-        reason = str(err).split(";")[0].removeprefix(f"{folder}: ")
-        raise UserError(f"{folder}: the planner's copied profiles cannot be read ({reason}); "
-                        "fit it again with `rlalloc planner fit`") from None
-    missing = sorted(set(applications) - set(profiles))
-    if missing:
-        raise UserError(f"{folder}: the profiles of {', '.join(missing)} are missing; fit the "
-                        "planner again with `rlalloc planner fit`")
-    return profiled_speeds(sizes, profiles)
-
-
 def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
     """The planner saved by `save_planner` in `directory`; a damaged file is a `UserError`."""
     path = Path(directory) / PLANNER_FILE
@@ -216,7 +164,9 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
             raise ValueError(f"history_columns {raw['history_columns']!r}")
         sizes = JobSizeHistory.from_json(raw["curves"])
         names = [str(raw["base"]), *map(str, raw["alternatives"])]
-        speed_of = _speeds_of(Path(directory), [str(a) for a in raw["profiles"]], sizes)
+        models = read_copied_profiles(Path(directory), [str(a) for a in raw["profiles"]],
+                                      sizes, "rlalloc planner fit")
+        speed_of = profiled_speeds(models)
         history = HistoryArrivals([history_arrivals(w["jobs"], speed_of)
                                    for w in raw["history"]], float(raw["horizon_s"]),
                                   int(raw["samples"]), int(raw["seed"]))
@@ -227,8 +177,8 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
                         f"{str(err).splitlines()[0][:120] if str(err) else 'no detail'}); "
                         "fit it again with `rlalloc planner fit`") from err
     try:
-        base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy)
-                               for policy in names]
+        base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy,
+                                          ProfiledSpeedups(models)) for policy in names]
     except UserError as err:
         raise UserError(f"{path}: {err}; fit it again with `rlalloc planner fit`") from err
     return planning_policy(base, alternatives, history, name or Path(directory).name, speed_of)

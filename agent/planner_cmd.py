@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.planner import PROFILES_DIR
+from agent.job_speeds import PROFILES_DIR
 from agent.registry import PLANNER_FILE, refuse_other_policy
 from env.argtypes import POSITIVE_INT, SEED, unique_names
 from env.cluster import add_cluster_flag

@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from agent.job_sizes import SIZES_FILE
+from agent.job_speeds import PROFILES_DIR
 from agent.registry import refuse_other_policy
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
 
-OUTPUT_FILES = (SIZES_FILE, "card.md")
+OUTPUT_FILES = (SIZES_FILE, "card.md", PROFILES_DIR)
 """What `rlalloc sizes fit` writes into --out."""
 
 
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
     from agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
+    from env.profiles import default_profiles_root
     from env.scenario import build_scenario
 
     refuse_other_policy(args.out, SIZES_FILE)
@@ -49,11 +51,24 @@ def run(args: argparse.Namespace) -> int:
                         f"--workload {' '.join(args.workloads)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
-    save_sized_policy(args.out, args.base, sizes, args.workloads, command, args.cluster)
+    try:
+        save_sized_policy(args.out, args.base, sizes, args.workloads, command, args.cluster,
+                          default_profiles_root())
+    except OSError as err:
+        raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
+                        " an earlier one there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
-          f"{sum(sizes.jobs.values())} past jobs) and card.md; compare it with its base on "
+          f"{sum(sizes.jobs.values())} past jobs) and card.md, {_speeds_line(args.out)}; "
+          "compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
           f"{shlex.quote(args.cluster)} --policies {args.base},{shlex.quote(str(args.out))} "
           f"--reference {args.base}`")
     return 0
+
+
+def _speeds_line(out: Path) -> str:
+    """What the saved heuristic ranks growth by: the copied profiles, or the curves alone."""
+    copied = sorted(p.name for p in (out / PROFILES_DIR).glob("*") if p.is_dir())
+    return (f"speed-ups from the profiles of {', '.join(copied)} ({out / PROFILES_DIR})"
+            if copied else "speed-ups from the state's curves (no profiles found)")

@@ -137,7 +137,8 @@ def test_sizes_fit_saves_a_policy_that_loads_by_path(tmp_path):
     rows = np.arange(state.jobs.count)
     np.testing.assert_array_equal(policy.remaining_times(state, rows),
                                   ElasticPolicy(ElasticConfig(remaining_power=0.25),
-                                                remaining_work=history.remaining_work)
+                                                remaining_work=history.remaining_work,
+                                                speedups=policy.speedups)
                                   .remaining_times(state, rows))
     again = _cli("sizes", "fit", "--workload", str(POLLUX / "workload-2.csv"), "--out", str(out))
     assert again.returncode == 2 and "--force" in again.stderr
@@ -216,12 +217,13 @@ def test_sizes_fit_card_names_the_jobs_and_cluster_and_older_tables_still_load(t
     run_policy(sim, load_policy("elastic").act, limit_s=60.0)
     state = sim.state()
     rows = np.arange(state.jobs.count)
-    told = load_policy(str(out)).remaining_times(state, rows)
+    told = load_policy(str(out)).remaining_work(state, rows)
     assert len(rows) == 2 and np.isfinite(told).all()
-    older = {key: value for key, value in saved.items() if not key.startswith("cluster")}
+    older = {key: value for key, value in saved.items()
+             if not key.startswith("cluster") and key != "profiles"}
     older["curves"] = [{k: v for k, v in c.items() if k != "kinds"} for c in saved["curves"]]
     (out / SIZES_FILE).write_text(json.dumps(older))
-    np.testing.assert_array_equal(load_policy(str(out)).remaining_times(state, rows), told)
+    np.testing.assert_array_equal(load_policy(str(out)).remaining_work(state, rows), told)
 
 
 @pytest.mark.parametrize("argv, named", [
