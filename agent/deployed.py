@@ -7,8 +7,11 @@ A saved model directory holds
 - ``policy.json``: `ExportMeta` (format version, algorithm, layer sizes, activation, the
   `FeatureSpec` the observation and action layout come from, observation-normalisation
   statistics if training used them, whether the action mask applies, and, for a residual
-  policy, the heuristics its extra "follow" actions defer to and the job-size table they are
-  told, if any: see `agent.residual`).
+  policy, the heuristics its extra "follow" actions defer to, the job-size table they are
+  told, if any, and the applications whose profiles tell them job speeds: see
+  `agent.residual`);
+- ``profiles/``: copies of those applications' measured profiles (`agent.job_speeds`), so that
+  the model runs where the shared data is not.
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
 break across Python versions) never enters the cluster. `agent.export` writes it from a
@@ -22,6 +25,7 @@ import json
 import pickle
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,11 +38,17 @@ from env.featurizer import FeatureSpec, Featurizer
 from env.output import write_atomic
 from env.state import Action, ClusterState, Strategy
 
-FORMAT_VERSION = 3
+if TYPE_CHECKING:
+    from agent.heuristics import Speedups
+
+FORMAT_VERSION = 4
 """Bumped whenever `policy.json` or the network layout changes incompatibly (2 added
-`residual`, 3 `job_sizes`)."""
-READABLE_VERSIONS = (1, 2, 3)
-"""Versions this rlalloc loads (a version-1 file is a policy over the raw actions)."""
+`residual`, 3 `job_sizes`, 4 `profiles`)."""
+READABLE_VERSIONS = (1, 2, 3, 4)
+"""Versions this rlalloc loads (a version-1 file is a policy over the raw actions; before 4,
+told heuristics rank by the state's speed curves)."""
+RETRAIN_TOLD = "rlalloc train --residual ... --learn-sizes"
+"""The command that writes a model told sizes and speeds again, for errors naming it."""
 WEIGHTS_FILE = "policy.pt"
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -73,6 +83,10 @@ class ExportMeta:
     job_sizes: tuple[dict, ...] | None = None
     """Residual only: the job-size table (`JobSizeHistory.to_json`) the heuristics are told and
     the observation shows (`rlalloc train --learn-sizes`); None: not told."""
+    profiles: tuple[str, ...] = ()
+    """Told sizes only: the applications whose measured profiles, copied into the model
+    directory (`agent.job_speeds.PROFILES_DIR`), tell the heuristics job speed-ups
+    (`speedups_in`); none: the state's curves (so every model before format 4)."""
     format_version: int = FORMAT_VERSION
 
     def spec(self) -> FeatureSpec:
@@ -82,13 +96,27 @@ class ExportMeta:
         fields["strategies"] = tuple(Strategy(s) for s in fields["strategies"])
         return FeatureSpec(**fields)
 
-    def featurizer(self) -> Featurizer:
-        """The featurizer the model was trained with (residual if `residual` names any)."""
+    def featurizer(self, speedups: Speedups | None = None) -> Featurizer:
+        """The featurizer the model was trained with (residual if `residual` names any), its
+        told heuristics ranking by `speedups` (`speedups_in` of the model's directory; None:
+        the state's curves)."""
         if not self.residual:
             return Featurizer(self.spec())
         from agent.residual import residual_featurizer  # needs the heuristics, not SB3
 
-        return residual_featurizer(self.spec(), self.residual, self.sizes())
+        return residual_featurizer(self.spec(), self.residual, self.sizes(), speedups)
+
+    def speedups_in(self, directory: Path) -> Speedups | None:
+        """The speed-ups the told heuristics rank by, from the `profiles` copied into the
+        model `directory` (None, the state's curves, where there are none); a one-line
+        `UserError` when a copy is missing or unreadable."""
+        from agent.job_speeds import ProfiledSpeedups, read_copied_profiles
+
+        sizes = self.sizes()
+        if sizes is None:
+            return None
+        models = read_copied_profiles(directory, list(self.profiles), sizes, RETRAIN_TOLD)
+        return ProfiledSpeedups(models) if models else None
 
     def sizes(self) -> JobSizeHistory | None:
         """The job-size table of `job_sizes` (None if the model is not told sizes)."""
@@ -132,11 +160,14 @@ class PolicyNet(nn.Module):
 class LearnedPolicy:
     """A deployed learned policy: featurize, normalise, score, mask, argmax, decode."""
 
-    def __init__(self, name: str, meta: ExportMeta, net: PolicyNet) -> None:
+    def __init__(self, name: str, meta: ExportMeta, net: PolicyNet,
+                 speedups: Speedups | None = None) -> None:
+        """`speedups`: what the told heuristics of a residual policy rank growth by
+        (`ExportMeta.speedups_in`; None: the state's curves)."""
         self.name = name
         self.meta = meta
         self.net = net.eval()
-        self.featurizer = meta.featurizer()
+        self.featurizer = meta.featurizer(speedups)
         norm = meta.obs_norm
         self._norm = None if norm is None else (
             np.asarray(norm.mean, dtype=np.float32),
@@ -168,7 +199,8 @@ def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
     """Write policy.pt and policy.json into `directory` (created if missing), each whole or
     not at all: training re-exports at every better evaluation, and a run killed while writing
     in place would leave a truncated policy that the next resume and the actuator cannot
-    load."""
+    load. The profiles `meta` names must be in `directory` already
+    (`agent.job_speeds.copy_profiles`; a training run copies them once, as it starts)."""
     directory.mkdir(parents=True, exist_ok=True)
     weights = io.BytesIO()
     torch.save(state_dict, weights)
@@ -177,7 +209,8 @@ def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
 
 
 def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
-    """Load a saved model directory; a missing or foreign one is a `UserError`."""
+    """Load a saved model directory, with the profiles copied into it; a missing or foreign
+    one, or a missing copy, is a `UserError`."""
     directory = Path(directory)
     meta_path = directory / META_FILE
     if not meta_path.is_file() or not (directory / WEIGHTS_FILE).is_file():
@@ -193,6 +226,9 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
         norm = raw.pop("obs_norm", None)
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
         raw["residual"] = tuple(raw.get("residual", ()))
+        raw["profiles"] = tuple(str(a) for a in raw.get("profiles", ()))
+        if raw["profiles"] and raw.get("job_sizes") is None:
+            raise ValueError("profiles without the job_sizes they go with")
         if raw.get("job_sizes") is not None:
             raw["job_sizes"] = tuple(raw["job_sizes"])
             JobSizeHistory.from_json(list(raw["job_sizes"]))  # damaged entries fail here
@@ -207,4 +243,4 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
     if meta.obs_size != expected_obs_size:
         raise UserError(f"{meta_path}: observation size {meta.obs_size} does not match this "
                         f"rlalloc's featurizer; retrain the model")
-    return LearnedPolicy(name or directory.name, meta, net)
+    return LearnedPolicy(name or directory.name, meta, net, meta.speedups_in(directory))

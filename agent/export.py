@@ -3,13 +3,14 @@
 Only the parts inference needs are kept: the policy MLP (PPO: the actor's hidden layers and
 action head; DQN: the Q-network), the layer sizes, the feature spec and the observation
 normalisation, if any, and the heuristics behind a residual policy's "follow" actions
-with the job-size table they are told (`agent.residual`). The value network, optimizer and
-replay buffer stay behind.
+with the job-size table they are told and the applications whose profiles tell them job
+speeds (`agent.residual`). The value network, optimizer and replay buffer stay behind.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -22,6 +23,9 @@ from agent.deployed import (
 )
 from agent.job_sizes import JobSizeHistory
 from env.featurizer import FeatureSpec
+
+if TYPE_CHECKING:
+    from agent.heuristics import Speedups
 
 
 def _linear_stack(modules: list[nn.Module]) -> tuple[list[nn.Linear], str]:
@@ -50,31 +54,37 @@ def deployed_net(model: object, algo: str) -> tuple[PolicyNet, str]:
 
 def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
           obs_norm: ObsNormalization | None, residual: tuple[str, ...],
-          sizes: JobSizeHistory | None) -> ExportMeta:
+          sizes: JobSizeHistory | None, profiles: tuple[str, ...] = ()) -> ExportMeta:
     linears = [m for m in net.layers if isinstance(m, nn.Linear)]
     return ExportMeta(
         algo=algo, obs_size=linears[0].in_features, num_actions=linears[-1].out_features,
         hidden_sizes=tuple(m.out_features for m in linears[:-1]), activation=activation,
         feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm,
-        residual=residual, job_sizes=None if sizes is None else tuple(sizes.to_json()))
+        residual=residual, job_sizes=None if sizes is None else tuple(sizes.to_json()),
+        profiles=profiles)
 
 
 def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec, activation: str = "tanh",
                      residual: tuple[str, ...] = (),
-                     sizes: JobSizeHistory | None = None) -> LearnedPolicy:
+                     sizes: JobSizeHistory | None = None,
+                     speedups: Speedups | None = None) -> LearnedPolicy:
     """The deployed policy for `net` without a round trip through files (for evaluations
-    during training)."""
-    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual, sizes), net)
+    during training); `sizes` and `speedups` are what its heuristics are told."""
+    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual, sizes), net,
+                         speedups)
 
 
 def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
                  obs_norm: ObsNormalization | None = None,
                  residual: tuple[str, ...] = (),
-                 sizes: JobSizeHistory | None = None) -> ExportMeta:
+                 sizes: JobSizeHistory | None = None,
+                 profiles: tuple[str, ...] = ()) -> ExportMeta:
     """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`; `residual` names
-    the heuristics of the model's extra "follow" actions (none: the raw action space), and
-    `sizes` the job-size table they are told (None: not told)."""
+    the heuristics of the model's extra "follow" actions (none: the raw action space), `sizes`
+    the job-size table they are told (None: not told) and `profiles` the applications whose
+    profiles, copied into `directory` already (`agent.job_speeds.copy_profiles`), tell them
+    job speeds."""
     net, activation = deployed_net(model, algo)
-    meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes)
+    meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes, profiles)
     save_deployed(Path(directory), meta, net.state_dict())
     return meta

@@ -21,7 +21,10 @@ Told job sizes (`JobSizeHistory`, `rlalloc train --learn-sizes`), every heuristi
 the sizes of past jobs of the same kind instead of extrapolating from progress (on the Pollux
 held-out set that alone is 9.3 % faster than elastic-srpt-0.25, `agent.job_sizes`), and the
 observation shows each slot's predicted remaining work, so that a deviation can depend on it.
-The table travels inside the exported model (`ExportMeta.job_sizes`).
+Told speeds as well (`agent.job_speeds.ProfiledSpeedups`, from the applications' measured
+profiles), they rank growth by those instead of the state's fitted curve. The table travels
+inside the exported model (`ExportMeta.job_sizes`), the profiles beside it
+(`ExportMeta.profiles`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from env.featurizer import FeatureSpec, Featurizer, speedup
 from env.state import Action, ActionKind, ClusterState, JobStatus
 
 if TYPE_CHECKING:
+    from agent.heuristics import Speedups
     from env.gym_env import ClusterAllocEnv
 
 PROPOSAL_FEATURES = 10
@@ -143,10 +147,11 @@ def residual_obs_size(spec: FeatureSpec, num_teachers: int, told_sizes: bool) ->
             + (SIZE_FEATURES * spec.top_k if told_sizes else 0))
 
 
-def residual_teachers(teachers: tuple[str, ...],
-                      sizes: JobSizeHistory | None = None) -> tuple[Policy, ...]:
-    """The built-in heuristics `teachers`, told job sizes by `sizes` if given; a one-line
-    UserError if one is not a built-in heuristic, or (told sizes) not one that ranks by them."""
+def residual_teachers(teachers: tuple[str, ...], sizes: JobSizeHistory | None = None,
+                      speedups: Speedups | None = None) -> tuple[Policy, ...]:
+    """The built-in heuristics `teachers`, told job sizes by `sizes` if given and then, with
+    `speedups`, job speed-ups too (None: the state's curve); a one-line UserError if one is not
+    a built-in heuristic, or (told sizes) not one that ranks by them."""
     unknown = [name for name in teachers if name not in HEURISTICS]
     if unknown or not teachers:
         raise UserError(f"residual heuristics {','.join(teachers)!r}: give one or more of "
@@ -154,26 +159,30 @@ def residual_teachers(teachers: tuple[str, ...],
     if sizes is None:
         return tuple(HEURISTICS[name]() for name in teachers)
     try:
-        return tuple(told_sizes(name, sizes.remaining_work, name) for name in teachers)
+        return tuple(told_sizes(name, sizes.remaining_work, name, speedups)
+                     for name in teachers)
     except UserError as err:
         raise UserError(f"--learn-sizes: residual heuristic {err}") from None
 
 
 def residual_featurizer(spec: FeatureSpec, teachers: tuple[str, ...],
-                        sizes: JobSizeHistory | None = None) -> ResidualFeaturizer:
+                        sizes: JobSizeHistory | None = None,
+                        speedups: Speedups | None = None) -> ResidualFeaturizer:
     """The residual featurizer following built-in heuristics `teachers`, told job sizes by
-    `sizes` if given (see `residual_teachers` for the errors)."""
-    return ResidualFeaturizer(spec, residual_teachers(teachers, sizes), sizes)
+    `sizes` and speed-ups by `speedups` if given (see `residual_teachers`, also for the
+    errors); the observation shows the sizes, not the speed-ups."""
+    return ResidualFeaturizer(spec, residual_teachers(teachers, sizes, speedups), sizes)
 
 
 def make_residual(env: ClusterAllocEnv, teachers: tuple[str, ...],
-                  sizes: JobSizeHistory | None = None) -> ClusterAllocEnv:
+                  sizes: JobSizeHistory | None = None,
+                  speedups: Speedups | None = None) -> ClusterAllocEnv:
     """`env` with the residual action space and observation, in place (the environment reads
-    observations, masks and actions through its featurizer); `sizes` as in
+    observations, masks and actions through its featurizer); `sizes` and `speedups` as in
     `residual_featurizer`."""
     import gymnasium as gym
 
-    featurizer = residual_featurizer(env.featurizer.spec, teachers, sizes)
+    featurizer = residual_featurizer(env.featurizer.spec, teachers, sizes, speedups)
     low, high = env.observation_space.low.flat[0], env.observation_space.high.flat[0]
     env.featurizer = featurizer
     env.observation_space = gym.spaces.Box(low, high, (featurizer.obs_size,), np.float32)

@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learn-sizes", action="store_true",
                         help="residual: tell the heuristics and the policy job sizes learnt "
                              "from the training workloads (agent.job_sizes; saved in the "
-                             "model)")
+                             "model), and the heuristics job speeds from their applications' "
+                             "profiles where found (agent.job_speeds; copied into the model)")
     parser.add_argument("--imitate", action="append", default=[], metavar="NPZ",
                         help="residual: fit the actor to these lookahead recordings first "
                              "(`rlalloc headroom --record`; repeatable; recorded with --base "

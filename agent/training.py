@@ -8,8 +8,9 @@ With `residual` set the heuristics are instead extra actions of the policy (`age
 the actor is initialised to follow the first, only the critic is fitted to its returns, and
 RL learns where to deviate (a DQN's Q-values are fitted to those returns, the first follow
 action ahead by a margin). With `learn_sizes` those heuristics (and the observation) are told
-job sizes learnt from the training workloads (`agent.job_sizes`), so the policy starts at the
-size-told heuristic rather than at the heuristic alone.
+job sizes learnt from the training workloads (`agent.job_sizes`), and the heuristics job speeds
+from their applications' measured profiles where found (`agent.job_speeds`), so the policy
+starts at the heuristic told sizes and speeds rather than at the heuristic alone.
 Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
 critic's warm start and the RL returns are on the same scale.
 """
@@ -36,8 +37,10 @@ from agent.deployed import META_FILE, WEIGHTS_FILE, load_deployed
 from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
+from agent.heuristics import Speedups
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.job_sizes import JobSizeHistory, learn_sizes
+from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, copy_profiles, profile_models
 from agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
 from agent.residual import (
     follow_first,
@@ -50,8 +53,15 @@ from env.cluster import cluster_markdown, cluster_record
 from env.errors import UserError
 from env.failures import FailureParams, parse_failure_rate
 from env.gym_env import ClusterAllocEnv, RewardWeights
-from env.output import prepare_out_dir, remove_outputs, write_atomic, write_json
+from env.output import (
+    prepare_out_dir,
+    remove_outputs,
+    staged_outputs,
+    write_atomic,
+    write_json,
+)
 from env.params import SimParams
+from env.profiles import PROFILES_ENV_VAR, cached_profiles, default_profiles_root
 from env.progress import progress_bar
 from env.scenario import Scenario, build_scenario
 
@@ -62,8 +72,8 @@ CARD_MD_FILE = "card.md"
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.zip"
 TB_DIR = "tb"
-RUN_FILES = (WEIGHTS_FILE, META_FILE, CONFIG_FILE, CARD_FILE, CARD_MD_FILE, CHECKPOINT_DIR,
-             TB_DIR)
+RUN_FILES = (WEIGHTS_FILE, META_FILE, PROFILES_DIR, CONFIG_FILE, CARD_FILE, CARD_MD_FILE,
+             CHECKPOINT_DIR, TB_DIR)
 """Everything a run writes into its directory. A new run refuses to write over any of them
 without --force, and --force removes them all first: left behind, the replaced run's
 checkpoints would be what --resume continues, its curves would show in TensorBoard as this
@@ -129,7 +139,9 @@ class TrainConfig:
     none for the raw action space. Replaces the warm start by `_residual_start`."""
     learn_sizes: bool = False
     """Residual only: fit a job-size table on the training workloads (`JobSizeHistory`), tell
-    it to the residual heuristics and show it in the observation; it is saved in the model."""
+    it to the residual heuristics and show it in the observation; tell them job speeds from
+    the profiles of its applications too (`training_speedups`). The table is saved in the
+    model, copies of the profiles beside it."""
     imitate: tuple[str, ...] = ()
     """Lookahead recordings (`rlalloc headroom --record`) the residual actor is fitted to
     before RL (`agent.distill`); none: the actor starts as the first heuristic."""
@@ -197,14 +209,16 @@ class ScaledReward(gym.Wrapper):
 
 
 def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
-             sizes: JobSizeHistory | None = None) -> ClusterAllocEnv:
+             sizes: JobSizeHistory | None = None,
+             speedups: Speedups | None = None) -> ClusterAllocEnv:
     """A training environment over `workloads` (default: the config's), residual if the
-    config says so, its heuristics told job sizes by `sizes` (`training_sizes`) if given."""
+    config says so, its heuristics told job sizes by `sizes` (`training_sizes`) and speed-ups
+    by `speedups` (`training_speedups`) if given."""
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
                           params=config.sim_params(),
                           reward=RewardWeights(time_discount_s=config.time_discount_s),
                           efficiency=config.efficiency)
-    return make_residual(env, config.residual, sizes) if config.residual else env
+    return make_residual(env, config.residual, sizes, speedups) if config.residual else env
 
 
 def training_sizes(config: TrainConfig,
@@ -216,6 +230,33 @@ def training_sizes(config: TrainConfig,
         return None
     return learn_sizes([scenarios[w] for w in config.workloads],
                        f"--learn-sizes: --workload {' '.join(config.workloads)}")
+
+
+def training_speedups(sizes: JobSizeHistory | None,
+                      profiles_root: Path | None) -> Speedups | None:
+    """The speed-ups a `learn_sizes` run tells its heuristics: the measured throughput of the
+    kinds of job in `sizes` whose application has a profile under `profiles_root`
+    (`env.profiles.default_profiles_root`; `agent.job_speeds.profile_models`); None (the
+    state's curves) for other runs and where no such profile is found."""
+    if sizes is None or profiles_root is None:
+        return None
+    models = profile_models(sizes, cached_profiles(profiles_root))
+    return ProfiledSpeedups(models) if models else None
+
+
+def _copy_run_profiles(out: Path, sizes: JobSizeHistory | None, speedups: Speedups | None,
+                       profiles_root: Path | None) -> tuple[str, ...]:
+    """Copy into `out` the profiles behind `speedups` (`training_speedups`), replacing an
+    earlier copy (a resumed run's) whole or not at all, and return their applications, which
+    every export of the run names (`ExportMeta.profiles`); none, and no copies left, when the
+    heuristics rank by the curves."""
+    copied: list[str] = []
+    if sizes is not None and speedups is not None:
+        with staged_outputs(out) as staging:
+            copied = copy_profiles(sizes, profiles_root, staging)
+    if not copied:  # an earlier run's profiles must not pass for this one's
+        remove_outputs(out, [PROFILES_DIR])
+    return tuple(copied)
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
@@ -291,9 +332,11 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
     sizes = training_sizes(config, scenarios)
+    profiles_root = default_profiles_root() if sizes is not None else None
+    speedups = training_speedups(sizes, profiles_root)
     vec_env = VecMonitor(DummyVecEnv([
-        (lambda: ScaledReward(make_env(config, sizes=sizes), config.reward_scale,
-                              config.action_cost))
+        (lambda: ScaledReward(make_env(config, sizes=sizes, speedups=speedups),
+                              config.reward_scale, config.action_cost))
         for _ in range(config.n_envs)]))
     vec_env.seed(config.seed)
     spec = vec_env.envs[0].unwrapped.featurizer.spec
@@ -304,6 +347,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     if resume:
         config = _with_earlier_commands(config, out)
     _start_run_dir(config, out, force, log)
+    profiles = _copy_run_profiles(out, sizes, speedups, profiles_root)
+    if sizes is not None:
+        log(_speeds_line(profiles, out))
     started = time.perf_counter()
     summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": []}
     with progress_bar() as progress:
@@ -314,14 +360,15 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         else:
             model = _build_model(config, vec_env)
             model.set_logger(tensorboard_logger(out, config.algo))
-            summary["warm_start"] = _start(config, model, log, progress, recordings, sizes)
+            summary["warm_start"] = _start(config, model, log, progress, recordings, sizes,
+                                           speedups, profiles)
         best = min(map(_jct_read, summary["evaluations"]), default=math.inf)
 
         def evaluate_now(step: int) -> float:
             nonlocal best
             net, _ = deployed_net(model, config.algo)
             policy = in_memory_policy(net, config.algo, spec, residual=config.residual,
-                                      sizes=sizes)
+                                      sizes=sizes, speedups=speedups)
             with _task(progress, f"evaluate step {step:,}", eval_jobs) as advance:
                 jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance)
             summary["evaluations"].append({"timesteps": step, "avg_jct_s": _jct_json(jct),
@@ -330,7 +377,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             if jct < best:
                 best = jct
                 export_model(model, config.algo, spec, out, residual=config.residual,
-                             sizes=sizes)
+                             sizes=sizes, profiles=profiles)
             log(f"step {step}: avg JCT {_seconds(_jct_json(jct))} on {len(eval_workloads)} "
                 f"training workload(s) (best {_seconds(_jct_json(best))})")
             # at its own step, now: SB3 dumps at rollout or episode ends, by which time a later
@@ -371,8 +418,10 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         summary["best_avg_jct_s"] = _jct_json(best)
         summary["exported_timesteps"] = exported_step(summary["evaluations"])
         summary["heuristic_avg_jct_s"] = {}
+        told_what = "sizes learned" + (", speeds profiled" if speedups else "")
         told = () if sizes is None else tuple(
-            (f"{t.name}, sizes learned", t) for t in residual_teachers(config.residual, sizes))
+            (f"{t.name}, {told_what}", t)
+            for t in residual_teachers(config.residual, sizes, speedups))
         plain = dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))
         for name, policy in (*told, *((n, load_policy(n)) for n in plain)):
             with _task(progress, f"evaluate {name}", eval_jobs) as advance:
@@ -538,13 +587,15 @@ def _resume_summary(summary: dict, out: Path) -> float:
 
 
 def _start(config: TrainConfig, model: object, log: Callable[[str], None], progress: Progress,
-           recordings: Recording | None, sizes: JobSizeHistory | None) -> dict | None:
+           recordings: Recording | None, sizes: JobSizeHistory | None,
+           speedups: Speedups | None, profiles: tuple[str, ...]) -> dict | None:
     """Where the policy starts before RL (described for the card): residual, cloned from
     the warm-start heuristic, or (None) SB3's initialisation."""
     workloads = len(config.workloads)
     if config.residual:
         with _task(progress, "residual start", workloads + 1 + (recordings is not None)) as step:
-            return _residual_start(config, model, log, step, recordings, sizes)
+            return _residual_start(config, model, log, step, recordings, sizes, speedups,
+                                   profiles)
     if config.warm_start:
         with _task(progress, "warm start", (config.dagger_rounds + 1) * (workloads + 1)) as step:
             return _warm_start(config, model, log, step)
@@ -695,12 +746,33 @@ def _describe_warm_start(info: dict | None) -> str:
                  f"its returns on {info['samples']:,} steps")
         return (f"residual over {', '.join(f'`{n}`' for n in info['residual'])}"
                 + (f", told job sizes learnt from {told['jobs']:,} training jobs of "
-                   f"{told['curves']} kinds" if told else "") + ": " + start)
+                   f"{told['curves']} kinds{_describe_speeds(told)}" if told else "")
+                + ": " + start)
     rounds = info["rounds"]
     return (f"behaviour cloning of `{info['teacher']}` + {len(rounds) - 1} DAgger round(s); "
             f"training accuracy {rounds[0]['accuracy']:.3f} -> {rounds[-1]['accuracy']:.3f} on "
             f"{rounds[-1]['samples']:,} labelled steps ({info['unexpressible']} teacher actions "
             f"had no discrete index)")
+
+
+def _describe_speeds(told: dict) -> str:
+    """What the told heuristics rank growth by, for the card (cards of runs before speeds were
+    told lack ``profiles``: they ranked by the curves)."""
+    if told.get("profiles"):
+        return (f" and job speeds from the measured profiles of {', '.join(told['profiles'])} "
+                f"(copied into {PROFILES_DIR}/)")
+    if "profiles" in told:
+        return " (speed-ups from the state's curves: no profiles were found)"
+    return ""
+
+
+def _speeds_line(profiles: tuple[str, ...], out: Path) -> str:
+    """The log line saying what a `learn_sizes` run's heuristics rank growth by."""
+    if profiles:
+        return (f"--learn-sizes: the heuristics are told job speeds from the profiles of "
+                f"{', '.join(profiles)} (copied into {out / PROFILES_DIR})")
+    return (f"--learn-sizes: no application profiles found (the shared data or "
+            f"{PROFILES_ENV_VAR}), so the heuristics rank by the state's speed-up curves")
 
 
 def _describe_export(summary: dict) -> str:
@@ -783,7 +855,8 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
 
 def _residual_start(config: TrainConfig, model: object, log: Callable[[str], None],
                     step: Callable[[float], None], recordings: Recording | None = None,
-                    sizes: JobSizeHistory | None = None) -> dict:
+                    sizes: JobSizeHistory | None = None, speedups: Speedups | None = None,
+                    profiles: tuple[str, ...] = ()) -> dict:
     """Start a residual policy as its first heuristic: fit the critic to the returns of
     rollouts that always follow it, then set the action head so that its argmax is that
     heuristic, exactly, and its samples deviate with small probabilities (cloning by
@@ -791,9 +864,10 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     Q-values are all fitted to those returns and its head then prefers the first follow
     action by `DQN_FOLLOW_MARGIN` (`init_follow_q_head`); it explores by epsilon instead.
     With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
-    the advantages its forks measured instead (`agent.distill`). `sizes`: the table the
-    heuristics are told (`training_sizes`). `step` is called after each rollout and each fit."""
-    envs = [make_env(config, (workload,), sizes) for workload in config.workloads]
+    the advantages its forks measured instead (`agent.distill`). `sizes` and `speedups`: what
+    the heuristics are told (`training_sizes`, `training_speedups`; `profiles` the applications
+    behind the latter). `step` is called after each rollout and each fit."""
+    envs = [make_env(config, (workload,), sizes, speedups) for workload in config.workloads]
     teacher = envs[0].featurizer.teachers[0]  # labels only: the driver follows it
     demos = concatenate([
         _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
@@ -810,7 +884,8 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
     if sizes is not None:
-        info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sum(sizes.jobs.values())}
+        info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sum(sizes.jobs.values()),
+                             "profiles": list(profiles)}
     if config.algo == "dqn":
         margin = DQN_FOLLOW_MARGIN * float(np.std(demos.returns))
         init_follow_q_head(model.q_net.q_net[-1], len(config.residual), margin)

@@ -14,6 +14,7 @@ from agent.evaluation import run_policy
 from agent.export import export_model, in_memory_policy
 from agent.imitation import encode_action
 from agent.job_sizes import JobSizeHistory, told_sizes
+from agent.job_speeds import ProfiledSpeedups, profile_models
 from agent.registry import load_policy
 from agent.residual import (
     PROPOSAL_FEATURES,
@@ -28,7 +29,7 @@ from agent.training import TrainConfig, train
 from env.errors import UserError
 from env.featurizer import FeatureSpec, Featurizer, select_slots
 from env.gym_env import ClusterAllocEnv
-from env.profiles import DEFAULT_PROFILES_ROOT
+from env.profiles import DEFAULT_PROFILES_ROOT, cached_profiles
 from env.scenario import build_scenario
 from env.state import ActionKind
 
@@ -230,23 +231,24 @@ def test_size_features_show_the_tables_remaining_work_per_slot():
 
 
 @needs_pollux
-def test_learn_sizes_starts_as_the_size_told_heuristic_and_ships_its_table(tmp_path):
-    """`train --residual ... --learn-sizes` exports, before any RL step, the size-told first
-    heuristic exactly (not the plain one), and the table travels in the model: loaded by
-    path, it runs that heuristic on a workload it was not trained on."""
+def test_learn_sizes_starts_as_the_told_heuristic_and_ships_its_table_and_profiles(tmp_path):
+    """`train --residual ... --learn-sizes` exports, before any RL step, the first heuristic
+    told sizes and speeds exactly (not the plain one), and the table and profiles travel with
+    the model: loaded by path, it runs that heuristic on a workload it was not trained on."""
     config = TrainConfig(workloads=(_pollux(1),), cluster="16x4", timesteps=0, n_envs=1,
                          residual=SIZED_TEACHERS, learn_sizes=True, bc_epochs=1,
                          net_arch=(32,), failures="none")
     summary = train(config, tmp_path / "model", log=lambda _: None)
-    told = summary["heuristic_avg_jct_s"]["elastic-srpt-0.25, sizes learned"]
+    told = summary["heuristic_avg_jct_s"]["elastic-srpt-0.25, sizes learned, speeds profiled"]
     assert summary["evaluations"][0]["avg_jct_s"] == pytest.approx(told, abs=1e-6)
     assert abs(told - summary["heuristic_avg_jct_s"]["elastic-srpt-0.25"]) > 1.0
     assert "told job sizes learnt from 160 training jobs" in (tmp_path / "model" /
                                                                  "card.md").read_text()
     policy = load_policy(str(tmp_path / "model"))
-    assert policy.meta.job_sizes is not None and policy.meta.format_version == 3
+    assert policy.meta.job_sizes is not None and policy.meta.format_version == 4
     history = JobSizeHistory.fit([build_scenario(_pollux(1), "16x4")])
-    teacher = told_sizes("elastic-srpt-0.25", history.remaining_work, "told")
+    speedups = ProfiledSpeedups(profile_models(history, cached_profiles(DEFAULT_PROFILES_ROOT)))
+    teacher = told_sizes("elastic-srpt-0.25", history.remaining_work, "told", speedups)
     scores = [run_policy(build_scenario(_pollux(3), "16x4").simulator(seed=0), p.act,
                          limit_s=6 * 3600.0).metrics["avg_jct_s"] for p in (policy, teacher)]
     assert scores[0] == pytest.approx(scores[1], abs=1e-6)
