@@ -110,4 +110,6 @@ def test_a_format_3_model_loads_with_the_curves_as_before(trained, tmp_path):
     history = JobSizeHistory.fit([build_scenario(workload, CLUSTER)])
     sizes_only = told_sizes(TEACHERS[0], history.remaining_work, "sizes only")
     assert _avg_jct(policy, workload) == pytest.approx(_avg_jct(sizes_only, workload), abs=1e-6)
-    assert all(t.speedups is curve_speedups for t in load_policy("ppo").featurizer.teachers)
+    # the shipped model is told speeds by the copies it carries
+    assert all(isinstance(t.speedups, ProfiledSpeedups)
+               for t in load_policy("ppo").featurizer.teachers)
