@@ -91,17 +91,17 @@ class ProfiledSpeedups:
                                                    np.asarray(nodes))
         curve = np.asarray(curve_speedups(state, rows, workers, nodes), dtype=np.float64)
         jobs = state.jobs
-        keys = [self._key_of(c) for c in zip(jobs.speed_1gpu.tolist(),
-                                              jobs.scaling_alpha.tolist(),
-                                              jobs.scaling_beta.tolist(), strict=True)]
-        if all(key is None for key in keys):
+        flat_rows = rows.reshape(-1).tolist()
+        keys = {row: self._key_of((float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
+                                   float(jobs.scaling_beta[row])))
+                for row in set(flat_rows)}
+        if all(key is None for key in keys.values()):
             return curve
         per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
         # plain Python over memoised values: a decision asks for a few hundred entries, for
         # which numpy's per-call overhead (unique rows and the like) cost 15x the curve's time
         result = curve.reshape(-1).copy()
-        for i, (row, n, k) in enumerate(zip(rows.reshape(-1).tolist(),
-                                            workers.reshape(-1).tolist(),
+        for i, (row, n, k) in enumerate(zip(flat_rows, workers.reshape(-1).tolist(),
                                             nodes.reshape(-1).tolist(), strict=True)):
             key = keys[row]
             if key is not None:
@@ -165,8 +165,13 @@ def read_copied_profiles(directory: Path, applications: list[str], sizes: JobSiz
                         f"again with `{refit}`")
     try:
         profiles = cached_profiles(folder)
-    except UserError as err:
-        reason = str(err).split(";")[0].removeprefix(f"{folder}: ")
+    except (UserError, ValueError, KeyError, TypeError) as err:  # a cell that is not a number
+        reason = str(err).split(";")[0].splitlines()[0][:160]
         raise UserError(f"{folder}: the copied profiles cannot be read ({reason}); fit it "
                         f"again with `{refit}`") from None
+    missing = [a for a in applications if a not in profiles]  # read before they were copied
+    if missing:
+        raise UserError(f"{folder}: the profiles of {', '.join(missing)} were not there when "
+                        f"this process first read the folder; fit it again with `{refit}` "
+                        "and start the command again")
     return profile_models(sizes, profiles)

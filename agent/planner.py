@@ -178,7 +178,8 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
                         "fit it again with `rlalloc planner fit`") from err
     try:
         base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy,
-                                          ProfiledSpeedups(models)) for policy in names]
+                                          ProfiledSpeedups(models) if models else None)
+                               for policy in names]
     except UserError as err:
         raise UserError(f"{path}: {err}; fit it again with `rlalloc planner fit`") from err
     return planning_policy(base, alternatives, history, name or Path(directory).name, speed_of)

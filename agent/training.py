@@ -33,14 +33,20 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from agent.deployed import META_FILE, WEIGHTS_FILE, load_deployed
+from agent.deployed import META_FILE, RETRAIN_TOLD, WEIGHTS_FILE, load_deployed
 from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
 from agent.evaluation import run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.heuristics import Speedups
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.job_sizes import JobSizeHistory, learn_sizes
-from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, copy_profiles, profile_models
+from agent.job_speeds import (
+    PROFILES_DIR,
+    ProfiledSpeedups,
+    copy_profiles,
+    profile_models,
+    read_copied_profiles,
+)
 from agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
 from agent.residual import (
     follow_first,
@@ -259,6 +265,20 @@ def _copy_run_profiles(out: Path, sizes: JobSizeHistory | None, speedups: Speedu
     return tuple(copied)
 
 
+def _resumed_profiles(out: Path) -> tuple[str, ...] | None:
+    """The applications whose profiles a resumed `learn_sizes` run's heuristics were told:
+    those its export names (none for a model exported on the curves, or before profiles were
+    copied), else those copied into `out` before its first export; None when the run kept
+    neither, and only then are they looked for anew. A resume must not change what its
+    teachers rank by, nor remove the copies its exported model needs."""
+    meta = out / META_FILE
+    if meta.is_file():
+        return tuple(str(a) for a in json.loads(meta.read_text()).get("profiles", ()))
+    copies = out / PROFILES_DIR
+    return tuple(sorted(p.name for p in copies.iterdir() if p.is_dir())) \
+        if copies.is_dir() else None
+
+
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
                  seed: int = 0, on_progress: Callable[[int], None] | None = None) -> float:
     """Mean average JCT of `policy` (a `Policy.act`) over `workloads`, one run each (infinite
@@ -332,8 +352,13 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     recordings = (load_recordings([Path(p) for p in config.imitate], config.residual)
                   if config.imitate and not resume else None)
     sizes = training_sizes(config, scenarios)
+    resumed = _resumed_profiles(out) if resume and sizes is not None else None
     profiles_root = default_profiles_root() if sizes is not None else None
-    speedups = training_speedups(sizes, profiles_root)
+    if resumed is None:
+        speedups = training_speedups(sizes, profiles_root)
+    else:  # the speeds the run started with, whatever this machine has now
+        models = read_copied_profiles(out, list(resumed), sizes, RETRAIN_TOLD)
+        speedups = ProfiledSpeedups(models) if models else None
     vec_env = VecMonitor(DummyVecEnv([
         (lambda: ScaledReward(make_env(config, sizes=sizes, speedups=speedups),
                               config.reward_scale, config.action_cost))
@@ -347,11 +372,13 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     if resume:
         config = _with_earlier_commands(config, out)
     _start_run_dir(config, out, force, log)
-    profiles = _copy_run_profiles(out, sizes, speedups, profiles_root)
+    profiles = (_copy_run_profiles(out, sizes, speedups, profiles_root) if resumed is None
+                else resumed)
     if sizes is not None:
-        log(_speeds_line(profiles, out))
+        log(_speeds_line(profiles, out, resumed is not None))
     started = time.perf_counter()
-    summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": []}
+    summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": [],
+                     "profiles": list(profiles)}
     with progress_bar() as progress:
         if resume:
             model = _load_model(config, checkpoint, vec_env)
@@ -766,11 +793,15 @@ def _describe_speeds(told: dict) -> str:
     return ""
 
 
-def _speeds_line(profiles: tuple[str, ...], out: Path) -> str:
-    """The log line saying what a `learn_sizes` run's heuristics rank growth by."""
+def _speeds_line(profiles: tuple[str, ...], out: Path, resumed: bool) -> str:
+    """The log line saying what a `learn_sizes` run's heuristics rank growth by (a resumed
+    run: what they ranked by when it started, `_resumed_profiles`)."""
     if profiles:
         return (f"--learn-sizes: the heuristics are told job speeds from the profiles of "
                 f"{', '.join(profiles)} (copied into {out / PROFILES_DIR})")
+    if resumed:
+        return ("--learn-sizes: resumed on the state's speed-up curves, which the run's "
+                "heuristics started with")
     return (f"--learn-sizes: no application profiles found (the shared data or "
             f"{PROFILES_ENV_VAR}), so the heuristics rank by the state's speed-up curves")
 
@@ -811,7 +842,10 @@ def card_markdown(summary: dict) -> str:
           for e in summary["evaluations"]),
         "",
         "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "
-        "spec, layer sizes), train_config.json (re-runnable configuration).",
+        "spec, layer sizes), train_config.json (re-runnable configuration)"
+        + (f", {PROFILES_DIR}/ (the measured profiles of {', '.join(summary['profiles'])} and "
+           "their licence, which the model's heuristics rank by: it does not load without "
+           "them)" if summary.get("profiles") else "") + ".",
         *(["", *cluster_markdown(cluster_file)] if cluster_file else []),
     ]
     return "\n".join(lines) + "\n"

@@ -467,7 +467,7 @@ def test_stop_retrying_ends_a_call_to_an_api_that_has_gone_at_once(tmp_path):
 
 
 _ACTUATE_WITH_PLANNER = """\
-import sys, types
+import pathlib, sys, types
 from env.cli import main
 from env.state import Action, ActionKind
 
@@ -478,6 +478,7 @@ class Planner:
     def act(self, state):
         self.contested += 1
         self.deviations += self.contested % 2
+        pathlib.Path(sys.argv[2]).touch()  # the test waits for a first decision
         return Action(ActionKind.NOOP)
 
 registry = types.ModuleType("agent.registry")
@@ -500,7 +501,9 @@ def test_sigterm_exits_promptly_releasing_the_lease_if_the_api_is_there(tmp_path
             "prometheus_url": prometheus.url, "kubeconfig": _kubeconfig(tmp_path, server.url),
             "signals": "none", "listen_port": 0, "lease_namespace": "default",
             "interval_s": 1.0, "lease_duration_s": 30.0, "identity": "replica-a"}))
-        process = subprocess.Popen([sys.executable, "-c", _ACTUATE_WITH_PLANNER, str(path)],
+        asked = tmp_path / "asked"
+        process = subprocess.Popen([sys.executable, "-c", _ACTUATE_WITH_PLANNER, str(path),
+                                    str(asked)],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
 
@@ -510,6 +513,9 @@ def test_sigterm_exits_promptly_releasing_the_lease_if_the_api_is_there(tmp_path
 
         try:
             assert wait_until(lambda: holder() == "replica-a", 60), "never took the lease"
+            # the Lease is taken before the cycle asks its policy: stopping the API at once
+            # could leave a run that never decided (0 contested), as it did under load
+            assert wait_until(asked.is_file, 60), "the policy was never asked"
             if api_gone:
                 server.stop()
                 time.sleep(1.5)  # the next cycle is under way, retrying the Lease

@@ -13,8 +13,8 @@ import pytest
 
 from agent.evaluation import run_policy
 from agent.heuristics import ElasticConfig, ElasticPolicy, curve_speedups
-from agent.job_sizes import SIZES_FILE, curve_key
-from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, assumed_shape
+from agent.job_sizes import SIZES_FILE, JobSizeHistory, curve_key
+from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, assumed_shape, read_copied_profiles
 from agent.registry import load_policy
 from env.errors import UserError
 from env.failures import FailureParams
@@ -130,3 +130,18 @@ def test_sizes_fit_tells_the_heuristic_each_jobs_measured_speed(tmp_path):
     older = {key: value for key, value in saved.items() if key != "profiles"}
     (out / SIZES_FILE).write_text(json.dumps(older))
     assert load_policy(str(out)).speedups is curve_speedups
+
+
+@needs_pollux
+def test_a_copied_profile_with_a_bad_cell_is_one_line(tmp_path):
+    """A copy that parses as CSV but holds a placement that is not a number was a bare
+    ValueError out of the profile loader."""
+    copies = tmp_path / "policy" / PROFILES_DIR / "ncf"
+    shutil.copytree(DEFAULT_PROFILES_ROOT / "ncf", copies)
+    placements = copies / "placements.csv"
+    header, first, *rest = placements.read_text().splitlines(keepends=True)
+    placements.write_text("".join([header, "x" + first.split(",", 1)[1], *rest]))
+    sizes = JobSizeHistory({}, {}, {})
+    with pytest.raises(UserError, match=r"copied profiles cannot be read \(.*\); fit it again "
+                                        "with `rlalloc sizes fit`$"):
+        read_copied_profiles(tmp_path / "policy", ["ncf"], sizes, "rlalloc sizes fit")

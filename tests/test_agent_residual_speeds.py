@@ -79,7 +79,9 @@ def test_told_model_ranks_by_the_profiles_it_carries(trained):
     for teacher in policy.featurizer.teachers:
         assert isinstance(teacher.speedups, ProfiledSpeedups)
         assert teacher.speedups.models.keys() == models.keys()
-    assert "job speeds from the measured profiles of cifar10" in (model / "card.md").read_text()
+    card = (model / "card.md").read_text()
+    assert "job speeds from the measured profiles of cifar10" in card
+    assert "profiles/ (the measured profiles of cifar10, deepspeech2, imagenet, ncf" in card
     assert summary["exported_timesteps"] == 0  # so the export follows its first heuristic
     assert _avg_jct(policy, workload) == pytest.approx(start, abs=1e-6)
 
@@ -113,3 +115,22 @@ def test_a_format_3_model_loads_with_the_curves_as_before(trained, tmp_path):
     # the shipped model is told speeds by the copies it carries
     assert all(isinstance(t.speedups, ProfiledSpeedups)
                for t in load_policy("ppo").featurizer.teachers)
+
+
+def test_a_resume_keeps_the_speeds_the_run_started_with(trained, tmp_path, monkeypatch):
+    """Resumed where no profiles are found, a told run keeps its copies and its teachers'
+    speeds: re-deriving them removed the copies its exported model names (a broken model), and
+    would have switched the teachers to the curves halfway through."""
+    model, _, workload = trained
+    run = _copy(model, tmp_path)
+    monkeypatch.setattr("agent.training.default_profiles_root", lambda: None)
+    config = TrainConfig(workloads=(workload,), cluster=CLUSTER, timesteps=384, n_envs=1,
+                         n_steps=128, batch_size=64, eval_every=256, residual=TEACHERS,
+                         learn_sizes=True, bc_epochs=1, net_arch=(32,))
+    lines: list[str] = []
+    train(config, run, resume=True, log=lines.append)
+    assert any("told job speeds from the profiles of cifar10" in line for line in lines)
+    assert sorted(p.name for p in (run / PROFILES_DIR).iterdir() if p.is_dir()) == \
+        ["cifar10", "deepspeech2", "imagenet", "ncf"]
+    policy = load_policy(str(run))
+    assert all(isinstance(t.speedups, ProfiledSpeedups) for t in policy.featurizer.teachers)
