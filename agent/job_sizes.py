@@ -152,7 +152,8 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
         speeds = (f"Its speed-ups are the measured profiles of {', '.join(copied)} "
                   f"({PROFILES_DIR}/, `agent/job_speeds.py`) for the jobs of those kinds, the "
                   "state's fitted curve for others." if copied else
-                  "Its speed-ups are the state's fitted curve (no profiles were found).")
+                  "Its speed-ups are the state's fitted curve (`--speeds curves`, or no "
+                  "profiles found).")
         write_atomic(staging / "card.md", "\n".join([
             f"# `{base}`, told job sizes and speeds from history", "",
             f"The heuristic `{base}` with each job's remaining work taken from the median size "

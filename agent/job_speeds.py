@@ -161,7 +161,8 @@ def read_copied_profiles(directory: Path, applications: list[str], sizes: JobSiz
                         f"it again with `{refit}`")
     missing = [a for a in applications if not (folder / a / "placements.csv").is_file()]
     if missing:
-        raise UserError(f"{folder}: the profiles of {', '.join(missing)} are missing; fit it "
+        raise UserError(f"{folder}: the profiles of {', '.join(missing)} are missing; copy "
+                        "their folders back from the app_profiles they came from, or fit it "
                         f"again with `{refit}`")
     try:
         profiles = cached_profiles(folder)

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_flag(parser)
     parser.add_argument("--base", default="elastic-srpt-0.25",
                         help="the elastic heuristic the sizes inform (default elastic-srpt-0.25)")
+    parser.add_argument("--speeds", choices=("profiles", "curves"), default="profiles",
+                        help="what the heuristic ranks growth by: the measured profiles of the "
+                             "jobs' applications, copied into --out where found (default), or "
+                             "the state's fitted speed-up curves (sizes alone, to compare)")
     add_out_flags(parser, Path("runs/sizes"))
 
 
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     try:
         save_sized_policy(args.out, args.base, sizes, args.workloads, command, args.cluster,
-                          default_profiles_root())
+                          default_profiles_root() if args.speeds == "profiles" else None)
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
                         " an earlier one there is left as it was") from err
@@ -71,4 +75,4 @@ def _speeds_line(out: Path) -> str:
     """What the saved heuristic ranks growth by: the copied profiles, or the curves alone."""
     copied = sorted(p.name for p in (out / PROFILES_DIR).glob("*") if p.is_dir())
     return (f"speed-ups from the profiles of {', '.join(copied)} ({out / PROFILES_DIR})"
-            if copied else "speed-ups from the state's curves (no profiles found)")
+            if copied else "speed-ups from the state's curves")

@@ -124,8 +124,8 @@ def test_sizes_fit_tells_the_heuristic_each_jobs_measured_speed(tmp_path):
         checked += 1
     assert checked >= 3 and max(off) > 0.01  # the curve is not the profile on these jobs
     shutil.rmtree(out / PROFILES_DIR / saved["profiles"][0])
-    with pytest.raises(UserError, match=f"profiles of {saved['profiles'][0]} are missing; fit "
-                                        "it again with `rlalloc sizes fit`"):
+    with pytest.raises(UserError, match=f"profiles of {saved['profiles'][0]} are missing; "
+                                        "copy .* or fit it again with `rlalloc sizes fit`"):
         load_policy(str(out))
     older = {key: value for key, value in saved.items() if key != "profiles"}
     (out / SIZES_FILE).write_text(json.dumps(older))
@@ -145,3 +145,23 @@ def test_a_copied_profile_with_a_bad_cell_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"copied profiles cannot be read \(.*\); fit it again "
                                         "with `rlalloc sizes fit`$"):
         read_copied_profiles(tmp_path / "policy", ["ncf"], sizes, "rlalloc sizes fit")
+
+
+@needs_pollux
+def test_sizes_fit_speeds_curves_saves_the_sizes_alone(tmp_path):
+    """`--speeds curves` writes the size-told heuristic on the curves (the README's row to
+    compare with), and replacing a fit with profiles leaves none of its copies behind."""
+    out = tmp_path / "sized"
+    workload = str(POLLUX / "workload-1.csv")
+    assert _cli("sizes", "fit", "--workload", workload, "--out", str(out)).returncode == 0
+    assert (out / PROFILES_DIR).is_dir()
+    proc = _cli("sizes", "fit", "--workload", workload, "--speeds", "curves", "--out", str(out),
+                "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert "speed-ups from the state's curves" in proc.stdout
+    assert json.loads((out / SIZES_FILE).read_text())["profiles"] == []
+    assert not (out / PROFILES_DIR).exists()
+    assert load_policy(str(out)).speedups is curve_speedups
+    bad = _cli("sizes", "fit", "--workload", workload, "--speeds", "exact", "--out",
+               str(tmp_path / "other"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") <= 2 and "--speeds" in bad.stderr
