@@ -110,13 +110,13 @@ class ExportMeta:
         """The speed-ups the told heuristics rank by, from the `profiles` copied into the
         model `directory` (None, the state's curves, where there are none); a one-line
         `UserError` when a copy is missing or unreadable."""
-        from agent.job_speeds import ProfiledSpeedups, read_copied_profiles
+        from agent.job_speeds import read_copied_profiles, speedups_of
 
         sizes = self.sizes()
         if sizes is None:
             return None
         models = read_copied_profiles(directory, list(self.profiles), sizes, RETRAIN_TOLD)
-        return ProfiledSpeedups(models) if models else None
+        return speedups_of(models)
 
     def sizes(self) -> JobSizeHistory | None:
         """The job-size table of `job_sizes` (None if the model is not told sizes)."""

@@ -129,12 +129,12 @@ def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
 
 def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
                       fitted_on: Sequence[str], command: str, cluster: str,
-                      profiles_root: Path | None) -> None:
+                      profiles_root: Path | None) -> list[str]:
     """Write `SIZES_FILE`, a card and the profiles under `profiles_root` of the applications
     `sizes` names (`agent.job_speeds`) for `base` told job sizes and speeds by `sizes`, fitted
     on the workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's content
-    is recorded too, `cluster_record`). All of them replace an earlier fit's together or not
-    at all."""
+    is recorded too, `cluster_record`); the applications whose profiles were copied. All of
+    them replace an earlier fit's together or not at all."""
     from agent.job_speeds import PROFILES_DIR, copy_profiles
     from env.cluster import cluster_markdown, cluster_record
     from env.output import remove_outputs, staged_outputs, write_atomic, write_json
@@ -169,6 +169,7 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
             *(["", *cluster_markdown(cluster_file)] if cluster_file else []), ""]))
     if not copied:  # an earlier fit's profiles must not pass for this one's
         remove_outputs(directory, [PROFILES_DIR])
+    return copied
 
 
 def _kinds_label(kinds: list[dict]) -> str:
@@ -215,7 +216,7 @@ def read_saved_policy(path: Path, format_version: int, command: str) -> dict:
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`.
     A table saved before profiles were copied (no ``profiles``) keeps the curves."""
-    from agent.job_speeds import ProfiledSpeedups, read_copied_profiles
+    from agent.job_speeds import read_copied_profiles, speedups_of
 
     path = Path(directory) / SIZES_FILE
     try:
@@ -230,6 +231,6 @@ def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     models = read_copied_profiles(Path(directory), applications, sizes, "rlalloc sizes fit")
     try:
         return told_sizes(base, sizes.remaining_work, name or Path(directory).name,
-                          ProfiledSpeedups(models) if models else None)
+                          speedups_of(models))
     except UserError as err:
         raise UserError(f"{path}: base {err}; fit it again with `rlalloc sizes fit`") from err

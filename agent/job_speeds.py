@@ -9,7 +9,8 @@ placement (Pollux measures it as jobs run). A `JobSizeHistory` already names the
 and batch size behind each curve it has seen (`kinds`); where it names exactly one and that
 application's profile is at hand, `profile_models` gives the curve its measured speed model:
 
-- `ProfiledSpeedups`: the speed-ups an elastic heuristic ranks by (`rlalloc sizes fit`);
+- `ProfiledSpeedups` (`speedups_of`): the speed-ups an elastic heuristic ranks by
+  (`rlalloc sizes fit`);
 - `profiled_speeds`: the speeds a simulator rebuilt from the state runs jobs at
   (`rlalloc planner fit`).
 
@@ -123,6 +124,12 @@ class ProfiledSpeedups:
                                     model(assumed_shape(workers, nodes, per_node))
                                     / model((1,)))
         return self._memo[memo_key]
+
+
+def speedups_of(models: dict[CurveKey, ThroughputFn]) -> ProfiledSpeedups | None:
+    """`ProfiledSpeedups` over `models`, None (the state's curves, `told_sizes`' default) when
+    there are none: a policy without profiles ranks exactly as one saved before them."""
+    return ProfiledSpeedups(models) if models else None
 
 
 def copy_profiles(sizes: JobSizeHistory, profiles_root: Path | None, target: Path) -> list[str]:

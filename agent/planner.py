@@ -36,10 +36,10 @@ from agent.heuristics import ElasticPolicy
 from agent.job_sizes import JobSizeHistory, read_saved_policy, told_sizes
 from agent.job_speeds import (
     PROFILES_DIR,
-    ProfiledSpeedups,
     copy_profiles,
     profiled_speeds,
     read_copied_profiles,
+    speedups_of,
 )
 from agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
 from agent.registry import PLANNER_FILE
@@ -176,9 +176,9 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
         raise UserError(f"{path}: damaged planner ({err.__class__.__name__}: "
                         f"{str(err).splitlines()[0][:120] if str(err) else 'no detail'}); "
                         "fit it again with `rlalloc planner fit`") from err
+    speedups = speedups_of(models)  # one memo for every heuristic's speed-ups
     try:
-        base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy,
-                                          ProfiledSpeedups(models) if models else None)
+        base, *alternatives = [told_sizes(policy, sizes.remaining_work, policy, speedups)
                                for policy in names]
     except UserError as err:
         raise UserError(f"{path}: {err}; fit it again with `rlalloc planner fit`") from err

@@ -56,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     try:
-        save_sized_policy(args.out, args.base, sizes, args.workloads, command, args.cluster,
-                          default_profiles_root() if args.speeds == "profiles" else None)
+        copied = save_sized_policy(args.out, args.base, sizes, args.workloads, command,
+                                   args.cluster,
+                                   default_profiles_root() if args.speeds == "profiles" else None)
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
                         " an earlier one there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
-          f"{sum(sizes.jobs.values())} past jobs) and card.md, {_speeds_line(args.out)}; "
+          f"{sum(sizes.jobs.values())} past jobs) and card.md, {_speeds_line(copied, args.out)}; "
           "compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speeds_line(out: Path) -> str:
-    """What the saved heuristic ranks growth by: the copied profiles, or the curves alone."""
-    copied = sorted(p.name for p in (out / PROFILES_DIR).glob("*") if p.is_dir())
+def _speeds_line(copied: list[str], out: Path) -> str:
+    """What the saved heuristic ranks growth by: the `copied` profiles, or the curves alone."""
     return (f"speed-ups from the profiles of {', '.join(copied)} ({out / PROFILES_DIR})"
             if copied else "speed-ups from the state's curves")

@@ -42,10 +42,10 @@ from agent.imitation import collect_demonstrations, concatenate, fit_policy
 from agent.job_sizes import JobSizeHistory, learn_sizes
 from agent.job_speeds import (
     PROFILES_DIR,
-    ProfiledSpeedups,
     copy_profiles,
     profile_models,
     read_copied_profiles,
+    speedups_of,
 )
 from agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
 from agent.residual import (
@@ -247,7 +247,7 @@ def training_speedups(sizes: JobSizeHistory | None,
     if sizes is None or profiles_root is None:
         return None
     models = profile_models(sizes, cached_profiles(profiles_root))
-    return ProfiledSpeedups(models) if models else None
+    return speedups_of(models)
 
 
 def _copy_run_profiles(out: Path, sizes: JobSizeHistory | None, speedups: Speedups | None,
@@ -358,7 +358,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         speedups = training_speedups(sizes, profiles_root)
     else:  # the speeds the run started with, whatever this machine has now
         models = read_copied_profiles(out, list(resumed), sizes, RETRAIN_TOLD)
-        speedups = ProfiledSpeedups(models) if models else None
+        speedups = speedups_of(models)
     vec_env = VecMonitor(DummyVecEnv([
         (lambda: ScaledReward(make_env(config, sizes=sizes, speedups=speedups),
                               config.reward_scale, config.action_cost))
