@@ -3,17 +3,17 @@
 Writes DIR/results.json (``mean`` and ``ci95``, the 95% confidence half-width, of every metric
 per policy, over seeds x workloads, t-distribution; ``ci95`` is 0 for a single run, which has no
 spread to measure, and results.md shows n/a there), DIR/results.md (a table with each policy's
-change against the reference policy, --reference below) and plots: JCT CDF per policy, GPU
-utilisation and queue length over time. results.json's ``sources`` maps each label to the
---policies entry it stands for (a saved model is labelled by its directory's name, or by its
-path where that name is taken: see `policy_labels`). Its ``cluster`` is --cluster as given;
-``cluster_file`` records a cluster YAML's content as it was used (`env.cluster.cluster_record`;
-null for NODESxGPUS), and results.md shows it. Its ``seeds_repeat`` lists the policies whose
-every seed gave the same run (`seeds_repeat`), which results.md explains under its table. Its
-``lookahead`` gives each lookahead policy's (a planner's, `rlalloc planner fit`) contested
-decisions and deviations from its base, summed over its runs (`lookahead_totals`; results.md
-has a line per such policy). All of these files replace an earlier run's together or not at
-all (`write_report`).
+change against the reference policy, --reference below), DIR/runs.csv (each run's metrics) and
+plots: JCT CDF per policy, GPU utilisation and queue length over time. results.json's
+``sources`` maps each label to the --policies entry it stands for (a saved model is labelled by
+its directory's name, or by its path where that name is taken: see `policy_labels`). Its
+``cluster`` is --cluster as given; ``cluster_file`` records a cluster YAML's content as it was
+used (`env.cluster.cluster_record`; null for NODESxGPUS), and results.md shows it. Its
+``seeds_repeat`` lists the policies whose every seed gave the same run (`seeds_repeat`), which
+results.md explains under its table. Its ``lookahead`` gives each lookahead policy's (a
+planner's, `rlalloc planner fit`) contested decisions and deviations from its base, summed over
+its runs (`lookahead_totals`; results.md has a line per such policy). All of these files replace
+an earlier run's together or not at all (`write_report`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -28,6 +28,8 @@ Python, far more than the cost of a process.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +66,9 @@ LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queu
                    "energy_kwh", "failures", "invalid_actions"}
 _SERIES_POINTS = 400
 PAIRED_PLOT = "paired_avg_jct.png"
-OUTPUT_FILES = ("results.json", "results.md", "jct_cdf.png", "gpu_util.png", "queue_length.png",
-                PAIRED_PLOT)
+RUNS_CSV = "runs.csv"
+OUTPUT_FILES = ("results.json", "results.md", RUNS_CSV, "jct_cdf.png", "gpu_util.png",
+                "queue_length.png", PAIRED_PLOT)
 """What `rlalloc evaluate` writes into --out (paired_avg_jct.png only with two policies or
 more; under --force a run removes an earlier run's that it does not write itself)."""
 
@@ -223,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         report["cluster_file"] = cluster_file
         report["paired"] = paired_changes(results, names, reference)
         write_report(report, results, names, args.out, reference)
-    print(f"wrote {args.out / 'results.json'}, results.md and plots")
+    print(f"wrote {args.out / 'results.json'}, results.md, {RUNS_CSV} and plots")
     return 0
 
 
@@ -319,12 +322,15 @@ def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
     return [change for change in changes if change is not None]
 
 
-def _negligible_text() -> str:
-    """`NEGLIGIBLE_BASE` in words, for results.md: ``avg queue under 1 s, ...``."""
+def _negligible_text(keys: list[str]) -> str:
+    """Why `keys` have no % change, for results.md: ``avg queue was under 1 s`` (a floor of
+    `NEGLIGIBLE_BASE`) or ``lost GPU-hours was 0``."""
     words = []
-    for key, floor in NEGLIGIBLE_BASE.items():
-        name, _, unit = METRIC_HEADERS[key].partition(" (")
-        words.append(f"{name} under {floor:g}{' ' + unit.rstrip(')') if unit else ''}")
+    for key in keys:
+        name, _, unit = metric_header(key).partition(" (")
+        floor = NEGLIGIBLE_BASE.get(key)
+        words.append(f"{name} was 0" if floor is None else
+                     f"{name} was under {floor:g}{' ' + unit.rstrip(')') if unit else ''}")
     return ", ".join(words)
 
 
@@ -378,10 +384,11 @@ def paired_table(paired: dict) -> str:
     for name, values in policies.items():
         cells = [_paired_cell(v) for v in values.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if any(v["mean"] is None for values in policies.values() for v in values.values()):
-        lines += ["", f"n/a: `{paired['reference']}`'s value was 0 or next to it on every run "
-                  f"({_negligible_text()}), so there is no % change to take; the runs still "
-                  "count towards better."]
+    missing = [key for key in metrics if any(values[key]["mean"] is None
+                                             for values in policies.values())]
+    if missing:
+        lines += ["", f"n/a: `{paired['reference']}`'s {_negligible_text(missing)} on every "
+                  "run, so there is no % change to take; the runs still count towards better."]
     return "\n".join(lines)
 
 
@@ -477,9 +484,23 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
     with staged_outputs(out) as staging:
         write_json(staging / "results.json", report)
         write_atomic(staging / "results.md", results_markdown(report, reference is not None))
+        write_atomic(staging / RUNS_CSV, runs_table(results, names))
         _plots(results, names, staging, reference)
     if reference is None:
         remove_outputs(out, [PAIRED_PLOT])
+
+
+def runs_table(results: dict[RunSpec, dict], names: dict[str, str]) -> str:
+    """runs.csv: one row per run (policy label, workload, seed, whether every job finished,
+    every metric), so that a comparison can be cut by workload or seed, which the means of
+    results.json hide (one workload's loss inside an average gain, say)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["policy", "workload", "seed", "finished", *METRIC_KEYS])
+    for spec, result in results.items():
+        writer.writerow([names[spec.policy], spec.workload, spec.seed, result["finished"],
+                         *(result["metrics"][key] for key in METRIC_KEYS)])
+    return buffer.getvalue()
 
 
 def results_markdown(report: dict, with_paired: bool) -> str:
@@ -511,7 +532,8 @@ def results_markdown(report: dict, with_paired: bool) -> str:
         md += [f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                "JCTs count only the finished jobs).", ""]
     paired_png = f", {PAIRED_PLOT}" if with_paired else ""
-    md.append(f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
+    md.append(f"Each run's metrics: {RUNS_CSV}. "
+              f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
     if report.get("cluster_file"):
         md += ["", *cluster_markdown(report["cluster_file"])]
     return "\n".join(md) + "\n"

@@ -125,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     """Train, export the best policy to OUT and write OUT/card.json (the flags' ranges are
     checked by argparse, everything else by `train` before it writes anything)."""
-    from agent.training import CHECKPOINT_DIR, train
+    from agent.training import CHECKPOINT_DIR, heuristic_scores, train
 
     try:
         summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)
@@ -134,12 +134,11 @@ def run(args: argparse.Namespace) -> int:
             raise  # `--resume` will say to start again with --force
         raise KeyboardInterrupt(f"--resume continues it from {args.out / CHECKPOINT_DIR} (add "
                                 "it to the same command, without --force)") from None
-    heuristics = ", ".join(f"{name} {jct:,.0f} s"
-                           for name, jct in summary["heuristic_avg_jct_s"].items())
     exported = summary["exported_timesteps"]
     start = " (the start, before any RL step)" if exported == 0 else ""
     print(f"saved {args.out}: the policy of step {exported:,}{start}, avg JCT "
-          f"{summary['best_avg_jct_s']:,.0f} s on the training evaluation; there {heuristics} "
+          f"{summary['best_avg_jct_s']:,.0f} s on the training evaluation; there "
+          f"{heuristic_scores(summary)} "
           f"({summary['timesteps']:,} steps, {summary['wall_s']:.0f} s wall; card.md has each "
           "evaluation)")
     return 0

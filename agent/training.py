@@ -647,6 +647,14 @@ def exported_step(evaluations: list[dict]) -> int | None:
     return min(finished, key=_jct_read)["timesteps"] if finished else None
 
 
+def heuristic_scores(summary: dict) -> str:
+    """The heuristics' average JCT on the training evaluation, as the card and `train`'s last
+    line give them: "name: 2,885 s; ..." (a told heuristic's name has commas in it, and a
+    heuristic that left jobs unfinished reads "unfinished")."""
+    return "; ".join(f"{name}: {_seconds(jct)}"
+                     for name, jct in summary["heuristic_avg_jct_s"].items())
+
+
 def _jct_json(jct: float) -> float | None:
     """An average JCT as card.json holds it: None (null) for an evaluation that left jobs
     unfinished, since JSON has no infinity (json.dumps would write the non-standard
@@ -833,8 +841,7 @@ def card_markdown(summary: dict) -> str:
         f"- warm start: {_describe_warm_start(summary.get('warm_start'))}",
         f"- exported policy: {_describe_export(summary)} on "
         f"{', '.join(Path(w).name for w in (config['eval_workloads'] or config['workloads'][:2]))}",
-        "- same evaluation for the heuristics: " + ", ".join(
-            f"{k} {_seconds(v)}" for k, v in summary["heuristic_avg_jct_s"].items()),
+        f"- same evaluation for the heuristics: {heuristic_scores(summary)}",
         "",
         "| timesteps | avg JCT (s) | wall (s) |",
         "|---|---|---|",

@@ -458,6 +458,17 @@ def test_a_policy_killed_while_being_exported_keeps_the_earlier_one(tmp_path, mo
     assert (tmp_path / "policy.pt").read_bytes() == before
 
 
+def test_heuristic_scores_keep_told_names_apart_and_say_unfinished():
+    """A told heuristic's name has commas in it, so the scores are "name: value" split by
+    semicolons; a heuristic that left jobs unfinished (null in card.json) reads so instead of
+    crashing `train`'s last line."""
+    from agent.training import heuristic_scores
+
+    line = heuristic_scores({"heuristic_avg_jct_s": {
+        "elastic-srpt-0.25, sizes learned, speeds profiled": 2885.2, "static": None}})
+    assert line == "elastic-srpt-0.25, sizes learned, speeds profiled: 2,885 s; static: unfinished"
+
+
 def test_train_says_which_step_it_exported_and_what_the_heuristics_scored(tmp_path, capsys):
     """The last line is what a user reads: which policy was saved (the start, if RL never beat
     it) and the heuristics' score on the same evaluation, not only a JCT without a yardstick."""
@@ -465,5 +476,5 @@ def test_train_says_which_step_it_exported_and_what_the_heuristics_scored(tmp_pa
     last = capsys.readouterr().out.strip().splitlines()[-1]
     card = json.loads((tmp_path / "m" / "card.json").read_text())
     assert f"the policy of step {card['exported_timesteps']:,}" in last
-    assert f"elastic {card['heuristic_avg_jct_s']['elastic']:,.0f} s" in last
-    assert f"static {card['heuristic_avg_jct_s']['static']:,.0f} s" in last
+    assert f"elastic: {card['heuristic_avg_jct_s']['elastic']:,.0f} s;" in last
+    assert f"static: {card['heuristic_avg_jct_s']['static']:,.0f} s" in last

@@ -278,4 +278,4 @@ def test_unfinished_runs_are_a_paragraph_of_their_own():
     md = results_markdown(_report(results, {"a": "a", "b": "b"}), with_paired=False)
     unfinished = next(line for line in md.splitlines() if line.startswith("Runs stopped"))
     assert "'b': 1" in unfinished
-    assert f"{unfinished}\n\nPlots: " in md
+    assert f"{unfinished}\n\nEach run's metrics: runs.csv. Plots: " in md
