@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: static if listed, else the first)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
-    add_out_flags(parser, Path("results/evaluate"))
+    add_out_flags(parser, Path("runs/evaluate"))
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=SEED, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
-    add_out_flags(parser, Path("results/headroom"))
+    add_out_flags(parser, Path("runs/headroom"))
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def test_flag_types_accept_and_refuse(kind, good, bad):
 
 @pytest.mark.parametrize("command, default", [(["workload", "sample"], "runs/workloads"),
                                               (["sizes", "fit"], "runs/sizes"),
-                                              (["headroom"], "results/headroom"),
-                                              (["evaluate"], "results/evaluate")])
+                                              (["headroom"], "runs/headroom"),
+                                              (["evaluate"], "runs/evaluate")])
 def test_help_says_where_results_go_by_default(capsys, command, default):
     with pytest.raises(SystemExit):
         main([*command, "--help"])
