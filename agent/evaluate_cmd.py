@@ -19,7 +19,8 @@ Both also hold a *paired* comparison against a reference policy (``--reference``
 change against the reference's run on the same workload and seed. Workloads differ far more
 from each other than close policies do, so the unpaired CIs of two good policies overlap even
 where one is better on every run; the paired CI and the count of runs won answer "is A better
-than B here" directly (plot: paired_avg_jct.png).
+than B here" directly (plot: paired_avg_jct.png). With several workloads, the average JCT's
+change per workload too (``paired.avg_jct_by_workload``, a table in results.md).
 
 Runs go to parallel worker processes (one per core by default): one run is seconds of pure
 Python, far more than the cost of a process.
@@ -291,13 +292,15 @@ def _same_metrics(first: dict[str, float], second: dict[str, float]) -> bool:
         np.asarray([second[k] for k in keys], dtype=float), equal_nan=True))
 
 
-def paired_runs(results: dict[RunSpec, dict], policy: str,
-                reference: str) -> list[tuple[dict, dict]]:
-    """(metrics of `policy`, metrics of `reference`) for each workload and seed both ran."""
+def paired_runs(results: dict[RunSpec, dict], policy: str, reference: str,
+                workload: str | None = None) -> list[tuple[dict, dict]]:
+    """(metrics of `policy`, metrics of `reference`) for each workload (or `workload` alone)
+    and seed both ran."""
     base = {(spec.workload, spec.seed): r["metrics"] for spec, r in results.items()
             if spec.policy == reference}
     return [(r["metrics"], base[spec.workload, spec.seed]) for spec, r in results.items()
-            if spec.policy == policy and (spec.workload, spec.seed) in base]
+            if spec.policy == policy and (spec.workload, spec.seed) in base
+            and workload in (None, spec.workload)]
 
 
 NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01}
@@ -353,7 +356,27 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
                                  "unit": "%", "runs_with_change": len(changes),
                                  "better_runs": sum(sign * (m[key] - b[key]) > 0 for m, b in runs),
                                  "runs": len(runs)}
-    return {"reference": names[reference], "policies": paired}
+    return {"reference": names[reference], "policies": paired,
+            "avg_jct_by_workload": workload_changes(results, names, reference)}
+
+
+def workload_changes(results: dict[RunSpec, dict], names: dict[str, str],
+                     reference: str) -> dict[str, dict[str, float | None]]:
+    """Every other policy's mean % change of average JCT against `reference` per workload
+    (over its seeds; None where no run has one): an average gain can hide a workload's loss,
+    and a new workload is judged against the ones it resembles (results.json's
+    ``paired.avg_jct_by_workload``)."""
+    workloads = list(dict.fromkeys(spec.workload for spec in results))
+    by_workload: dict[str, dict[str, float | None]] = {}
+    for policy, name in names.items():
+        if policy == reference:
+            continue
+        by_workload[name] = {}
+        for workload in workloads:
+            changes = percent_changes(paired_runs(results, policy, reference, workload),
+                                      "avg_jct_s")
+            by_workload[name][workload] = float(np.mean(changes)) if changes else None
+    return by_workload
 
 
 METRIC_HEADERS = {
@@ -389,6 +412,20 @@ def paired_table(paired: dict) -> str:
     if missing:
         lines += ["", f"n/a: `{paired['reference']}`'s {_negligible_text(missing)} on every "
                   "run, so there is no % change to take; the runs still count towards better."]
+    return "\n".join(lines)
+
+
+def workload_table(paired: dict) -> str | None:
+    """results.md's table of each policy's avg JCT change per workload (`workload_changes`);
+    None for one workload, where the paired table says it all."""
+    by_workload = paired["avg_jct_by_workload"]
+    workloads = list(next(iter(by_workload.values()), {}))
+    if len(workloads) < 2:
+        return None
+    lines = ["| workload | " + " | ".join(by_workload) + " |", "|---|" + "---|" * len(by_workload)]
+    lines += [f"| {workload} | " + " | ".join(
+        "n/a" if changes[workload] is None else f"{changes[workload]:+.1f}%"
+        for changes in by_workload.values()) + " |" for workload in workloads]
     return "\n".join(lines)
 
 
@@ -526,6 +563,10 @@ def results_markdown(report: dict, with_paired: bool) -> str:
                "",
                paired_table(paired),
                ""]
+        per_workload = workload_table(paired)
+        if per_workload:
+            md += [f"Avg JCT, % change against `{paired['reference']}` per workload (mean over "
+                   "its seeds):", "", per_workload, ""]
     for name, counts in report["lookahead"].items():
         md += [_lookahead_line(name, counts), ""]
     if unfinished:

@@ -279,3 +279,26 @@ def test_unfinished_runs_are_a_paragraph_of_their_own():
     unfinished = next(line for line in md.splitlines() if line.startswith("Runs stopped"))
     assert "'b': 1" in unfinished
     assert f"{unfinished}\n\nEach run's metrics: runs.csv. Plots: " in md
+
+
+def test_results_show_a_workloads_loss_that_the_average_gain_hides():
+    """b is 20 % faster than a on two workloads and 10 % slower on a third: the paired mean
+    says -10 %, and only the per-workload table (and results.json) shows where b loses."""
+    factors = {"w1": 0.8, "w2": 0.8, "w3": 1.1}
+    results = {}
+    for workload, factor in factors.items():
+        for seed in (0, 1):
+            for policy, jct in (("a", 1_000.0 * (seed + 1)), ("b", 1_000.0 * (seed + 1) * factor)):
+                metrics = dict.fromkeys(METRIC_KEYS, 1.0) | {"avg_jct_s": jct}
+                results[RunSpec(policy, workload, seed, "2x4", 0.0)] = {
+                    "metrics": metrics, "finished": True, "lookahead": None}
+    names = {"a": "a", "b": "b"}
+    report = summarise(results, names, list(factors), [0, 1], "2x4", "none")
+    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    assert report["paired"]["policies"]["b"]["avg_jct_s"]["mean"] == pytest.approx(-10.0)
+    by_workload = report["paired"]["avg_jct_by_workload"]["b"]
+    assert by_workload == pytest.approx({"w1": -20.0, "w2": -20.0, "w3": 10.0})
+    md = results_markdown(report, with_paired=True)
+    assert "| workload | b |" in md and "| w3 | +10.0% |" in md and "| w1 | -20.0% |" in md
+    one = {spec: r for spec, r in results.items() if spec.workload == "w1"}
+    assert evaluate_cmd.workload_table(evaluate_cmd.paired_changes(one, names, "a")) is None
