@@ -200,6 +200,9 @@ def prometheus_command(out: Path, prometheus_url: str) -> str:
         command += f" --web.listen-address=:{port}"
     if url.path.strip("/"):
         command += f" --web.route-prefix=/{url.path.strip('/')}"
+    if url.scheme == "https":  # Prometheus serves TLS only from a web config the twin cannot
+        command += (" --web.config.file=WEB_CONFIG.yml  # with tls_server_config: cert_file "
+                    "and key_file, for https")  # write: it has no certificate to put there
     return command
 
 

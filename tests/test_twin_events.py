@@ -160,6 +160,9 @@ def test_the_printed_prometheus_command_listens_where_the_actuator_looks():
         base + " --web.listen-address=:9091")
     assert prometheus_command(out, "http://prometheus.local/prom/") == (
         base + " --web.listen-address=:80 --web.route-prefix=/prom")
+    # TLS needs a certificate the twin has none of: the command says where it goes
+    assert prometheus_command(out, "https://127.0.0.1:9090").startswith(
+        base + " --web.config.file=WEB_CONFIG.yml  # with tls_server_config")
 
 
 def test_the_summary_counts_the_actuators_events_by_reason_repeats_included():
