@@ -326,23 +326,25 @@ def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
 
 
 def _negligible_text(keys: list[str]) -> str:
-    """Why `keys` have no % change, for results.md: ``avg queue was under 1 s`` (a floor of
-    `NEGLIGIBLE_BASE`) or ``lost GPU-hours was 0``."""
+    """Why `keys` have no % change, for results.md: ``avg queue was at most 1 s`` (a floor of
+    `NEGLIGIBLE_BASE`) or ``GPU util was 0``, joined by "and"."""
     words = []
     for key in keys:
         name, _, unit = metric_header(key).partition(" (")
         floor = NEGLIGIBLE_BASE.get(key)
         words.append(f"{name} was 0" if floor is None else
-                     f"{name} was under {floor:g}{' ' + unit.rstrip(')') if unit else ''}")
-    return ", ".join(words)
+                     f"{name} was at most {floor:g}{' ' + unit.rstrip(')') if unit else ''}")
+    return " and ".join(words)
 
 
 def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], reference: str,
                    metrics: tuple[str, ...] = PAIRED_METRICS) -> dict:
     """Every other policy's per-run % change against `reference` on the same workload and
     seed: mean ± 95% CI of the changes, and on how many runs it was better (results.json's
-    ``paired``)."""
+    ``paired``); and its average JCT's change per workload (`workload_change`)."""
     paired: dict[str, dict] = {}
+    by_workload: dict[str, dict] = {}
+    workloads = list(dict.fromkeys(spec.workload for spec in results))
     for policy, name in names.items():
         if policy == reference:
             continue
@@ -356,27 +358,24 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
                                  "unit": "%", "runs_with_change": len(changes),
                                  "better_runs": sum(sign * (m[key] - b[key]) > 0 for m, b in runs),
                                  "runs": len(runs)}
+        by_workload[name] = {workload: workload_change(results, policy, reference, workload)
+                             for workload in workloads}
     return {"reference": names[reference], "policies": paired,
-            "avg_jct_by_workload": workload_changes(results, names, reference)}
+            "avg_jct_by_workload": by_workload}
 
 
-def workload_changes(results: dict[RunSpec, dict], names: dict[str, str],
-                     reference: str) -> dict[str, dict[str, float | None]]:
-    """Every other policy's mean % change of average JCT against `reference` per workload
-    (over its seeds; None where no run has one): an average gain can hide a workload's loss,
-    and a new workload is judged against the ones it resembles (results.json's
+def workload_change(results: dict[RunSpec, dict], policy: str, reference: str,
+                    workload: str) -> dict:
+    """`policy`'s mean % change of average JCT against `reference` on `workload` (over its
+    seeds; None where no run has one), and how many of the runs of either left jobs
+    unfinished: their average counts only the jobs that finished, so a policy that stalls
+    looks fast. An average gain can hide one workload's loss (results.json's
     ``paired.avg_jct_by_workload``)."""
-    workloads = list(dict.fromkeys(spec.workload for spec in results))
-    by_workload: dict[str, dict[str, float | None]] = {}
-    for policy, name in names.items():
-        if policy == reference:
-            continue
-        by_workload[name] = {}
-        for workload in workloads:
-            changes = percent_changes(paired_runs(results, policy, reference, workload),
-                                      "avg_jct_s")
-            by_workload[name][workload] = float(np.mean(changes)) if changes else None
-    return by_workload
+    changes = percent_changes(paired_runs(results, policy, reference, workload), "avg_jct_s")
+    unfinished = sum(not r["finished"] for spec, r in results.items()
+                     if spec.workload == workload and spec.policy in (policy, reference))
+    return {"mean": float(np.mean(changes)) if changes else None,
+            "runs_unfinished": unfinished}
 
 
 METRIC_HEADERS = {
@@ -416,17 +415,32 @@ def paired_table(paired: dict) -> str:
 
 
 def workload_table(paired: dict) -> str | None:
-    """results.md's table of each policy's avg JCT change per workload (`workload_changes`);
-    None for one workload, where the paired table says it all."""
+    """results.md's table of each policy's avg JCT change per workload (`workload_change`),
+    with its footnotes; None for one workload, where the paired table says it all."""
     by_workload = paired["avg_jct_by_workload"]
     workloads = list(next(iter(by_workload.values()), {}))
     if len(workloads) < 2:
         return None
     lines = ["| workload | " + " | ".join(by_workload) + " |", "|---|" + "---|" * len(by_workload)]
-    lines += [f"| {workload} | " + " | ".join(
-        "n/a" if changes[workload] is None else f"{changes[workload]:+.1f}%"
-        for changes in by_workload.values()) + " |" for workload in workloads]
+    lines += [f"| {workload.replace('|', chr(92) + '|')} | "
+              + " | ".join(_workload_cell(changes[workload]) for changes in by_workload.values())
+              + " |" for workload in workloads]
+    cells = [change for changes in by_workload.values() for change in changes.values()]
+    if any(change["mean"] is None for change in cells):
+        lines += ["", f"n/a: `{paired['reference']}` finished no job there, so there is no % "
+                  "change to take."]
+    if any(change["runs_unfinished"] for change in cells):
+        lines += ["", "unfinished: runs of the policy or the reference stopped at the time "
+                  "limit; their avg JCT counts only the jobs that finished, so the % is not to "
+                  "be trusted."]
     return "\n".join(lines)
+
+
+def _workload_cell(change: dict) -> str:
+    """``-4.8%``, ``n/a``, or ``+1.2% (2 unfinished)`` (`workload_change`)."""
+    text = "n/a" if change["mean"] is None else f"{change['mean']:+.1f}%"
+    return text + (f" ({change['runs_unfinished']} unfinished)" if change["runs_unfinished"]
+                   else "")
 
 
 def _paired_header(key: str) -> str:
@@ -507,9 +521,9 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
 
 def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, str],
                  out: Path, reference: str | None = None) -> None:
-    """results.json, results.md and the PNG plots into `out` (with `reference`, the policy of
-    the paired comparison, also paired_avg_jct.png; an earlier run's is removed otherwise, so
-    that it cannot pass for this run's).
+    """results.json, results.md, runs.csv and the PNG plots into `out` (with `reference`, the
+    policy of the paired comparison, also paired_avg_jct.png; an earlier run's is removed
+    otherwise, so that it cannot pass for this run's).
 
     All of them are written into a hidden staging directory first and moved into `out` only
     once the last plot is saved (`staged_outputs`): the plots take seconds, and a run stopped

@@ -296,9 +296,31 @@ def test_results_show_a_workloads_loss_that_the_average_gain_hides():
     report = summarise(results, names, list(factors), [0, 1], "2x4", "none")
     report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
     assert report["paired"]["policies"]["b"]["avg_jct_s"]["mean"] == pytest.approx(-10.0)
-    by_workload = report["paired"]["avg_jct_by_workload"]["b"]
+    assert report["paired"]["avg_jct_by_workload"]["b"]["w3"]["runs_unfinished"] == 0
+    by_workload = {w: c["mean"] for w, c in report["paired"]["avg_jct_by_workload"]["b"].items()}
     assert by_workload == pytest.approx({"w1": -20.0, "w2": -20.0, "w3": 10.0})
     md = results_markdown(report, with_paired=True)
     assert "| workload | b |" in md and "| w3 | +10.0% |" in md and "| w1 | -20.0% |" in md
+    assert "n/a:" not in md.split("per workload")[1] and "unfinished:" not in md
     one = {spec: r for spec, r in results.items() if spec.workload == "w1"}
     assert evaluate_cmd.workload_table(evaluate_cmd.paired_changes(one, names, "a")) is None
+
+
+def test_the_per_workload_table_flags_runs_that_left_jobs_unfinished():
+    """A run stopped at the time limit averages only the jobs that finished: a policy that
+    stalls looks fast (no job finished: avg JCT 0, "-100 %"). Its cell says so, and where the
+    reference finished nothing there is no % to take."""
+    results = {}
+    for workload, (a_jct, b_jct, b_done) in {"ok": (1_000.0, 900.0, True),
+                                            "stall": (1_000.0, 0.0, False),
+                                            "ref-stall": (0.0, 500.0, True)}.items():
+        for policy, jct, done in (("a", a_jct, workload != "ref-stall"), ("b", b_jct, b_done)):
+            results[RunSpec(policy, workload, 0, "2x4", 0.0)] = {
+                "metrics": dict.fromkeys(METRIC_KEYS, 1.0) | {"avg_jct_s": jct},
+                "finished": done, "lookahead": None}
+    table = evaluate_cmd.workload_table(evaluate_cmd.paired_changes(
+        results, {"a": "a", "b": "b"}, "a"))
+    assert "| ok | -10.0% |" in table
+    assert "| stall | -100.0% (1 unfinished) |" in table
+    assert "| ref-stall | n/a (1 unfinished) |" in table
+    assert "\nn/a: `a` finished no job there" in table and "\nunfinished: runs" in table
