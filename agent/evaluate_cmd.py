@@ -94,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="failures per GPU-day or none|default|stress (default: default)")
     add_efficiency_flag(parser)
     parser.add_argument("--reference", default=None, metavar="POLICY",
-                        help="policy of --policies every other is compared with run by run "
-                             "(default: static if listed, else the first)")
+                        help="policy of --policies every other is compared with run by run, "
+                             "as given there or by its label in results.md (default: static if "
+                             "listed, else the first)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
     add_out_flags(parser, Path("runs/evaluate"))
@@ -195,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     names = policy_labels(policies, args.efficiency)
     modes = {policy_and_mode(entry, args.efficiency)[1] for entry in policies}
     reference = args.reference or ("static" if "static" in policies else policies[0])
+    by_label = {name: entry for entry, name in names.items()}  # results.md names a saved
+    reference = by_label.get(reference, reference)  # policy by its label: that is accepted too
     if reference not in policies:
         raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
                         "name one of them")

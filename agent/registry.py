@@ -104,6 +104,9 @@ def load_policy(name_or_path: str) -> Policy:
         from agent.job_sizes import load_sized_policy
 
         return load_sized_policy(path, name=path.name)
+    if path.is_dir() and not kinds:
+        raise UserError(f"{path}: not a saved policy (no {', '.join(POLICY_FILES)}); give the "
+                        "directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
     if path.is_dir():
         return _load_learned(path, path.name)
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files

@@ -326,6 +326,10 @@ def test_evaluate_labels_a_saved_model_named_like_a_built_in_by_its_path(
     assert list(report["policies"]) == ["elastic", label]
     assert report["sources"] == {"elastic": "elastic", label: str(model)}
     assert f"| {label} |" in (out / "results.md").read_text()
+    # the label results.md shows is a name --reference takes, as is the path
+    assert main([*EVALUATE, "--policies", f"elastic,{model}", "--reference", label,
+                 "--out", str(out), "--force"]) == 0
+    assert json.loads((out / "results.json").read_text())["paired"]["reference"] == label
     capsys.readouterr()
 
 

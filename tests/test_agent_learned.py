@@ -137,6 +137,10 @@ def test_a_file_of_a_saved_model_is_refused_naming_its_directory(tmp_path):
     (tmp_path / "jobs.csv").write_text("job_id\n")
     with pytest.raises(UserError, match="is a file, not a saved model; give the directory"):
         load_policy(str(tmp_path / "jobs.csv"))
+    (tmp_path / "empty").mkdir()  # named only `rlalloc train`, not the other two writers
+    with pytest.raises(UserError, match="empty: not a saved policy .*; give the directory that "
+                                        "`rlalloc train`, `sizes fit` or `planner fit` wrote$"):
+        load_policy(str(tmp_path / "empty"))
 
 
 @pytest.mark.parametrize("damage", ["weights-not-torch", "meta-a-list", "meta-foreign-spec"])
