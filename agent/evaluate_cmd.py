@@ -9,8 +9,9 @@ plots: JCT CDF per policy, GPU utilisation and queue length over time. results.j
 its directory's name, or by its path where that name is taken: see `policy_labels`). Its
 ``cluster`` is --cluster as given; ``cluster_file`` records a cluster YAML's content as it was
 used (`env.cluster.cluster_record`; null for NODESxGPUS), and results.md shows it. Its
-``seeds_repeat`` lists the policies whose every seed gave the same run (`seeds_repeat`), which
-results.md explains under its table. Its ``lookahead`` gives each lookahead policy's (a
+``seeds_repeat`` lists the policies whose every seed gave the same run (`repeated_policies`):
+their CIs and paired counts are over their distinct runs (`distinct_runs`), and results.md says
+so under its table. Its ``lookahead`` gives each lookahead policy's (a
 planner's, `rlalloc planner fit`) contested decisions and deviations from its base, summed over
 its runs (`lookahead_totals`; results.md has a line per such policy). All of these files replace
 an earlier run's together or not at all (`write_report`).
@@ -239,16 +240,18 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     """The results.json document (its ``lookahead``: `lookahead_totals`)."""
     policies: dict[str, dict] = {}
     unfinished: dict[str, int] = {}
+    repeated = repeated_policies(results)
+    counted = distinct_runs(results, repeated)
     for policy, name in names.items():
-        runs = [r for spec, r in results.items() if spec.policy == policy]
+        runs = [r for spec, r in counted.items() if spec.policy == policy]
         policies[name] = {key: confidence([r["metrics"][key] for r in runs])
                           for key in METRIC_KEYS}
         unfinished[name] = sum(not r["finished"] for r in runs)
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
             "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
             "efficiency": efficiency, "runs_unfinished": unfinished,
-            "seeds_repeat": seeds_repeat(results, names),
-            "lookahead": lookahead_totals(results, names)}
+            "seeds_repeat": [name for policy, name in names.items() if policy in repeated],
+            "lookahead": lookahead_totals(counted, names)}
 
 
 def lookahead_totals(results: dict[RunSpec, dict], names: dict[str, str]) -> dict[str, dict]:
@@ -269,22 +272,27 @@ def lookahead_totals(results: dict[RunSpec, dict], names: dict[str, str]) -> dic
     return totals
 
 
-def seeds_repeat(results: dict[RunSpec, dict], names: dict[str, str]) -> list[str]:
-    """The policies (labels) whose every seed gave the same metrics on each workload: read off
-    the runs, not the flags, since whether anything draws from the seed depends on the
-    workload, the failure rate and the policy. A workload file without failures replays the
-    same run under every seed, and its CIs of 0 and "3/3 better" would otherwise read as
-    certainty where there was one run."""
+def repeated_policies(results: dict[RunSpec, dict]) -> set[str]:
+    """The policies (--policies entries) whose every seed gave the same metrics on each
+    workload: read off the runs, not the flags, since whether anything draws from the seed
+    depends on the workload, the failure rate and the policy. A workload file without failures
+    replays the same run under every seed, and so does one with failures where none struck."""
     metrics: dict[tuple[str, str], list[dict]] = {}
     for spec, result in results.items():
         metrics.setdefault((spec.policy, spec.workload), []).append(result["metrics"])
-    repeated = []
-    for policy, name in names.items():
-        runs = [values for (owner, _), values in metrics.items() if owner == policy]
-        if runs and all(len(values) > 1 and all(_same_metrics(values[0], other)
-                                                for other in values[1:]) for values in runs):
-            repeated.append(name)
-    return repeated
+    return {policy for policy in {spec.policy for spec in results}
+            if all(len(values) > 1 and all(_same_metrics(values[0], other)
+                                           for other in values[1:])
+                   for (owner, _), values in metrics.items() if owner == policy)}
+
+
+def distinct_runs(results: dict[RunSpec, dict], repeated: set[str]) -> dict[RunSpec, dict]:
+    """`results` less the copies of the `repeated` policies' runs: their first seed's run on
+    each workload only. Counted as independent, 3 copies of 4 runs made CIs 2.8x too narrow
+    and "12 of 12 better" out of 4 (results.json's ``seeds_repeat`` names those policies)."""
+    first = min((spec.seed for spec in results), default=0)
+    return {spec: result for spec, result in results.items()
+            if spec.policy not in repeated or spec.seed == first}
 
 
 def _same_metrics(first: dict[str, float], second: dict[str, float]) -> bool:
@@ -348,10 +356,14 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
     paired: dict[str, dict] = {}
     by_workload: dict[str, dict] = {}
     workloads = list(dict.fromkeys(spec.workload for spec in results))
+    repeated = repeated_policies(results)
     for policy, name in names.items():
         if policy == reference:
             continue
-        runs = paired_runs(results, policy, reference)
+        # pairs of two policies whose seeds repeated are copies of one pair per workload
+        pairs = (distinct_runs(results, repeated) if {policy, reference} <= repeated
+                 else results)
+        runs = paired_runs(pairs, policy, reference)
         paired[name] = {}
         for key in metrics:
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
@@ -361,7 +373,7 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
                                  "unit": "%", "runs_with_change": len(changes),
                                  "better_runs": sum(sign * (m[key] - b[key]) > 0 for m, b in runs),
                                  "runs": len(runs)}
-        by_workload[name] = {workload: workload_change(results, policy, reference, workload)
+        by_workload[name] = {workload: workload_change(pairs, policy, reference, workload)
                              for workload in workloads}
     return {"reference": names[reference], "policies": paired,
             "avg_jct_by_workload": by_workload}
@@ -608,30 +620,33 @@ def _lookahead_line(name: str, counts: dict) -> str:
 
 
 def _seeds_repeat_note(report: dict) -> str | None:
-    """results.md's line under the table where seeds repeated one run (`seeds_repeat`): why
-    the ± are 0 (one workload) or too narrow (several), and how to get runs that vary."""
+    """results.md's line under the table where seeds repeated one run (`repeated_policies`):
+    that those policies' ± and paired counts are over their distinct runs (none for one
+    workload), and how to get runs that vary."""
     repeated = report.get("seeds_repeat") or []
     if not repeated:
         return None
-    copies = len(report["seeds"])
+    copies, distinct = len(report["seeds"]), len(report["workloads"])
     who = ("every policy" if len(repeated) == len(report["policies"])
            else ", ".join(f"`{name}`" for name in repeated))
-    spread = ("so the ± are 0" if len(report["workloads"]) == 1 else
-              f"so the ± count each workload's run {copies} times as if independent (too "
-              "narrow)")
+    counted = ("so there is one run and no ±" if distinct == 1 else
+               f"so their ± and the paired counts are over the {distinct} distinct runs, one per "
+               f"workload, not {copies * distinct} copies counted as independent")
     return (f"Note: all {copies} seeds gave the same run for {who} on each workload: nothing in "
             "these runs depended on the seed (from a workload file only failures do, and none "
-            f"happened), {spread} and \"better\" counts each run {copies} times. Use --failures "
-            "or a synthetic workload for runs that vary.")
+            f"happened), {counted}. Use --failures or a synthetic workload for runs that vary.")
 
 
 def _cell_legend(report: dict) -> str:
     """What a cell of results.md's table shows: the CI only where there are runs to spread,
     the change against `table_reference` only where it was evaluated with others."""
-    runs = len(report["workloads"]) * len(report["seeds"])
-    legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads)"
-              if runs > 1 else "Each cell: the one run's value (one seed, one workload: no CI, "
-                               "n/a)")
+    workloads = len(report["workloads"])
+    runs = workloads * len(report["seeds"])
+    repeat = (f"; over the {workloads} distinct runs for a policy whose seeds repeated one run, "
+              "below" if report.get("seeds_repeat") and workloads > 1 else "")
+    legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads"
+              f"{repeat})" if runs > 1 else
+              "Each cell: the one run's value (one seed, one workload: no CI, n/a)")
     reference = table_reference(report)
     if reference is not None:
         legend += (f"; in brackets the change of the mean against `{reference}`'s (✓ = better; "

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agent import evaluate_cmd, registry
-from agent.evaluate_cmd import RunSpec, results_markdown, seeds_repeat, summarise
+from agent.evaluate_cmd import RunSpec, repeated_policies, results_markdown, summarise
 from agent.evaluation import lookahead_counts, run_policy
 from agent.lookahead import HistoryArrivals, LookaheadPolicy
 from agent.planner import planning_policy
@@ -58,21 +58,40 @@ def _report(results: dict[RunSpec, dict], names: dict[str, str]) -> dict:
 ])
 def test_seeds_that_repeat_one_run_are_found_from_the_runs(jcts, repeated):
     names = {"a": "a", "b": "b"}
-    assert seeds_repeat(_runs(jcts), names) == repeated  # NaN metrics equal their copies
+    assert sorted(repeated_policies(_runs(jcts))) == repeated  # NaN metrics equal their copies
     note = results_markdown(_report(_runs(jcts), names), with_paired=False)
     if repeated == ["a", "b"]:
         assert "all 2 seeds gave the same run for every policy" in note
-        assert "the ± are 0" in note and "--failures" in note
+        assert "one run and no ±" in note and "--failures" in note
     elif repeated:
         assert "all 2 seeds gave the same run for `a` on each workload" in note
     else:
         assert "gave the same run" not in note
 
 
-def test_repeated_seeds_over_several_workloads_say_the_ci_is_too_narrow():
-    jcts = {("a", 0): 10.0, ("a", 1): 10.0, ("b", 0): 8.0, ("b", 1): 8.0}
-    note = results_markdown(_report(_runs(jcts, ("w1", "w2")), {"a": "a", "b": "b"}), False)
-    assert "as if independent" in note and "the ± are 0" not in note
+def test_repeated_seeds_count_each_distinct_run_once():
+    """3 seeds that repeat each of 2 workloads' runs are 2 runs, not 6: counted as 6, the CI
+    was too narrow (t over 5 degrees of freedom, n = 6) and "6 of 6 better" counted copies."""
+    seeds = (0, 1, 2)
+    jct = {("a", "w1"): 10.0, ("a", "w2"): 20.0, ("b", "w1"): 8.0, ("b", "w2"): 19.0}
+    results = {RunSpec(policy, workload, seed, "2x4", 0.0): {
+                   "metrics": dict.fromkeys(METRIC_KEYS, value), "finished": True,
+                   "lookahead": None}
+               for (policy, workload), value in jct.items() for seed in seeds}
+    names = {"a": "a", "b": "b"}
+    report = _report(results, names)
+    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    assert report["seeds_repeat"] == ["a", "b"]
+    two_runs = evaluate_cmd.confidence([10.0, 20.0])
+    assert report["policies"]["a"]["avg_jct_s"] == pytest.approx(two_runs)
+    paired = report["paired"]["policies"]["b"]["avg_jct_s"]
+    assert (paired["runs"], paired["better_runs"]) == (2, 2)
+    assert paired == pytest.approx({**evaluate_cmd.confidence([-20.0, -5.0]), "unit": "%",
+                                    "runs_with_change": 2, "better_runs": 2, "runs": 2})
+    md = results_markdown(report, with_paired=True)
+    assert "over the 2 distinct runs, one per workload, not 6 copies" in md
+    assert "(t-distribution over 6 runs = seeds × workloads; over the 2 distinct runs" in md
+    assert "(2/2 better)" in md
 
 
 def test_evaluate_of_a_workload_file_without_failures_says_its_seeds_repeat(tmp_path, capsys):
