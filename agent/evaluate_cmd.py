@@ -357,12 +357,12 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
     by_workload: dict[str, dict] = {}
     workloads = list(dict.fromkeys(spec.workload for spec in results))
     repeated = repeated_policies(results)
+    distinct = distinct_runs(results, repeated)
     for policy, name in names.items():
         if policy == reference:
             continue
         # pairs of two policies whose seeds repeated are copies of one pair per workload
-        pairs = (distinct_runs(results, repeated) if {policy, reference} <= repeated
-                 else results)
+        pairs = distinct if {policy, reference} <= repeated else results
         runs = paired_runs(pairs, policy, reference)
         paired[name] = {}
         for key in metrics:
@@ -437,9 +437,10 @@ def workload_table(paired: dict) -> str | None:
     if len(workloads) < 2:
         return None
     lines = ["| workload | " + " | ".join(by_workload) + " |", "|---|" + "---|" * len(by_workload)]
-    lines += [f"| {workload.replace('|', chr(92) + '|')} | "
-              + " | ".join(_workload_cell(changes[workload]) for changes in by_workload.values())
-              + " |" for workload in workloads]
+    for workload in workloads:
+        escaped = workload.replace("|", r"\|")  # a path's "|" would split the row
+        lines.append(f"| {escaped} | " + " | ".join(_workload_cell(changes[workload])
+                                                    for changes in by_workload.values()) + " |")
     cells = [change for changes in by_workload.values() for change in changes.values()]
     if any(change["mean"] is None for change in cells):
         lines += ["", f"n/a: `{paired['reference']}` finished no job there, so there is no % "
