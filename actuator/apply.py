@@ -6,10 +6,13 @@
   annotation (per-node counts). One request, so the count and the placement change together or
   not at all. Existing workers on nodes the new placement does not use are then deleted, so the
   training operator recreates them where the affinity says.
-- Scale with node affinity off, and every suspend (n = 0): the `/scale` subresource.
+- Scale with node affinity off, and every suspend (n = 0): the `/scale` subresource, after
+  a merge patch recording the requested workers where rlalloc has not yet (the request is
+  otherwise read from `Worker.replicas`, which the scale overwrites).
 - Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
-  delete the job's pods there — with grace 0 when the node is unreachable, since a pod stuck
-  Terminating on a dead kubelet would block its replacement. Each step is idempotent and safe
+  delete the job's pods there and on any other node the new placement leaves — with grace 0
+  when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
+  replacement. Each step is idempotent and safe
   on its own, and the disruptive one comes last: if an earlier step fails, nothing has moved and
   the next cycle decides again.
 
@@ -51,19 +54,28 @@ class Applier:
         requested = int(built.state.jobs.requested_gpus[row])
         if action.kind == ActionKind.SCALE and (action.workers == 0
                                                 or not self._config.node_affinity):
+            if REQUESTED_WORKERS_ANNOTATION not in (ref.obj["metadata"].get("annotations") or {}):
+                # before the first /scale: read back from `Worker.replicas` afterwards, the
+                # request would be the size rlalloc chose (0 after a suspend), not the user's
+                patch = {"metadata": {"annotations": {
+                    REQUESTED_WORKERS_ANNOTATION: str(requested)}}}
+                self._validate(merge_patch(ref.obj, patch))
+                self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
             self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
             return
         if self._config.node_affinity:
             patch = placement_patch(ref, action, requested)
             self._validate(merge_patch(ref.obj, patch))
             self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
-        if action.kind == ActionKind.SCALE:
-            leaving = misplaced_pods(ref.pods, action)
-        else:
-            if action.from_node not in built.state.nodes.name or not built.state.nodes.cordoned[
-                    built.state.nodes.name.index(action.from_node)]:
-                self._kube.cordon(action.from_node)
-            leaving = [p for p in ref.pods if p.node == action.from_node]
+        if action.kind == ActionKind.MIGRATE and (
+                action.from_node not in built.state.nodes.name
+                or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):
+            self._kube.cordon(action.from_node)
+        # a pinned move's placement may leave healthy nodes too: their pods keep running there
+        # (the affinity is IgnoredDuringExecution) unless deleted, as the failing node's are;
+        # unpinned, the scheduler places the failing node's replacements and nothing else moves
+        leaving = (misplaced_pods(ref.pods, action) if self._config.node_affinity
+                   else [p for p in ref.pods if p.node == action.from_node])
         for pod in leaving:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             self._kube.delete_pod(pod.namespace, pod.name, grace)

@@ -199,7 +199,9 @@ def rule_of(reason: str) -> str:
 
 def project(state: ClusterState, action: Action) -> ClusterState:
     """`state` as it will be once `action` is carried out: the job holds its new GPUs (and is
-    restarting), its old ones are free again. Only the allocation columns change."""
+    restarting), its old ones are free again, and a move's failing node is cordoned (`Applier`
+    cordons it), so that no later action of the cycle is accepted onto it. Only these columns
+    change."""
     row = state.job_index(action.job_id)
     nodes, jobs = state.nodes, state.jobs
     index = {name: i for i, name in enumerate(nodes.name)}
@@ -219,7 +221,10 @@ def project(state: ClusterState, action: Action) -> ClusterState:
     requested = jobs.requested_gpus[row]
     was_queued, now_queued = jobs.workers[row] == 0, not placement
     pending = state.demand.pending_gpus + int(requested) * (int(now_queued) - int(was_queued))
-    return replace(state, nodes=replace(nodes, gpus_free=free),
+    cordoned = nodes.cordoned.copy()
+    if action.kind == ActionKind.MIGRATE and action.from_node in index:
+        cordoned[index[action.from_node]] = True
+    return replace(state, nodes=replace(nodes, gpus_free=free, cordoned=cordoned),
                    jobs=replace(jobs, status=status, workers=workers, placement=placements,
                                 throughput=throughput, restarts=restarts),
                    demand=replace(state.demand, pending_gpus=pending))

@@ -222,11 +222,12 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             placement=names, started=previous.started or bool(names), progress=progress,
             checkpointed=checkpointed)
         records[job_id] = record
-        min_w, max_w = _elastic_range(obj, replicas)
         annotations = obj["metadata"].get("annotations") or {}
+        annotated = _annotated_request(annotations)
+        min_w, max_w = _elastic_range(obj, replicas, annotated)
         job_records.append(JobInfo(
             job_id=job_id, status=status, submit_s=created,
-            requested_gpus=_requested(annotations, replicas, min_w, max_w),
+            requested_gpus=_requested(annotated, replicas, min_w, max_w),
             min_workers=min_w, max_workers=max_w, workers=len(pods), placement=placement,
             speed_1gpu=_float(annotations, SPEED_ANNOTATION, _JOB_DEFAULTS.speed_1gpu),
             scaling_alpha=_float(annotations, ALPHA_ANNOTATION, _JOB_DEFAULTS.scaling_alpha),
@@ -234,7 +235,9 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             throughput=throughput if status == JobStatus.RUNNING else 0.0,
             progress=progress,
             attained_gpu_s=record.attained_gpu_s, run_s=record.run_s,
-            since_checkpoint_s=max(now - checkpoint, 0.0) if checkpoint is not None else 0.0,
+            # training seconds at risk, as the simulator counts them: none unless training
+            since_checkpoint_s=(max(now - checkpoint, 0.0) if checkpoint is not None
+                                and status == JobStatus.RUNNING else 0.0),
             restore_s=_float(annotations, RESTORE_ANNOTATION, _JOB_DEFAULTS.restore_s),
             restarts=record.restarts))
         refs[job_id] = JobRef(namespace, name, obj["metadata"].get("uid", ""), obj,
@@ -447,21 +450,30 @@ def _worker_replicas(obj: dict) -> int:
     return int(worker.get("replicas", 1))
 
 
-def _elastic_range(obj: dict, replicas: int) -> tuple[int, int]:
-    """elasticPolicy min/max replicas; a job without one may only keep its replica count."""
+def _annotated_request(annotations: dict) -> int | None:
+    """The requested workers rlalloc recorded on its first change of the job (`Applier`), if
+    it has changed it: from then on `Worker.replicas` is rlalloc's choice, not the user's."""
+    value = annotations.get(REQUESTED_WORKERS_ANNOTATION, "")
+    return int(value) if value.isdigit() else None
+
+
+def _elastic_range(obj: dict, replicas: int, annotated: int | None) -> tuple[int, int]:
+    """elasticPolicy min/max replicas; a job without one may only keep its requested count
+    (the annotated one: a suspended job's replicas are 0)."""
     elastic = (obj.get("spec") or {}).get("elasticPolicy") or {}
-    fixed = max(replicas, 1)
+    fixed = annotated if annotated else max(replicas, 1)
     low = int(elastic.get("minReplicas", fixed))
     return low, max(int(elastic.get("maxReplicas", fixed)), low)
 
 
-def _requested(annotations: dict, replicas: int, min_workers: int, max_workers: int) -> int:
-    """The job's requested workers: its annotation, else its replicas, kept within its elastic
-    range. The simulator's workloads guarantee min <= request <= max and the policies rely on
-    it (a request the range cannot hold gave elastic no size for the job, which it then
+def _requested(annotated: int | None, replicas: int, min_workers: int,
+               max_workers: int) -> int:
+    """The job's requested workers: the annotated request, else its replicas, kept within its
+    elastic range. The simulator's workloads guarantee min <= request <= max and the policies
+    rely on it (a request the range cannot hold gave elastic no size for the job, which it then
     suspended); a PyTorchJob annotated outside its elasticPolicy cannot break that."""
-    value = annotations.get(REQUESTED_WORKERS_ANNOTATION, "")
-    requested = int(value) if value.isdigit() else replicas if replicas > 0 else min_workers
+    requested = (annotated if annotated is not None
+                 else replicas if replicas > 0 else min_workers)
     return min(max(requested, min_workers), max_workers)
 
 

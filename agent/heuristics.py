@@ -63,19 +63,23 @@ def usable_gpus(state: ClusterState) -> tuple[int, int]:
 
 
 def gpu_budget(state: ClusterState) -> int:
-    """The GPUs that the allocations a policy plans may add up to: those of usable nodes, plus
-    those that running jobs hold on cordoned nodes that are up. An operator's cordon (maintenance)
-    leaves its jobs running; not counting their GPUs charged them to the other nodes, so other
-    jobs got less than was free there and the cordoned ones were shrunk or preempted. (The
-    simulator never cordons and requeues a failed node's jobs at once: there this is 0.)"""
+    """The GPUs that the allocations a policy plans may add up to: the free GPUs of usable
+    nodes plus those the state's jobs hold on nodes that are up, cordoned or not.
+
+    Not every GPU of the usable nodes: in a real cluster other tenants' pods hold some (the
+    actuator counts them as not free), and a plan that counted them never found the room it
+    planned for (Tiresias never preempted a job for a higher-priority one). And an operator's
+    cordon (maintenance) leaves its jobs running: not counting their GPUs charged them to the
+    other nodes, so other jobs got less than was free there and the cordoned ones were shrunk
+    or preempted. The simulator has neither, and requeues a failed node's jobs at once: there
+    this is every GPU of the usable nodes."""
     nodes = state.nodes
-    usable = usable_gpus(state)[0]
-    # Ready only: a job's pods on a node that failed stay listed until evicted, holding nothing
-    cordoned = nodes.ready & nodes.cordoned
-    if not cordoned.any():  # every decision of a replay: no walk over thousands of placements
-        return usable
-    flags = cordoned.tolist()
-    return usable + sum(flags[node] for placement in state.jobs.placement for node in placement)
+    held = int(state.jobs.workers.sum())
+    if not nodes.ready.all():
+        # a job's pods on a node that failed stay listed until evicted, holding nothing
+        down = (~nodes.ready).tolist()
+        held -= sum(down[node] for placement in state.jobs.placement for node in placement)
+    return usable_gpus(state)[1] + held
 
 
 def _packed_nodes(state: ClusterState, workers: np.ndarray | int) -> np.ndarray | int:

@@ -4,7 +4,8 @@ The simulator calls the hooks below as things happen; `summary()` turns them int
 that `rlalloc simulate` and `rlalloc evaluate` report (keys in `METRIC_KEYS`). Definitions:
 
 - JCT: finish - submit. Queueing delay: first start - submit.
-- makespan_s: last finish - first submit.
+- makespan_s: last finish - first submit; for a run stopped before every job finished (at
+  the time limit), the time it stopped - first submit, the span the integrals cover.
 - gpu_util: allocated GPU-seconds / (cluster GPUs x makespan); gpu_busy_util counts only GPUs
   that are training (not restoring).
 - goodput: training GPU-seconds whose progress was kept / allocated GPU-seconds.
@@ -215,7 +216,10 @@ class RunAccounting:
         done = ~np.isnan(self._finish)
         jct = self.finished_jcts_s()
         queue = self._first_start[done] - sim._submit[done]
-        makespan = float(np.nanmax(self._finish) - self.first_submit) if done.any() else 0.0
+        # a run stopped before every job finished (at the time limit) spans up to now, as the
+        # integrals do: its last finish made a stuck run's utilisation 15x the cluster
+        end = float(np.nanmax(self._finish)) if done.size and done.all() else self._t
+        makespan = max(end - self.first_submit, 0.0)
         capacity = self.total_gpus * makespan
         kept_train_gpu_s = self.busy_gpu_s - self.lost_train_gpu_s
         wall = float(np.sum(self._finish[done] - self._first_start[done]))

@@ -64,7 +64,9 @@ _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _NOOP, _SCALE = ActionKind.NOOP, ActionKind.SCALE
 _NOT_SUBMITTED, _FINISHED = -1, 3  # job status codes beyond JobStatus
-_LINGER_S = 3600.0  # an ended warning episode stays visible in windowed counts for an hour
+_LINGER_S = 3600.0
+"""An ended warning episode stays visible in windowed counts for an hour (the longest window),
+and `Signals.risk_lag_s` more in the risk model's earlier reading (`_node_health`)."""
 
 
 class EpochRates(Protocol):
@@ -152,7 +154,8 @@ class Simulator:
         self._healthy_risk: float | None = None
         self._snapshot_racks = self._racks.copy()
         self._down = np.zeros(n_nodes, dtype=bool)
-        self._failures_pending = np.zeros(n_nodes, dtype=np.int32)  # fails not yet repaired
+        self._repair_s = np.full(n_nodes, np.inf)
+        """When each down node's failure is repaired (inf: up, or down with no repair due)."""
         self._cordoned = np.zeros(n_nodes, dtype=bool)
         self._episodes: dict[int, WarningEpisode] = {}
         self._node_jobs: list[set[int]] = [set() for _ in range(n_nodes)]
@@ -702,14 +705,14 @@ class Simulator:
         elif event.kind == "calm":
             pass  # the episode lingers in windowed counts; dropped in _node_snapshot
         elif event.kind == "fail":
-            self._failures_pending[node] += 1
-            if self._failures_pending[node] > 1:
-                return  # a node that is down cannot fail again
+            if self._down[node]:
+                return  # a node that is down cannot fail again (nor be repaired of it)
+            self._repair_s[node] = t + self.params.failures.repair_s
             self._fail_node(node, t)
         elif event.kind == "repair":
-            self._failures_pending[node] -= 1
-            if self._failures_pending[node] > 0:
-                return
+            if not self._down[node] or t < self._repair_s[node] - 1e-6:
+                return  # the repair of a failure ignored above
+            self._repair_s[node] = np.inf
             self._down[node] = False
             self._gpus_free[node] = self._gpus_total[node]
             self._health_changed()
@@ -761,7 +764,7 @@ class Simulator:
             return self._snapshot_health
         t = self.time_s
         for node, episode in list(self._episodes.items()):
-            if t - episode.end_s > _LINGER_S:
+            if t - episode.end_s > _LINGER_S + self._signals.risk_lag_s:
                 del self._episodes[node]
         if self._episodes:
             telemetry = self.node_telemetry(t)

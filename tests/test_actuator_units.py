@@ -231,6 +231,26 @@ def test_a_job_that_lost_its_node_shows_its_checkpointed_progress():
     assert shown[False, False] == pytest.approx(0.6)  # no checkpoint step exported
 
 
+def test_time_since_checkpoint_counts_only_while_training_as_in_the_simulator():
+    # "run" last checkpointed 2 h ago: that is work at risk while it trains, none while it
+    # restores (the simulator counts training seconds since the checkpoint or the restart)
+    world = _world(time_s=10_000.0)
+    names = {j: j for j in world.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(world, "ns", names)
+    since = {}
+    for training in (True, False):
+        results = query_results(world, "ns", names, 10_000.0)
+        results["trainer_last_checkpoint"][0]["value"][1] = repr(10_000.0 - 7200.0)
+        if not training:
+            results["trainer_throughput"][0]["value"][1] = "0.0"
+        built = build_state(Observation(10_000.0, nodes, pods, jobs, results), ActuatorConfig(),
+                            Ledger())
+        expected = JobStatus.RUNNING if training else JobStatus.RESTARTING
+        assert built.state.jobs.status[0] == expected
+        since[training] = built.state.jobs.since_checkpoint_s[0]
+    assert since == {True: pytest.approx(7200.0), False: 0.0}
+
+
 def test_unreachable_nodes_are_not_ready_and_have_no_free_gpus():
     world = _world()
     down = replace(world, nodes=replace(world.nodes, ready=world.nodes.ready & [True, False]))
@@ -337,6 +357,86 @@ def test_placement_patch_is_valid_and_keeps_the_users_own_affinity():
     annotations = merged["metadata"]["annotations"]
     assert annotations[PLACEMENT_ANNOTATION] == "node-a=1,node-b=2"
     assert annotations[REQUESTED_WORKERS_ANNOTATION] == "4"
+
+
+def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
+                     config: ActuatorConfig, edit_jobs=lambda jobs: None) -> tuple:
+    """Serve `state` from a twin API (its job objects edited by `edit_jobs`), carry out
+    `actions` with an `Applier` over a real `KubeClient`, and return (the state built from the
+    API afterwards, the objects the API then holds by kind)."""
+    from actuator.apply import Applier
+    from actuator.kube import KubeClient, api_client_from
+
+    names = {j: j for j in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "default", names)
+    edit_jobs(jobs)
+    server = ApiServerThread(TwinKubeAPI()).start()
+    try:
+        for resource, objects in ((NODES, nodes), (PODS, pods), (PYTORCHJOBS, jobs)):
+            for obj in objects:
+                server.call(server.api.put, resource, obj["metadata"].get("namespace"),
+                            obj["metadata"]["name"], obj)
+        (tmp_path / "kubeconfig").write_text(dump_kubeconfig(server.url))
+        kube = KubeClient(config, api_client_from(replace(
+            config, kubeconfig=str(tmp_path / "kubeconfig"))))
+
+        def observe() -> object:
+            return build_state(Observation(state.time_s, kube.list_nodes(), kube.list_pods(),
+                                           kube.list_pytorchjobs(), {}), config, Ledger())
+
+        built = observe()
+        for action in actions:
+            Applier(kube, config).apply(replace(action, job_id=f"default/{action.job_id}"),
+                                        built)
+        held = {"pods": {(p["metadata"]["name"], p["spec"].get("nodeName"))
+                         for p in kube.list_pods()},
+                "nodes": {n["metadata"]["name"]: bool(n["spec"].get("unschedulable"))
+                          for n in kube.list_nodes()},
+                "replicas": {j["metadata"]["name"]: j["spec"]["pytorchReplicaSpecs"]["Worker"][
+                    "replicas"] for j in kube.list_pytorchjobs()}}
+        return observe().state, held
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("node_affinity", [True, False])
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_suspended_job_keeps_its_request_and_range(tmp_path, node_affinity, elastic):
+    # "run" (request 2, 1..4) never changed by rlalloc before (no request annotation yet):
+    # suspending it through /scale sets its replicas to 0, which must not become its request
+    def unannotated(jobs: list[dict]) -> None:
+        del jobs[0]["metadata"]["annotations"][REQUESTED_WORKERS_ANNOTATION]
+        if not elastic:
+            del jobs[0]["spec"]["elasticPolicy"]
+
+    config = ActuatorConfig(node_affinity=node_affinity)
+    after, held = _apply_over_http(tmp_path, _world(), [scale("run")], config, unannotated)
+    assert held["replicas"]["run"] == 0
+    jobs = after.jobs
+    assert jobs.requested_gpus[0] == 2
+    assert (jobs.min_workers[0], jobs.max_workers[0]) == ((1, 4) if elastic else (2, 2))
+
+
+def test_a_move_deletes_every_pod_its_new_placement_leaves_and_cordons_the_failing_node(
+        tmp_path):
+    # "run" holds 1 GPU on node-a and 1 on node-b; the move off node-a pins it to node-c
+    nodes = Nodes.from_records([NodeInfo("node-a", 4, 3), NodeInfo("node-b", 4, 3),
+                                NodeInfo("node-c", 4, 4)])
+    jobs = Jobs.from_records([JobInfo("run", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2,
+                                      placement=(0, 1), throughput=2.0)])
+    state = ClusterState(time_s=1000.0, nodes=nodes, jobs=jobs, demand=Demand())
+    move = Action(ActionKind.MIGRATE, "run", 2, ("node-c", "node-c"), from_node="node-a")
+    _, held = _apply_over_http(tmp_path, state, [move], ActuatorConfig())
+    assert held["pods"] == set()  # both workers go: the operator recreates them on node-c
+    assert held["nodes"] == {"node-a": True, "node-b": False, "node-c": False}
+
+
+def test_the_projected_state_has_a_moved_jobs_failing_node_cordoned():
+    # after the move off node-a is accepted, starting "wait" there is refused in the same cycle
+    move = Action(ActionKind.MIGRATE, "run", 2, ("node-b", "node-b"), from_node="node-a")
+    decided = _decide(move, scale("wait", "node-a", "node-a"))
+    assert [d.accepted for d in decided.decisions] == [True, False]
+    assert decided.decisions[1].reason == "node node-a is cordoned"
 
 
 def test_misplaced_pods_leave_highest_index_first():

@@ -15,6 +15,8 @@ from agent.heuristics import (
 )
 from agent.policy import Policy
 from agent.registry import HEURISTICS, load_policy
+from env.failures import FailureParams
+from env.params import SimParams
 from env.scenario import build_scenario
 from env.state import (
     NOOP,
@@ -277,3 +279,33 @@ def test_a_failed_nodes_leftover_pods_add_nothing_to_the_budget():
                                 NodeInfo("node-1", 4, 4)])
     jobs = Jobs.from_records([job("a", R, 4, placement=(0, 0, 0, 0), run_s=100.0)])
     assert gpu_budget(ClusterState(10_000.0, nodes, jobs, Demand())) == 4
+
+
+def test_another_tenants_gpus_are_not_in_the_budget():
+    # node-1's 4 GPUs are held by a pod rlalloc does not manage (the actuator lists them as not
+    # free): the long-running job's 4 are all there is, so the new job needs them
+    long_running = job("old", R, 4, placement=(0,) * 4, attained_gpu_s=200_000.0, run_s=25_000.0)
+    new = job("new", Q, 4, submit_s=9_000.0)
+    state = make_state([0, 0], [long_running, new])
+    assert gpu_budget(state) == 4
+    action = TiresiasPolicy().act(state)
+    assert (action.job_id, action.workers) == ("old", 0)
+    assert ElasticPolicy().targets(state).tolist() == [2, 2]  # shared, not 4 each
+
+
+def test_the_budget_of_a_simulated_cluster_is_every_usable_gpu():
+    # the simulator has no other tenants and requeues a failed node's jobs at once, so its
+    # figures do not depend on how the budget is counted
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=2.0))
+    sim = build_scenario("synthetic:40:1.5", "4x4", seed=3).simulator(params, seed=3)
+    seen_down = 0
+
+    def decide(state: ClusterState):
+        nonlocal seen_down
+        usable = state.nodes.ready & ~state.nodes.cordoned
+        assert gpu_budget(state) == int(state.nodes.gpus_total[usable].sum())
+        seen_down += int(not state.nodes.ready.all())
+        return ElasticPolicy().act(state)
+
+    assert sim.run(decide)
+    assert seen_down > 10

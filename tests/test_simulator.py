@@ -13,12 +13,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from env.cluster import ClusterSpec, NodeSpec
+from env.cluster import ClusterSpec, NodeSpec, uniform_cluster
 from env.errors import UserError
-from env.failures import FAILURE_PRESETS, FailureParams, parse_failure_rate
+from env.failures import (
+    FAILURE_PRESETS,
+    FailureParams,
+    HealthEvent,
+    WarningEpisode,
+    node_features,
+    parse_failure_rate,
+)
 from env.params import GPU_POWER_W, SimParams
+from env.signals import load_signals
 from env.simulator import Simulator, time_limit_s
-from env.state import NOOP, Action, ActionKind
+from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus
 from env.workload.spec import Workload
 from tests.sim_helpers import (
     GENERIC,
@@ -184,6 +192,33 @@ def test_energy_charges_each_busy_gpu_at_its_own_type():
     watts = 4 * GPU_POWER_W["A100"][1] + 4 * GPU_POWER_W["T4"][0]
     assert sim.accounting.summary()["energy_kwh"] == pytest.approx(watts * end / 3.6e6,
                                                                    rel=1e-9)
+
+
+def test_an_ended_warning_reaches_the_risk_model_as_long_as_its_earlier_reading_does():
+    # flaps in the last hour count; the risk model also reads the telemetry risk_lag_s
+    # earlier, which Prometheus still holds after the hour: the simulator must as well
+    signals = load_signals("standin")
+    sim = Simulator(uniform_cluster(2, 4), Workload("test", (job("a", 0.0, 1, 1e6),)),
+                    [GENERIC], SimParams(failures=FailureParams(failures_per_gpu_day=0.0)),
+                    signals=signals)
+    episode = WarningEpisode(0, 100.0, 400.0, None, flap_s=[399.0])  # a false alarm
+    sim._push_health(HealthEvent(100.0, "warn", 0, episode))
+    healthy = sim.state().nodes.failure_risk[1]
+    params = sim.params.failures
+    checked = 0
+    while sim.time_s < 399.0 + 3600.0 + signals.risk_lag_s:  # the flap's last earlier reading
+        sim.advance()
+        if not 400.0 + 3600.0 < sim.time_s < 399.0 + 3600.0 + signals.risk_lag_s:
+            continue  # the hour after the episode, or past the flap's reach
+        checked += 1
+        now = node_features(episode, sim.time_s, params)
+        earlier = node_features(episode, sim.time_s - signals.risk_lag_s, params)
+        assert sum(earlier) > 0  # the flaps are still in the earlier reading's hour
+        expected = signals.node_risk(np.asarray([now], np.float32),
+                                     np.asarray([earlier], np.float32))[0]
+        assert sim.state().nodes.failure_risk[0] == pytest.approx(expected, rel=1e-6)
+        assert expected != pytest.approx(healthy)
+    assert checked >= 1
 
 
 def test_a_warning_longer_than_the_time_to_the_failure_starts_now():
@@ -400,6 +435,26 @@ def test_a_run_whose_policy_never_starts_a_job_stops_at_the_time_limit():
     assert sim.run(lambda s: NOOP) is False
     assert time_limit_s(sim) < sim.time_s <= time_limit_s(sim) + SimParams().decision_interval_s
     assert simulator([job("a", 0.0, 1, work=600.0)]).run(fifo) is True
+
+
+def test_a_run_stopped_at_the_time_limit_reports_utilisation_over_its_whole_span():
+    # a finishes at once; b is resized at every restore's end and never trains: the integrals
+    # run to the stop, so must the makespan they are divided by (it ended at a's finish)
+    sim = simulator([job("a", 0.0, 1, work=600.0), job("b", 0.0, 2, work=3600.0)], nodes=1)
+
+    def thrash_b(state: ClusterState) -> Action:
+        jobs = state.jobs
+        for row in np.flatnonzero(np.asarray(jobs.job_id) == "b").tolist():
+            if jobs.status[row] == JobStatus.RUNNING:
+                workers = 1 if jobs.workers[row] == 2 else 2
+                return Action(ActionKind.SCALE, "b", workers, ("node-0000",) * workers)
+        return fifo(state)
+
+    assert sim.run(thrash_b) is False
+    metrics = sim.accounting.summary()
+    assert metrics["jobs_completed"] == 1
+    assert metrics["makespan_s"] == pytest.approx(sim.time_s)
+    assert 0.0 < metrics["gpu_busy_util"] <= metrics["gpu_util"] <= 1.0
 
 
 def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():

@@ -171,6 +171,35 @@ def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
     assert timeline[60]["loss"] < timeline[21]["loss"]
 
 
+def test_a_resumed_job_reports_its_restart_as_its_last_checkpoint_time(tmp_path):
+    # the simulator counts a restart as a checkpoint (nothing trained before it is at risk):
+    # exporting the loaded checkpoint's own time made a job suspended for hours look as if it
+    # had trained for hours unsaved, to the actuator that weighs a move by it
+    log, ckpt, port = tmp_path / "run.jsonl", tmp_path / "ckpt", free_port()
+    first = _run_single([*TINY, "--max-steps", "5", "--checkpoint-dir", str(ckpt)], log)
+    assert first.returncode == 0, first.stderr
+    saved_unix = layout.latest_valid(ckpt)[0].created_unix
+    job = subprocess.Popen(
+        [sys.executable, "-m", "trainer_jobs.train", "--log-jsonl", str(log), *TINY,
+         "--max-steps", "100000", "--checkpoint-every-steps", "0", "--checkpoint-dir", str(ckpt),
+         "--metrics-port", str(port), "--job-name", "lm-test"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        resume = wait_for_event(log, lambda e: e["event"] == "resume", TIMEOUT_S, job)
+        wait_for_event(log, lambda e: e["event"] == "step" and e["step"] > 5, TIMEOUT_S, job)
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        job.kill()
+        job.wait(TIMEOUT_S)
+    labels = '{job="lm-test",namespace="default",rank="0"}'
+    values = {line.split(" ")[0]: float(line.split(" ")[1])
+              for line in scraped.decode().splitlines() if line.endswith(tuple("0123456789"))
+              and labels in line}
+    assert values[TRAINER_LAST_CHECKPOINT_STEP + labels] == 5.0
+    assert values[TRAINER_LAST_CHECKPOINT_TIME + labels] >= resume["time"] > saved_unix
+
+
 def _one_error_line(result: subprocess.CompletedProcess) -> str:
     """The single `trainer: error` line of a refused start (exit code 2, no traceback)."""
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

@@ -201,12 +201,12 @@ def test_metrics_show_a_resumed_job_at_its_step_and_checkpoint_never_at_zero():
     # before anything is known, nothing but the configured total: a 0 step or checkpoint time
     # would read as "progress lost" and "checkpoint taken in 1970" to the actuator
     assert _exported(fresh) == {TRAINER_TOTAL_STEPS: 100.0}
-    fresh.on_resumed(0, world_size=2, checkpoint_step=0, checkpoint_unix=1.6e9)
+    fresh.on_resumed(0, world_size=2, checkpoint_step=0, started_unix=1.6e9)
     exported = _exported(fresh)  # a fresh start: a restart would resume from step 0, its start
     assert exported[TRAINER_LAST_CHECKPOINT_STEP] == 0.0
     assert exported[TRAINER_LAST_CHECKPOINT_TIME] == 1.6e9
     resumed = TrainerMetrics("lm", "default", total_steps=100)
-    resumed.on_resumed(40, world_size=2, checkpoint_step=40, checkpoint_unix=1.7e9)
+    resumed.on_resumed(40, world_size=2, checkpoint_step=40, started_unix=1.7e9)
     exported = _exported(resumed)
     assert exported[TRAINER_STEP] == 40.0 and exported[TRAINER_WORLD_SIZE] == 2.0
     assert exported[TRAINER_LAST_CHECKPOINT_STEP] == 40.0

@@ -66,13 +66,16 @@ def test_the_simulator_tells_its_health_listener_what_takes_effect_and_a_fork_te
     told: list[tuple[str, int, float]] = []
     sim.health_listener = lambda event, t: told.append((event.kind, event.node, t))
     sim.schedule_failure("node-0001", 100.0, warning_lead_s=40.0)
-    sim.schedule_failure("node-0001", 150.0)  # the node is down then: no second failure
+    # the node is down then: no second failure, and no repair of it (as the failure process
+    # draws them: the node is back repair_s after the failure that took it down)
+    sim.schedule_failure("node-0001", 150.0)
     fork = sim.fork()
     assert fork.health_listener is None
     repair_s = sim.params.failures.repair_s
     while sim.time_s < 150.0 + repair_s + 1:
         sim.advance()
-    assert told == [("warn", 1, 60.0), ("fail", 1, 100.0), ("repair", 1, 150.0 + repair_s)]
+        assert sim.state().nodes.ready[1] == (not 100.0 <= sim.time_s < 100.0 + repair_s)
+    assert told == [("warn", 1, 60.0), ("fail", 1, 100.0), ("repair", 1, 100.0 + repair_s)]
     while fork.time_s < 200.0:
         fork.advance()  # its failure happens too, unreported
     assert len(told) == 3

@@ -6,9 +6,9 @@ one exporter per job keeps the series count flat when the job scales).
 
 A gauge appears only once it has a value: a series that read 0 before the first step or commit
 would tell the actuator that a resumed job is back at step 0 and that its last checkpoint was
-taken in 1970. A (re)start sets the step and the last-checkpoint gauges from the checkpoint it
-resumed from, a fresh start from step 0 at its start (`on_resumed`); until then the job reads as
-silent, which the actuator handles.
+taken in 1970. A (re)start sets the step and the last-checkpoint step from the checkpoint it
+resumed from (step 0 for a fresh start), and the last-checkpoint time to the (re)start
+(`on_resumed`); until then the job reads as silent, which the actuator handles.
 """
 
 from __future__ import annotations
@@ -63,15 +63,17 @@ class TrainerMetrics:
         start_http_server(port, registry=self.registry)
 
     def on_resumed(self, step: int, world_size: int, checkpoint_step: int,
-                   checkpoint_unix: float) -> None:
+                   started_unix: float) -> None:
         """Record where a (re)started job stands before its first step: the restored step and
-        the point a restart would resume from, the checkpoint it loaded or, for a fresh start,
-        step 0 at the start. The simulator counts a job's start as such a checkpoint too, so
-        the actuator sees the same time since the last checkpoint and rolls a job that loses a
-        node back to step 0, not to progress it never saved."""
+        the point a restart would resume from, the checkpoint it loaded (step 0 for a fresh
+        start), as of `started_unix`, the (re)start: nothing trained before it is at risk.
+        The simulator counts a job's (re)start as such a checkpoint too, so the actuator sees
+        the same time since the last checkpoint (not the hours a suspended job's checkpoint
+        aged while it waited) and rolls a job that loses a node back to that step, not to
+        progress it never saved."""
         self._set(self._step, step)
         self._set(self._world_size, world_size)
-        self.on_checkpoint_committed(checkpoint_step, checkpoint_unix)
+        self.on_checkpoint_committed(checkpoint_step, started_unix)
 
     def on_step(self, step: int, loss: float, samples_per_s: float, world_size: int) -> None:
         """Record one completed optimizer step."""

@@ -204,9 +204,9 @@ def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: in
     info = checkpointer.restore(state)
     if info is None or rank not in info.rng_ranks:
         torch.manual_seed(_rank_seed(config.seed, state.progress.step, rank))
-    if metrics:  # a fresh start is where a restart would resume: step 0, now
+    if metrics:  # where a restart would resume: the checkpoint loaded (step 0 if none), now
         metrics.on_resumed(state.progress.step, world_size, info.step if info else 0,
-                           info.created_unix if info else time.time())
+                           time.time())
     if rank == 0:
         origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
         print(f"trainer: {format_count(parameters)} parameters, world size {world_size}, "
