@@ -9,9 +9,9 @@ plots: JCT CDF per policy, GPU utilisation and queue length over time. results.j
 its directory's name, or by its path where that name is taken: see `policy_labels`). Its
 ``cluster`` is --cluster as given; ``cluster_file`` records a cluster YAML's content as it was
 used (`env.cluster.cluster_record`; null for NODESxGPUS), and results.md shows it. Its
-``seeds_repeat`` lists the policies whose every seed gave the same run (`repeated_policies`):
-their CIs and paired counts are over their distinct runs (`distinct_runs`), and results.md says
-so under its table. Its ``lookahead`` gives each lookahead policy's (a
+``seeds_repeat`` maps each policy to the workloads on which its every seed gave the same run
+(`repeated_runs`): its CIs and paired counts take those runs once (`distinct_runs`), and
+results.md says so under its table. Its ``lookahead`` gives each lookahead policy's (a
 planner's, `rlalloc planner fit`) contested decisions and deviations from its base, summed over
 its runs (`lookahead_totals`; results.md has a line per such policy). All of these files replace
 an earlier run's together or not at all (`write_report`).
@@ -240,7 +240,7 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     """The results.json document (its ``lookahead``: `lookahead_totals`)."""
     policies: dict[str, dict] = {}
     unfinished: dict[str, int] = {}
-    repeated = repeated_policies(results)
+    repeated = repeated_runs(results)
     counted = distinct_runs(results, repeated)
     for policy, name in names.items():
         runs = [r for spec, r in counted.items() if spec.policy == policy]
@@ -250,7 +250,9 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
             "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
             "efficiency": efficiency, "runs_unfinished": unfinished,
-            "seeds_repeat": [name for policy, name in names.items() if policy in repeated],
+            "seeds_repeat": {name: [w for w in workloads if (policy, w) in repeated]
+                             for policy, name in names.items()
+                             if any(owner == policy for owner, _ in repeated)},
             "lookahead": lookahead_totals(counted, names)}
 
 
@@ -272,27 +274,41 @@ def lookahead_totals(results: dict[RunSpec, dict], names: dict[str, str]) -> dic
     return totals
 
 
-def repeated_policies(results: dict[RunSpec, dict]) -> set[str]:
-    """The policies (--policies entries) whose every seed gave the same metrics on each
-    workload: read off the runs, not the flags, since whether anything draws from the seed
-    depends on the workload, the failure rate and the policy. A workload file without failures
-    replays the same run under every seed, and so does one with failures where none struck."""
+def repeated_runs(results: dict[RunSpec, dict]) -> set[tuple[str, str]]:
+    """The (policy, workload) pairs (a --policies entry, a --workload) on which every seed gave
+    the same metrics: read off the runs, not the flags, since whether anything draws from the
+    seed depends on the workload, the failure rate and the policy. A workload file without
+    failures replays the same run under every seed, and so does one with failures where none
+    struck; a synthetic workload beside it draws new jobs per seed."""
     metrics: dict[tuple[str, str], list[dict]] = {}
     for spec, result in results.items():
         metrics.setdefault((spec.policy, spec.workload), []).append(result["metrics"])
-    return {policy for policy in {spec.policy for spec in results}
-            if all(len(values) > 1 and all(_same_metrics(values[0], other)
-                                           for other in values[1:])
-                   for (owner, _), values in metrics.items() if owner == policy)}
+    return {key for key, values in metrics.items()
+            if len(values) > 1 and all(_same_metrics(values[0], other) for other in values[1:])}
 
 
-def distinct_runs(results: dict[RunSpec, dict], repeated: set[str]) -> dict[RunSpec, dict]:
-    """`results` less the copies of the `repeated` policies' runs: their first seed's run on
-    each workload only. Counted as independent, 3 copies of 4 runs made CIs 2.8x too narrow
-    and "12 of 12 better" out of 4 (results.json's ``seeds_repeat`` names those policies)."""
+def distinct_runs(results: dict[RunSpec, dict], repeated: set[tuple[str, str]],
+                  together: tuple[str, ...] = ()) -> dict[RunSpec, dict]:
+    """`results` less the copies of the `repeated` runs: their first seed's run only. Counted
+    as independent, 3 copies of 4 runs made CIs 2.8x too narrow and "12 of 12 better" out of
+    4 (results.json's ``seeds_repeat`` names them). With `together` (the two policies of a
+    paired comparison), a workload's runs are copies only where all of them repeated there:
+    pairs with a run that varies by seed are distinct pairs."""
     first = min((spec.seed for spec in results), default=0)
-    return {spec: result for spec, result in results.items()
-            if spec.policy not in repeated or spec.seed == first}
+
+    def copy(spec: RunSpec) -> bool:
+        owners = together or (spec.policy,)
+        return spec.seed != first and all((o, spec.workload) in repeated for o in owners)
+
+    return {spec: result for spec, result in results.items() if not copy(spec)}
+
+
+def counted_runs(report: dict, name: str) -> int:
+    """How many runs policy `name`'s mean and CI in `report` are over: one per workload where
+    its seeds repeated one run (``seeds_repeat``), one per seed elsewhere."""
+    repeated = set((report.get("seeds_repeat") or {}).get(name, []))
+    seeds = len(report["seeds"])
+    return sum(1 if workload in repeated else seeds for workload in report["workloads"])
 
 
 def _same_metrics(first: dict[str, float], second: dict[str, float]) -> bool:
@@ -356,13 +372,12 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
     paired: dict[str, dict] = {}
     by_workload: dict[str, dict] = {}
     workloads = list(dict.fromkeys(spec.workload for spec in results))
-    repeated = repeated_policies(results)
-    distinct = distinct_runs(results, repeated)
+    repeated = repeated_runs(results)
     for policy, name in names.items():
         if policy == reference:
             continue
-        # pairs of two policies whose seeds repeated are copies of one pair per workload
-        pairs = distinct if {policy, reference} <= repeated else results
+        # pairs of two runs that both repeated over the seeds are copies of one pair
+        pairs = distinct_runs(results, repeated, (policy, reference))
         runs = paired_runs(pairs, policy, reference)
         paired[name] = {}
         for key in metrics:
@@ -517,7 +532,6 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
     policies = report["policies"]
     reference = table_reference(report)
     base = policies[reference] if reference is not None else None
-    runs = len(report["workloads"]) * len(report["seeds"])
     digits = {key: column_digits([values[key]["mean"] for values in policies.values()],
                                  share=key in SHARE_METRICS)
               for key in metrics}
@@ -525,6 +539,7 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
              "|---|" + "---|" * len(metrics)]
     for name, values in policies.items():
         cells = []
+        runs = counted_runs(report, name)
         for key in metrics:
             mean, ci = values[key]["mean"], values[key]["ci95"]
             cell = f"{mean:,.{digits[key]}f} ± {_half_width(ci, runs, digits[key])}"
@@ -621,21 +636,27 @@ def _lookahead_line(name: str, counts: dict) -> str:
 
 
 def _seeds_repeat_note(report: dict) -> str | None:
-    """results.md's line under the table where seeds repeated one run (`repeated_policies`):
-    that those policies' ± and paired counts are over their distinct runs (none for one
-    workload), and how to get runs that vary."""
-    repeated = report.get("seeds_repeat") or []
+    """results.md's line under the table where seeds repeated one run (`repeated_runs`): that
+    those runs count once in the ± and the paired counts (no ± for a policy left with one run),
+    and how to get runs that vary."""
+    repeated = report.get("seeds_repeat") or {}
     if not repeated:
         return None
-    copies, distinct = len(report["seeds"]), len(report["workloads"])
-    who = ("every policy" if len(repeated) == len(report["policies"])
-           else ", ".join(f"`{name}`" for name in repeated))
-    counted = ("so there is one run and no ±" if distinct == 1 else
-               f"so their ± and the paired counts are over the {distinct} distinct runs, one per "
-               f"workload, not {copies * distinct} copies counted as independent")
-    return (f"Note: all {copies} seeds gave the same run for {who} on each workload: nothing in "
-            "these runs depended on the seed (from a workload file only failures do, and none "
-            f"happened), {counted}. Use --failures or a synthetic workload for runs that vary.")
+    copies, workloads = len(report["seeds"]), report["workloads"]
+    everywhere = all(len(on) == len(workloads) for on in repeated.values())
+    if everywhere and len(repeated) == len(report["policies"]):
+        where = "every policy on each workload"
+    elif everywhere:
+        where = ", ".join(f"`{name}`" for name in repeated) + " on each workload"
+    else:
+        where = "; ".join(f"`{name}` on {', '.join(Path(w).name for w in on)}"
+                          for name, on in repeated.items())
+    counted = ("so there is one run and no ±" if len(workloads) == 1 and everywhere else
+               "so the ± and the paired counts take each such run once, not as "
+               f"{copies} independent copies")
+    return (f"Note: all {copies} seeds gave the same run for {where}: nothing in these runs "
+            "depended on the seed (from a workload file only failures do, and none happened), "
+            f"{counted}. Use --failures or a synthetic workload for runs that vary.")
 
 
 def _cell_legend(report: dict) -> str:
@@ -643,8 +664,8 @@ def _cell_legend(report: dict) -> str:
     the change against `table_reference` only where it was evaluated with others."""
     workloads = len(report["workloads"])
     runs = workloads * len(report["seeds"])
-    repeat = (f"; over the {workloads} distinct runs for a policy whose seeds repeated one run, "
-              "below" if report.get("seeds_repeat") and workloads > 1 else "")
+    repeat = ("; a run that every seed repeated counts once, below"
+              if report.get("seeds_repeat") else "")
     legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads"
               f"{repeat})" if runs > 1 else
               "Each cell: the one run's value (one seed, one workload: no CI, n/a)")
@@ -719,7 +740,9 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     others = [p for p in names if p != reference]
-    changes = {p: percent_changes(paired_runs(results, p, reference), "avg_jct_s")
+    repeated = repeated_runs(results)  # each pair once, as in results.json's paired CIs
+    changes = {p: percent_changes(paired_runs(distinct_runs(results, repeated, (p, reference)),
+                                              p, reference), "avg_jct_s")
                for p in others}
     ratios = [1.0 + change / 100.0 for values in changes.values() for change in values]
     log = paired_axis_is_log(ratios)

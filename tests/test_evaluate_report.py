@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agent import evaluate_cmd, registry
-from agent.evaluate_cmd import RunSpec, repeated_policies, results_markdown, summarise
+from agent.evaluate_cmd import RunSpec, repeated_runs, results_markdown, summarise
 from agent.evaluation import lookahead_counts, run_policy
 from agent.lookahead import HistoryArrivals, LookaheadPolicy
 from agent.planner import planning_policy
@@ -58,11 +58,15 @@ def _report(results: dict[RunSpec, dict], names: dict[str, str]) -> dict:
 ])
 def test_seeds_that_repeat_one_run_are_found_from_the_runs(jcts, repeated):
     names = {"a": "a", "b": "b"}
-    assert sorted(repeated_policies(_runs(jcts))) == repeated  # NaN metrics equal their copies
-    note = results_markdown(_report(_runs(jcts), names), with_paired=False)
+    # NaN metrics equal their copies
+    assert sorted(repeated_runs(_runs(jcts))) == [(policy, "w") for policy in repeated]
+    report = _report(_runs(jcts), names)
+    assert report["seeds_repeat"] == {policy: ["w"] for policy in repeated}
+    note = results_markdown(report, with_paired=False)
     if repeated == ["a", "b"]:
-        assert "all 2 seeds gave the same run for every policy" in note
+        assert "all 2 seeds gave the same run for every policy on each workload" in note
         assert "one run and no ±" in note and "--failures" in note
+        assert "| a | 10.0 ± n/a |" in note  # one run: no CI, not a CI of 0
     elif repeated:
         assert "all 2 seeds gave the same run for `a` on each workload" in note
     else:
@@ -81,7 +85,7 @@ def test_repeated_seeds_count_each_distinct_run_once():
     names = {"a": "a", "b": "b"}
     report = _report(results, names)
     report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
-    assert report["seeds_repeat"] == ["a", "b"]
+    assert report["seeds_repeat"] == {"a": ["w1", "w2"], "b": ["w1", "w2"]}
     two_runs = evaluate_cmd.confidence([10.0, 20.0])
     assert report["policies"]["a"]["avg_jct_s"] == pytest.approx(two_runs)
     paired = report["paired"]["policies"]["b"]["avg_jct_s"]
@@ -89,9 +93,41 @@ def test_repeated_seeds_count_each_distinct_run_once():
     assert paired == pytest.approx({**evaluate_cmd.confidence([-20.0, -5.0]), "unit": "%",
                                     "runs_with_change": 2, "better_runs": 2, "runs": 2})
     md = results_markdown(report, with_paired=True)
-    assert "over the 2 distinct runs, one per workload, not 6 copies" in md
-    assert "(t-distribution over 6 runs = seeds × workloads; over the 2 distinct runs" in md
+    assert "take each such run once, not as 3 independent copies" in md
+    assert ("(t-distribution over 6 runs = seeds × workloads; a run that every seed repeated "
+            "counts once, below)") in md
     assert "(2/2 better)" in md
+
+
+def test_a_run_repeated_beside_runs_that_vary_counts_once(tmp_path, monkeypatch):
+    """A workload file without failures beside a synthetic workload: the file's 3 identical
+    runs per policy are one, the synthetic's 3 runs are 3 (the whole policy was not marked as
+    repeating, so the copies counted as independent: "6 of 6 better")."""
+    drawn = _capture_figures(monkeypatch)
+    jct = {("a", "file", 0): 10.0, ("a", "file", 1): 10.0, ("a", "file", 2): 10.0,
+           ("b", "file", 0): 8.0, ("b", "file", 1): 8.0, ("b", "file", 2): 8.0,
+           ("a", "synth", 0): 20.0, ("a", "synth", 1): 30.0, ("a", "synth", 2): 40.0,
+           ("b", "synth", 0): 19.0, ("b", "synth", 1): 27.0, ("b", "synth", 2): 40.0}
+    results = {RunSpec(policy, workload, seed, "2x4", 0.0): {
+                   "metrics": dict.fromkeys(METRIC_KEYS, value), "finished": True,
+                   "lookahead": None, "jcts_s": np.array([value]),
+                   "series": {"t": [0.0], "alloc_gpus": [1], "queued_jobs": [0]}}
+               for (policy, workload, seed), value in jct.items()}
+    names = {"a": "a", "b": "b"}
+    report = _report(results, names)
+    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    assert report["seeds_repeat"] == {"a": ["file"], "b": ["file"]}
+    assert report["policies"]["a"]["avg_jct_s"] == pytest.approx(
+        evaluate_cmd.confidence([10.0, 20.0, 30.0, 40.0]))
+    paired = report["paired"]["policies"]["b"]["avg_jct_s"]
+    changes = [-20.0, -5.0, -10.0, 0.0]
+    assert paired == pytest.approx({**evaluate_cmd.confidence(changes), "unit": "%",
+                                    "runs_with_change": 4, "better_runs": 3, "runs": 4})
+    md = results_markdown(report, with_paired=True)
+    assert "for `a` on file; `b` on file:" in md and "(3/4 better)" in md
+    evaluate_cmd._plots(results, names, tmp_path, reference="a")
+    dots = drawn[evaluate_cmd.PAIRED_PLOT].axes[0].collections[0].get_offsets()
+    assert sorted(np.asarray(dots)[:, 0].tolist()) == sorted(changes)  # as results.json
 
 
 def test_evaluate_of_a_workload_file_without_failures_says_its_seeds_repeat(tmp_path, capsys):
@@ -99,12 +135,12 @@ def test_evaluate_of_a_workload_file_without_failures_says_its_seeds_repeat(tmp_
     workload.write_text(JOBS_CSV)
     assert main([*EVALUATE, "--workload", str(workload), "--out", str(tmp_path / "file")]) == 0
     report = json.loads((tmp_path / "file" / "results.json").read_text())
-    assert report["seeds_repeat"] == ["static", "elastic"]
+    assert report["seeds_repeat"] == {"static": [str(workload)], "elastic": [str(workload)]}
     assert "seeds gave the same run" in (tmp_path / "file" / "results.md").read_text()
     assert main([*EVALUATE, "--workload", "synthetic:8:1.0", "--out",
                  str(tmp_path / "synthetic")]) == 0  # a synthetic workload draws per seed
     report = json.loads((tmp_path / "synthetic" / "results.json").read_text())
-    assert report["seeds_repeat"] == []
+    assert report["seeds_repeat"] == {}
     assert "same run" not in (tmp_path / "synthetic" / "results.md").read_text()
     capsys.readouterr()
 
