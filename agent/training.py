@@ -293,6 +293,10 @@ def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ..
     return float(np.mean(jcts))
 
 
+DQN_LEARNING_STARTS = 1000
+"""Steps a DQN collects into its replay buffer before its first update (again on a resume)."""
+
+
 def _build_model(config: TrainConfig, vec_env: object) -> object:
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN
@@ -309,7 +313,8 @@ def _build_model(config: TrainConfig, vec_env: object) -> object:
             device="cpu", verbose=0)
     start_eps, end_eps = config.dqn_exploration
     return DQN("MlpPolicy", vec_env, learning_rate=config.learning_rate,
-               buffer_size=config.dqn_buffer_size, learning_starts=1000, batch_size=64,
+               buffer_size=config.dqn_buffer_size, learning_starts=DQN_LEARNING_STARTS,
+               batch_size=64,
                gamma=config.gamma, train_freq=4, target_update_interval=2000,
                exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
                exploration_fraction=0.3, seed=config.seed,
@@ -318,11 +323,18 @@ def _build_model(config: TrainConfig, vec_env: object) -> object:
 
 
 def _load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
+    """The model saved at `path`, to go on training in `vec_env`. A DQN's replay buffer is not
+    in its checkpoint (100k transitions would make each one hundreds of MB): it starts empty
+    and, as at the start, is filled with `DQN_LEARNING_STARTS` steps before the first update,
+    instead of updating on batches drawn from the first few transitions."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN
 
-    cls = MaskablePPO if config.algo == "ppo" else DQN
-    return cls.load(path, env=vec_env, device="cpu")
+    if config.algo == "ppo":
+        return MaskablePPO.load(path, env=vec_env, device="cpu")
+    model = DQN.load(path, env=vec_env, device="cpu")
+    model.learning_starts = model.num_timesteps + DQN_LEARNING_STARTS
+    return model
 
 
 def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = False,
@@ -382,7 +394,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     with progress_bar() as progress:
         if resume:
             model = _load_model(config, checkpoint, vec_env)
-            started -= _resume_summary(summary, out)
+            started -= _resume_summary(summary, out, model.num_timesteps)
             model.set_logger(tensorboard_logger(out, config.algo, model.num_timesteps + 1))
         else:
             model = _build_model(config, vec_env)
@@ -413,9 +425,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             model.logger.dump(step)
             return jct
 
-        evaluated = {e["timesteps"] for e in summary["evaluations"]}
-        if model.num_timesteps not in evaluated:  # a new run, or one killed before evaluating
-            evaluate_now(model.num_timesteps)     # the checkpoint it resumes from
+        # a new run, or one killed before evaluating the checkpoint it resumes from
+        if not _evaluated_at(summary, model.num_timesteps):
+            evaluate_now(model.num_timesteps)
         remaining = config.timesteps - model.num_timesteps
         if remaining > 0:
             with _task(progress, "RL steps", remaining) as advance:
@@ -436,8 +448,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
 
                 callbacks = CallbackList([*_discount_callbacks(config), StepsAndEvaluations()])
                 model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume)
-            if not summary["evaluations"] or \
-                    summary["evaluations"][-1]["timesteps"] != model.num_timesteps:
+            if not _evaluated_at(summary, model.num_timesteps):
                 evaluate_now(model.num_timesteps)
         save_checkpoint(model, out / CHECKPOINT_DIR / LAST_CHECKPOINT)
         summary["timesteps"] = int(model.num_timesteps)
@@ -538,12 +549,12 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
         raise UserError(f"--resume: {out} was trained with --algo {algo} --residual "
                         f"'{','.join(residual)}'{flag}; resume it with the same (they fix the "
                         "network), or start a new run in another --out")
-    setting = {"workloads": "--workload", "cluster": "--cluster", "failures": "--failures",
-               "efficiency": "--efficiency", "eval_workloads": "--eval-workload"}
-    changed = [f"{flag} {_flag_text(previous[key])}" for key, flag in setting.items()
-               if key in previous and _flag_text(previous[key]) != _flag_text(
-                   asdict(config)[key])]
-    if changed:  # left out, they took their defaults: evaluations no longer comparable
+    given = asdict(config)
+    changed = [f"{_flag_of(key)} {_flag_text(previous[key])}" for key in given
+               if key in previous and key not in RESUME_MAY_CHANGE
+               and _flag_text(previous[key]) != _flag_text(given[key])]
+    if changed:  # left out, they took their defaults: evaluations no longer comparable, and
+        # SB3 restores its own settings from the checkpoint whatever train_config.json says
         raise UserError(f"--resume: {out} was trained with {'; '.join(changed)}; give the same "
                         "(a resume continues one run on one setting; train_config.json has "
                         "them all), or start a new run in another --out")
@@ -555,6 +566,18 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
                         f"{config.timesteps:,} adds none; give a larger --timesteps (the "
                         "total to reach, not the steps to add)")
     return checkpoint
+
+
+RESUME_MAY_CHANGE = frozenset({"timesteps", "eval_every", "keep_checkpoints", "extra"})
+"""The `TrainConfig` fields a resume may change: how far it goes and how often it evaluates
+and checkpoints. Every other one is the run's (the network, the training setting, the start,
+the algorithm's settings, which SB3 restores from the checkpoint whatever a resume says)."""
+
+
+def _flag_of(key: str) -> str:
+    """The `rlalloc train` flag of `TrainConfig` field `key`."""
+    return {"workloads": "--workload", "eval_workloads": "--eval-workload"}.get(
+        key, "--" + key.replace("_", "-"))
 
 
 def _flag_text(value: object) -> str:
@@ -602,12 +625,18 @@ def _finished(out: Path) -> bool:
     return card.is_file() and "timesteps" in json.loads(card.read_text())
 
 
-def _resume_summary(summary: dict, out: Path) -> float:
-    """Take the evaluations and warm start of the run being resumed into `summary` and
-    return its wall seconds so far: the finished run's, else (killed) its last evaluation's."""
+def _resume_summary(summary: dict, out: Path, step: int) -> float:
+    """Take the evaluations and warm start of the run being resumed from its checkpoint at
+    `step` into `summary` and return its wall seconds so far: the finished run's, else
+    (killed) its last evaluation's. Evaluations past `step` (a run killed after its last
+    evaluation but before its last checkpoint, or resumed from an earlier checkpoint) are of
+    steps the resume trains again: they stay, marked ``discarded``, since the exported policy
+    may be one of them (a later one must beat it), but they neither stand for the new steps
+    nor keep them from being evaluated."""
     card = out / CARD_FILE
     previous = json.loads(card.read_text()) if card.is_file() else {}
-    summary["evaluations"] = previous.get("evaluations", [])
+    summary["evaluations"] = [{**e, "discarded": True} if e["timesteps"] > step else e
+                              for e in previous.get("evaluations", [])]
     summary["warm_start"] = previous.get("warm_start")
     last = summary["evaluations"][-1]["wall_s"] if summary["evaluations"] else 0.0
     return previous.get("wall_s", last)
@@ -640,11 +669,24 @@ def _task(progress: Progress, description: str, total: float) -> Iterator[Callab
         progress.remove_task(task)
 
 
-def exported_step(evaluations: list[dict]) -> int | None:
-    """The step whose policy was exported: the first evaluation with the lowest finite average
-    JCT (a later one must beat it to replace it); None if no evaluation finished every job."""
+def _evaluated_at(summary: dict, step: int) -> bool:
+    """Whether the policy at `step` has been evaluated (not counting an evaluation a resume
+    ``discarded``: the same step of the steps it trained again)."""
+    return any(e["timesteps"] == step and not e.get("discarded")
+               for e in summary["evaluations"])
+
+
+def _exported_evaluation(evaluations: list[dict]) -> dict | None:
+    """The evaluation whose policy was exported: the first with the lowest finite average JCT
+    (a later one must beat it to replace it); None if no evaluation finished every job."""
     finished = [e for e in evaluations if math.isfinite(_jct_read(e))]
-    return min(finished, key=_jct_read)["timesteps"] if finished else None
+    return min(finished, key=_jct_read) if finished else None
+
+
+def exported_step(evaluations: list[dict]) -> int | None:
+    """The step whose policy was exported (`_exported_evaluation`), None if none was."""
+    exported = _exported_evaluation(evaluations)
+    return exported["timesteps"] if exported else None
 
 
 def heuristic_scores(summary: dict) -> str:
@@ -815,11 +857,12 @@ def _speeds_line(profiles: tuple[str, ...], out: Path, resumed: bool) -> str:
 
 
 def _describe_export(summary: dict) -> str:
-    step = summary["exported_timesteps"]
-    if step is None:
+    exported = _exported_evaluation(summary["evaluations"])
+    if exported is None:
         return "none, as no periodic evaluation finished every job"
-    return (f"the best of the periodic evaluations (step {step:,}), avg JCT "
-            f"{_seconds(summary['best_avg_jct_s'])}")
+    discarded = ", before a resume trained its stretch again" if exported.get("discarded") else ""
+    return (f"the best of the periodic evaluations (step {exported['timesteps']:,}{discarded}),"
+            f" avg JCT {_seconds(summary['best_avg_jct_s'])}")
 
 
 def card_markdown(summary: dict) -> str:
@@ -845,8 +888,12 @@ def card_markdown(summary: dict) -> str:
         "",
         "| timesteps | avg JCT (s) | wall (s) |",
         "|---|---|---|",
-        *(f"| {e['timesteps']:,} | {_seconds(e['avg_jct_s'], unit='')} | {e['wall_s']:.0f} |"
+        *(f"| {e['timesteps']:,}{' (discarded)' if e.get('discarded') else ''} | "
+          f"{_seconds(e['avg_jct_s'], unit='')} | {e['wall_s']:.0f} |"
           for e in summary["evaluations"]),
+        *(["", "(discarded): evaluated before a resume from an earlier checkpoint trained "
+           "those steps again."] if any(e.get("discarded") for e in summary["evaluations"])
+          else []),
         "",
         "Files: policy.pt (torch state_dict of the policy MLP), policy.json (format, feature "
         "spec, layer sizes), train_config.json (re-runnable configuration)"

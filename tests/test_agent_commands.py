@@ -221,7 +221,13 @@ def trained(tmp_path_factory):
 @pytest.mark.parametrize("change, named", [({"cluster": "0x4"}, "--cluster 2x4"),
                                            ({"eval_workloads": ("/no/such.csv",)},
                                             r"--eval-workload \(none\)"),
-                                           ({"algo": "dqn"}, "--algo ppo")])
+                                           ({"algo": "dqn"}, "--algo ppo"),
+                                           # SB3 restores these from the checkpoint: the
+                                           # config recorded others than it trained with
+                                           ({"learning_rate": 1e-3}, "--learning-rate 0.0001"),
+                                           ({"n_steps": 64}, "--n-steps 128"),
+                                           ({"time_discount_s": 3600.0},
+                                            "--time-discount-s 0.0")])
 def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     before = files(trained)
     with pytest.raises(UserError, match=named):
@@ -420,6 +426,42 @@ def test_a_run_killed_between_a_checkpoint_and_its_evaluation_resumes_evaluating
     stop_after_checkpoint(tmp_path, 256, evaluated=False)
     resumed = train(replace(CONFIG, timesteps=384), tmp_path, resume=True, log=quiet)
     assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256, 384]
+
+
+def test_a_resume_from_an_earlier_checkpoint_evaluates_the_steps_it_trains_again(tmp_path):
+    """Resumed from 256 (its newer checkpoints gone: killed before saving them, or deleted to
+    go back), the run trains 257-384 again: the card's 384 was another policy's. It stays,
+    marked discarded (the export may be it), and the new policy at 384 is evaluated too."""
+    train(replace(CONFIG, timesteps=384), tmp_path, log=quiet)
+    for name in ("last.zip", "step_384_steps.zip"):
+        (tmp_path / "checkpoints" / name).unlink()
+    resumed = train(replace(CONFIG, timesteps=384), tmp_path, resume=True, log=quiet)
+    assert [(e["timesteps"], e.get("discarded", False)) for e in resumed["evaluations"]] == [
+        (0, False), (128, False), (256, False), (384, True), (384, False)]
+    card = (tmp_path / "card.md").read_text()
+    assert "| 384 (discarded) |" in card and "trained those steps again" in card
+    assert tensorboard_steps(tmp_path, "eval/avg_jct_s") == [0, 128, 256, 384]
+
+
+def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monkeypatch):
+    """The checkpoint holds no replay buffer: resumed past learning_starts, DQN took gradient
+    steps on batches of 64 drawn from its first 4, 8, 12... transitions."""
+    from stable_baselines3 import DQN
+
+    def train_to(timesteps: int, resume: bool) -> None:
+        try:  # so few steps may export nothing: what is checked is how it learns
+            train(replace(config, timesteps=timesteps), tmp_path, resume=resume, log=quiet)
+        except UserError as err:
+            assert "no policy was exported" in str(err)
+
+    config = replace(CONFIG, algo="dqn", eval_every=1100, n_envs=1)
+    train_to(1100, resume=False)
+    sizes: list[int] = []
+    learn = DQN.train
+    monkeypatch.setattr(DQN, "train", lambda model, *args, **kwargs: (
+        sizes.append(model.replay_buffer.size()), learn(model, *args, **kwargs))[1])
+    train_to(2300, resume=True)
+    assert sizes and min(sizes) >= training.DQN_LEARNING_STARTS
 
 
 def test_a_run_killed_while_saving_a_checkpoint_leaves_no_truncated_one(tmp_path,
