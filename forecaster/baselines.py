@@ -24,6 +24,8 @@ MOVING_AVERAGE_WINDOW_MIN = 30
 HOLT_WINTERS_MIN_HISTORY_MIN = 2 * MINUTES_PER_DAY
 """Fewest minutes Holt-Winters can start from: statsmodels' heuristic initial states need two
 full daily seasons, both to fit the parameters and to filter a series."""
+HOLT_WINTERS_INIT_DAYS = 5
+"""Days statsmodels' heuristic initial states average at most (fewer in a shorter series)."""
 HOLT_WINTERS_FIT_DAYS = 7
 """Days of training series the Holt-Winters parameters are fitted on (fits in ~2 s per day)."""
 
@@ -86,31 +88,46 @@ def holt_winters(
 ) -> np.ndarray:
     """Holt-Winters forecasts from every origin with fixed ``params``, (N, H).
 
-    The filter starts from statsmodels' heuristic initial states, which need two full days, so
-    origins must lie at least two days into the series.
+    Each origin's filter starts from statsmodels' heuristic initial states of the days before
+    it, as statsmodels' own forecast from the series cut there would: its first
+    min(`HOLT_WINTERS_INIT_DAYS`, whole days so far) days. So origins must lie at least two
+    days in. (Taken from the whole series, forecasts from origins in days 2-5 used demand after
+    them.) One filter runs per number of days, not per origin.
     """
     if origins.min() < HOLT_WINTERS_MIN_HISTORY_MIN - 1:
         raise ValueError("Holt-Winters origins need two days of history for initial states")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        states = _model(demand.astype(np.float64)).fit(optimized=False, **params.to_json())
-    level, trend, season = states.level, states.trend, states.season
-    columns = []
-    for h in horizons_min:
-        damped_sum = sum(params.damping_trend**i for i in range(1, h + 1))
-        columns.append(
-            level[origins] + damped_sum * trend[origins] + season[origins + h - MINUTES_PER_DAY]
-        )
-    return np.stack(columns, axis=1)
+    series = demand.astype(np.float64)
+    days = np.minimum((origins + 1) // MINUTES_PER_DAY, HOLT_WINTERS_INIT_DAYS)
+    forecasts = np.empty((len(origins), len(horizons_min)))
+    for k in np.unique(days).tolist():
+        rows = np.flatnonzero(days == k)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first = _model(series[: k * MINUTES_PER_DAY]).fit(
+                optimized=False, **params.to_json()).params
+            states = _model(series, known=(first["initial_level"], first["initial_trend"],
+                                           first["initial_seasons"])).fit(
+                optimized=False, **params.to_json())
+        at = origins[rows]
+        for column, h in enumerate(horizons_min):
+            damped_sum = sum(params.damping_trend**i for i in range(1, h + 1))
+            forecasts[rows, column] = (states.level[at] + damped_sum * states.trend[at]
+                                       + states.season[at + h - MINUTES_PER_DAY])
+    return forecasts
 
 
-def _model(demand: np.ndarray) -> ExponentialSmoothing:
-    """The one Holt-Winters specification used for both fitting and filtering."""
+def _model(demand: np.ndarray,
+           known: tuple[float, float, np.ndarray] | None = None) -> ExponentialSmoothing:
+    """The one Holt-Winters specification used for both fitting and filtering: initial states
+    by statsmodels' heuristic, or `known` ones (level, trend, one day of seasons)."""
+    initial = ({"initialization_method": "heuristic"} if known is None else
+               {"initialization_method": "known", "initial_level": known[0],
+                "initial_trend": known[1], "initial_seasonal": known[2]})
     return ExponentialSmoothing(
         demand,
         trend="add",
         damped_trend=True,
         seasonal="add",
         seasonal_periods=MINUTES_PER_DAY,
-        initialization_method="heuristic",
+        **initial,
     )
