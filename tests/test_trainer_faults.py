@@ -171,6 +171,25 @@ def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
     assert timeline[60]["loss"] < timeline[21]["loss"]
 
 
+def test_each_step_is_logged_with_the_epoch_its_batch_was_drawn_from(tmp_path):
+    # 64 samples, batches of 8: steps 1-8 draw from epoch 0, 9-12 from epoch 1 (the position
+    # after step 8 is already epoch 1, which labelled step 8's batch "epoch 1")
+    from trainer_jobs.data import DataPosition, GlobalBatchSampler
+
+    log = tmp_path / "run.jsonl"
+    args = [*TINY[:-1], "64", "--max-steps", "12", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert TINY[-2] == "--num-samples"
+    result = _run_single(args, log)
+    assert result.returncode == 0, result.stderr
+    sampler = GlobalBatchSampler(64, 8, 0)
+    steps = _events(log, "step")
+    assert [e["epoch"] for e in steps] == [0] * 8 + [1] * 4
+    for event in steps:
+        offset = 8 * ((event["step"] - 1) % 8)
+        assert event["samples"] == sampler.global_batch_indices(DataPosition(event["epoch"], offset))
+    _assert_no_sample_twice_in_an_epoch(final_timeline(read_events(log)))
+
+
 def test_a_resumed_job_reports_its_restart_as_its_last_checkpoint_time(tmp_path):
     # the simulator counts a restart as a checkpoint (nothing trained before it is at risk):
     # exporting the loaded checkpoint's own time made a job suspended for hours look as if it

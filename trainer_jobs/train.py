@@ -250,8 +250,8 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
             metrics.on_checkpoint_blocked(blocked_s)
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
-        state.progress = Progress(state.progress.step + 1,
-                                  sampler.advance(state.progress.position))
+        drawn_from = state.progress.position  # the batch's, before the next one's
+        state.progress = Progress(state.progress.step + 1, sampler.advance(drawn_from))
         step = state.progress.step
         step_times.append(time.perf_counter() - started)
         loss = shared[0].item() / global_tokens
@@ -261,7 +261,7 @@ def _train_loop(config: TrainConfig, state: TrainState, checkpointer: Checkpoint
         if rank == 0:
             run_log.event("step", step=step, loss=loss, world_size=world_size,
                           step_s=step_times[-1], samples=global_indices,
-                          epoch=state.progress.position.epoch)
+                          epoch=drawn_from.epoch)
             if step % 10 == 0 or step == config.max_steps:
                 print(f"trainer: step {step} loss {loss:.4f} {samples_per_s:.1f} samples/s",
                       flush=True)
