@@ -185,8 +185,8 @@ def test_each_step_is_logged_with_the_epoch_its_batch_was_drawn_from(tmp_path):
     steps = _events(log, "step")
     assert [e["epoch"] for e in steps] == [0] * 8 + [1] * 4
     for event in steps:
-        offset = 8 * ((event["step"] - 1) % 8)
-        assert event["samples"] == sampler.global_batch_indices(DataPosition(event["epoch"], offset))
+        drawn_at = DataPosition(event["epoch"], 8 * ((event["step"] - 1) % 8))
+        assert event["samples"] == sampler.global_batch_indices(drawn_at)
     _assert_no_sample_twice_in_an_epoch(final_timeline(read_events(log)))
 
 
