@@ -16,6 +16,7 @@ Pollux workloads (docs/agent.md), the fitted policy stays within noise of its ba
 from __future__ import annotations
 
 import io
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def load_recordings(paths: list[Path], heuristics: tuple[str, ...]) -> Recording
             with np.load(path) as data:
                 recorded = tuple(str(name) for name in data["heuristics"])
                 part = Recording(*(data[field] for field in FIELDS))
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
             raise UserError(f"--imitate {path}: not a lookahead recording ({err}); record one "
                             "with `rlalloc headroom --record`") from None
         if recorded != tuple(heuristics):

@@ -540,8 +540,15 @@ def _check_out(config: TrainConfig, out: Path, resume: bool, force: bool) -> Pat
         raise UserError(f"{out}: nothing to resume (no checkpoint in {out / CHECKPOINT_DIR}, "
                         "as a run stopped before its first leaves none); start it again with "
                         "--force in place of --resume (--force replaces what it left)")
-    saved = out / CONFIG_FILE
-    previous = json.loads(saved.read_text()) if saved.is_file() else {}
+    if (out / META_FILE).is_file():  # else it fails to load only after the resumed steps
+        try:
+            load_deployed(out)
+        except UserError as err:
+            raise UserError(f"--resume: the policy exported into {out} ({META_FILE}, "
+                            f"{WEIGHTS_FILE}) does not load; restore both from a copy, or start "
+                            "the run again with --force") from err
+    previous = _run_json(out / CONFIG_FILE)
+    _run_json(out / CARD_FILE)  # read once the run goes on: refused while nothing is written
     algo, residual = previous.get("algo", config.algo), tuple(previous.get("residual", ()))
     learn_sizes = previous.get("learn_sizes", False)
     if (algo, residual, learn_sizes) != (config.algo, config.residual, config.learn_sizes):
@@ -572,6 +579,23 @@ RESUME_MAY_CHANGE = frozenset({"timesteps", "eval_every", "keep_checkpoints", "e
 """The `TrainConfig` fields a resume may change: how far it goes and how often it evaluates
 and checkpoints. Every other one is the run's (the network, the training setting, the start,
 the algorithm's settings, which SB3 restores from the checkpoint whatever a resume says)."""
+
+
+def _run_json(path: Path) -> dict:
+    """The object a run's JSON file (train_config.json, card.json) holds, {} if there is none;
+    a one-line `UserError` naming it if it is damaged."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problem = f"{err.__class__.__name__}: {str(err).splitlines()[0][:80]}"
+    else:
+        if isinstance(value, dict):
+            return value
+        problem = f"it holds a {type(value).__name__}, not an object"
+    raise UserError(f"{path}: damaged ({problem}); restore it from a copy, or start the run "
+                    "again with --force (which replaces the whole run)")
 
 
 def _flag_of(key: str) -> str:
@@ -611,8 +635,7 @@ def _with_earlier_commands(config: TrainConfig, out: Path) -> TrainConfig:
     """`config` with the command lines of the run it resumes (``extra["earlier_commands"]``,
     oldest first): the resume rewrites train_config.json, and a resume may change settings
     such as the workloads or --timesteps, so the command that started the run is kept."""
-    saved = out / CONFIG_FILE
-    previous = json.loads(saved.read_text()).get("extra", {}) if saved.is_file() else {}
+    previous = _run_json(out / CONFIG_FILE).get("extra", {})
     earlier = [*previous.get("earlier_commands", []),
                *([previous["command"]] if "command" in previous else [])]
     return replace(config, extra={**config.extra, "earlier_commands": earlier}) if earlier \
@@ -621,8 +644,7 @@ def _with_earlier_commands(config: TrainConfig, out: Path) -> TrainConfig:
 
 def _finished(out: Path) -> bool:
     """Whether the run in `out` ended (its card has the totals written at the end)."""
-    card = out / CARD_FILE
-    return card.is_file() and "timesteps" in json.loads(card.read_text())
+    return "timesteps" in _run_json(out / CARD_FILE)
 
 
 def _resume_summary(summary: dict, out: Path, step: int) -> float:
@@ -634,7 +656,7 @@ def _resume_summary(summary: dict, out: Path, step: int) -> float:
     may be one of them (a later one must beat it), but they neither stand for the new steps
     nor keep them from being evaluated."""
     card = out / CARD_FILE
-    previous = json.loads(card.read_text()) if card.is_file() else {}
+    previous = _run_json(card)
     summary["evaluations"] = [{**e, "discarded": True} if e["timesteps"] > step else e
                               for e in previous.get("evaluations", [])]
     summary["warm_start"] = previous.get("warm_start")

@@ -235,6 +235,22 @@ def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     assert files(trained) == before
 
 
+@pytest.mark.parametrize("name, content", [("train_config.json", "{"),
+                                           ("train_config.json", "[1]"),
+                                           ("card.json", "{"),
+                                           ("policy.json", "{")])
+def test_a_resume_of_a_run_with_a_damaged_file_is_refused_before_it_trains(
+        tmp_path, name, content):
+    """A traceback before (config, card), or a one-line error only after every resumed step,
+    which then left nothing to resume ("already at N steps") and no way to export (policy)."""
+    train(replace(CONFIG, timesteps=256), tmp_path, log=quiet)
+    (tmp_path / name).write_text(content)
+    before = files(tmp_path)
+    with pytest.raises(UserError, match=f"{name}.*(damaged|does not load)"):
+        train(replace(CONFIG, timesteps=384), tmp_path, resume=True, log=quiet)
+    assert files(tmp_path) == before
+
+
 def test_a_resume_that_adds_no_steps_is_refused_and_leaves_the_run_as_it_was(tmp_path):
     """--timesteps is the total to reach: at or below the checkpoint's steps a resume would
     train nothing yet rewrite the card and config with the smaller number."""

@@ -111,8 +111,11 @@ def test_recordings_over_other_heuristics_or_not_recordings_are_refused(recordin
         load_recordings([path], tuple(reversed(HEURISTICS)))
     garbage = tmp_path / "garbage.npz"
     garbage.write_text("not numpy")
-    with pytest.raises(UserError, match="not a lookahead recording"):
-        load_recordings([garbage], HEURISTICS)
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(path.read_bytes()[:2000])  # a copy cut short: a zip with no end
+    for damaged in (garbage, truncated):
+        with pytest.raises(UserError, match="not a lookahead recording"):
+            load_recordings([damaged], HEURISTICS)
     with pytest.raises(UserError, match="--imitate fits a residual policy"):
         train(TrainConfig(workloads=(SMALL[0],), cluster=SMALL[1], imitate=(str(path),)),
               tmp_path / "model", log=lambda _: None)
