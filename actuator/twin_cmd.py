@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from actuator.config import load_config
-from env.argtypes import SEED, above, at_least, within
+from env.argtypes import SEED, above, at_least, out_path, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
 from env.failures import (
@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrape-interval-s", type=above(0.0), default=1.0,
                         help="Prometheus scrape interval to configure, seconds > 0 "
                              "(default: %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path("twin"),
+    parser.add_argument("--out-dir", type=out_path, default=Path("twin"),
                         help=f"where to write {', '.join(DEMO_FILES)} (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace those files if --out-dir holds them (otherwise refused)")

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "arrival), none (only submitted jobs), a horizon of arrivals "
                              "such as 1h or 30m, or sampled-1h (the hour drawn from --history; "
                              "default known,none; may be empty with --sizes)")
-    parser.add_argument("--history", action="append", default=[], metavar="W",
+    parser.add_argument("--history", action=AppendOnce, default=[], metavar="W",
                         help="workload (repeatable) whose arrivals a sampled future draws from, "
                              "e.g. the training workloads; a workload never draws from itself")
     parser.add_argument("--samples", type=POSITIVE_INT, default=5,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from agent.job_speeds import PROFILES_DIR
 from agent.registry import PLANNER_FILE, refuse_other_policy
-from env.argtypes import POSITIVE_INT, SEED, unique_names
+from env.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
@@ -29,7 +29,7 @@ OUTPUT_FILES = (PLANNER_FILE, "card.md", PROFILES_DIR)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc planner fit`."""
-    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+    parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
                         required=True,
                         help="past workload (repeatable): its jobs' sizes are learnt and its "
                              "arrivals are the futures the planner draws; at least two, and "
@@ -81,9 +81,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.alternatives or args.base in args.alternatives:
         raise UserError("--alternatives: give one or more elastic heuristics other than --base "
                         f"{args.base}; the planner only ever chooses between their proposals")
-    repeated = sorted({w for w in args.workloads if args.workloads.count(w) > 1})
-    if repeated:
-        raise UserError(f"--workload {repeated[0]}: listed twice; give each past workload once")
     if len(args.workloads) < 2:
         raise UserError("--workload: give at least two past workloads; the planner draws "
                         "each future from a different one")

@@ -16,6 +16,7 @@ from pathlib import Path
 from agent.job_sizes import SIZES_FILE
 from agent.job_speeds import PROFILES_DIR
 from agent.registry import refuse_other_policy
+from env.argtypes import AppendOnce
 from env.cluster import add_cluster_flag
 from env.errors import UserError
 from env.output import add_out_flags, prepare_out_dir
@@ -26,7 +27,7 @@ OUTPUT_FILES = (SIZES_FILE, "card.md", PROFILES_DIR)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc sizes fit`."""
-    parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
+    parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
                         required=True,
                         help="past workload to learn job sizes from (repeatable): a CSV whose "
                              "jobs name their application and batch size")

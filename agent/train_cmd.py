@@ -6,10 +6,9 @@ import argparse
 import shlex
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from agent.training import TrainConfig
-from env.argtypes import POSITIVE_INT, SEED, above, at_least, within
+from env.argtypes import POSITIVE_INT, SEED, above, at_least, out_path, within
 from env.cluster import add_cluster_flag
 from env.efficiency import add_efficiency_flag
 
@@ -92,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload of the periodic evaluation that picks the exported "
                              "policy (repeatable; default: the first two training workloads;"
                              " never a held-out one)")
-    parser.add_argument("--out", type=Path, required=True, help="model directory")
+    parser.add_argument("--out", type=out_path, required=True, help="model directory")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--force", action="store_true",
                        help="replace an earlier run in OUT: its model, cards, config, "

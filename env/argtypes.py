@@ -1,4 +1,5 @@
-"""Argparse types for numeric flags and lists: a bad value is argparse's one-line error, exit 2.
+"""Argparse types for numeric flags, lists and output paths: a bad value is argparse's one-line
+error, exit 2.
 
 Every command checks its numbers where they are parsed, before any work starts, so a negative
 seed or a zero batch size never surfaces minutes later as a traceback from numpy or SB3.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 
 def _bounded(kind: Callable[[str], float], accept: Callable[[float], bool], rule: str,
@@ -53,6 +55,14 @@ POSITIVE_INT = at_least(1)
 """Counts that must be at least 1 (workers, environments, batch sizes, repeats)."""
 
 
+def out_path(text: str) -> Path:
+    """A flag type for a path to write to: refuses an empty one, which `Path` reads as the
+    current directory (an unset variable in `--out $DIR` wrote a model into it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a directory (or file) to write to")
+    return Path(text)
+
+
 def unique_names(text: str) -> list[str]:
     """A flag type: comma-separated names, blanks dropped, each at most once.
 
@@ -67,9 +77,11 @@ def unique_names(text: str) -> list[str]:
 
 class AppendOnce(argparse.Action):
     """``action="append"`` that refuses a value given twice, for flags whose values are compared
-    (`rlalloc evaluate` and `headroom` --workload): a workload repeated would count its
-    identical runs as independent samples and narrow the confidence intervals for nothing.
-    (Training takes a repeat as a weighting, so its --workload appends plainly.)"""
+    or counted (`rlalloc evaluate` and `headroom` --workload, `headroom --history`, `sizes fit`
+    and `planner fit` --workload): a workload repeated would count its identical runs as
+    independent samples and narrow the confidence intervals for nothing, or count its jobs
+    twice as past jobs. (Training takes a repeat as a weighting, so its --workload appends
+    plainly.)"""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:

@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from env.argtypes import out_path
 from env.errors import UserError
 
 
 def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
     """The --out directory and --force flags of a command whose results go through here."""
-    parser.add_argument("--out", type=Path, default=default,
+    parser.add_argument("--out", type=out_path, default=default,
                         help="output directory (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace results already in --out (otherwise refused)")
@@ -127,7 +128,7 @@ def _is_abandoned(staging: Path) -> bool:
 
 def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
     """--out FILE.json and --force of the `rlalloc bench` commands."""
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=out_path, default=None,
                         help="also write the figures as JSON to this file")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing --out file (otherwise refused)")

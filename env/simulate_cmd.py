@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from env.argtypes import SEED, above
+from env.argtypes import SEED, above, out_path
 from env.cluster import add_cluster_flag
 from env.efficiency import add_efficiency_flag
 from env.failures import parse_failure_rate
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_efficiency_flag(parser)
     parser.add_argument("--checkpoint-interval", type=above(0.0), default=None, metavar="SECONDS",
                         help="periodic checkpoint interval of every job (default: 1800)")
-    parser.add_argument("--out", type=Path, default=Path("runs/simulate"),
+    parser.add_argument("--out", type=out_path, default=Path("runs/simulate"),
                         help="directory for metrics.json (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="replace an existing metrics.json")
     parser.epilog = (f"exit status {UNFINISHED_EXIT_CODE}: the policy left jobs unfinished at "

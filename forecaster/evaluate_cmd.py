@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from env.argtypes import out_path
 from env.errors import UserError
 from env.output import out_dir_for_run, write_atomic, write_json
 from forecaster.artifacts import BASELINES_FILE, CARD_FILE, load_baselines, read_card
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "card.json lists is refused)")
     parser.add_argument("--model", type=Path, default=SHIPPED_MODEL_DIR,
                         help="trained forecaster directory (default: the shipped one)")
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--out", type=out_path, required=True, help="directory for the results")
     parser.add_argument("--force", action="store_true",
                         help=f"replace {RESULT_FILE} and {PLOT_FILE} already in --out "
                              "(otherwise refused)")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from env.argtypes import POSITIVE_INT, SEED
+from env.argtypes import POSITIVE_INT, SEED, out_path
 from env.errors import UserError
 from forecaster.artifacts import (
     BASELINES_FILE,
@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--series", nargs="+", type=Path, default=[],
                         help="per-minute cluster CSVs to train the demand forecaster on "
                              "(--model demand only)")
-    parser.add_argument("--out", type=Path, required=True, help="directory to write the model to")
+    parser.add_argument("--out", type=out_path, required=True,
+                        help="directory to write the model to")
     parser.add_argument("--force", action="store_true",
                         help="replace a model already in --out (otherwise refused)")
     parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
@@ -75,6 +76,9 @@ def _train_demand(args: argparse.Namespace) -> int:
 
     if not args.series:
         raise UserError("--series: give at least one per-minute cluster CSV to train on")
+    if twice := next((p for i, p in enumerate(args.series) if p in args.series[:i]), None):
+        raise UserError(f"--series {twice} is given twice; give each once (a series given twice "
+                        "would be trained on twice)")
     config = ForecasterConfig()
     overrides = {k: v for k, v in (("epochs", args.epochs), ("seed", args.seed)) if v is not None}
     config = replace(config, **overrides)

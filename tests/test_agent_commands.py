@@ -276,6 +276,17 @@ def test_a_run_stopped_after_its_last_steps_still_resumes_to_its_end(tmp_path):
     assert json.loads((out / "card.json").read_text())["timesteps"] == CONFIG.timesteps
 
 
+@pytest.mark.parametrize("argv", [["simulate"], [*TRAIN], [*EVALUATE], ["sizes", "fit"],
+                                  ["forecast", "train", "--series", "a.csv"],
+                                  ["forecast", "evaluate", "--series", "a.csv"]])
+def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, capsys,
+                                                                    monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    code, error, _ = run_cli([*argv, "--out", ""], capsys)
+    assert code == 2 and "--out" in error and "is empty" in error, error
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("argv, named", [
     ([*TRAIN, "--eval-every", "0"], "--eval-every"),
     ([*TRAIN, "--eval-every", "-5"], "--eval-every"),
@@ -303,6 +314,11 @@ def test_a_run_stopped_after_its_last_steps_still_resumes_to_its_end(tmp_path):
     (["headroom", "--seed", "-1"], "--seed"),
     (["headroom", "--jobs", "0"], "--jobs"),
     (["headroom", "--futures", "none,none"], "none twice"),
+    (["headroom", "--futures", "sampled-1h", "--history", "a.csv", "--history", "a.csv"],
+     "--history: a.csv is given twice"),
+    (["sizes", "fit", "--workload", "a.csv", "--workload", "a.csv"],
+     "--workload: a.csv is given twice"),
+    (["forecast", "train", "--series", "a.csv", "a.csv"], "--series a.csv is given twice"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, argv, named):
     out = tmp_path / "out"

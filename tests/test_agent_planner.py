@@ -288,7 +288,7 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
     (["--workload", "a", "--workload", "b", "--alternatives", ""], "--alternatives: give"),
     (["--workload", "a", "--workload", "b", "--alternatives", "elastic,elastic-srpt-0.25"],
      "other than --base elastic-srpt-0.25"),
-    (["--workload", "a", "--workload", "b", "--workload", "a"], "--workload a: listed twice"),
+    (["--workload", "a", "--workload", "b", "--workload", "a"], "--workload: a is given twice"),
     (["--workload", "a", "--workload", "b", "--horizon", "sampled-1h"], "--horizon"),
     (["--workload", "a", "--workload", "b", "--samples", "0"], "--samples"),
 ])

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from env.argtypes import out_path
 from env.errors import UserError
 from env.output import add_bench_out_flags, prepare_out_file, write_json
 from trainer_jobs.config import TrainConfig
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoints", type=int, default=10,
                         help="periodic checkpoints per mode in the stall phase (the first is "
                              "reported apart)")
-    parser.add_argument("--work-dir", type=Path, default=None,
+    parser.add_argument("--work-dir", type=out_path, default=None,
                         help="keep checkpoints and logs here; must be new or empty (default: "
                              "a temporary directory, removed at the end)")
 
