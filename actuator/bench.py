@@ -23,7 +23,7 @@ from actuator.guardrails import DecisionHistory, Policy, decide
 from actuator.main import load_policy
 from actuator.state_builder import Ledger, Observation, build_state
 from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
-from env.argtypes import POSITIVE_INT, SEED, at_least
+from env.argtypes import POSITIVE_INT, SEED, within
 from env.failures import NODE_FEATURE_NAMES
 from env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
 from env.signals import load_signals
@@ -37,10 +37,11 @@ from 0 if it mishandles one."""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench actuator`."""
-    parser.add_argument("--nodes", type=POSITIVE_INT, default=500,
-                        help="nodes (8 GPUs each) (default: %(default)s)")
-    parser.add_argument("--jobs", type=at_least(0), default=1000,
-                        help="jobs in the system (default: %(default)s)")
+    # bounded: 10^7 nodes took minutes and GBs before the first line, with no way to tell
+    parser.add_argument("--nodes", type=within(1, 100_000, int), default=500,
+                        help="nodes (8 GPUs each), at most 100,000 (default: %(default)s)")
+    parser.add_argument("--jobs", type=within(0, 1_000_000, int), default=1000,
+                        help="jobs in the system, at most 1,000,000 (default: %(default)s)")
     parser.add_argument("--policy", default="elastic",
                         help="policy name (agent.registry) (default: %(default)s)")
     parser.add_argument("--repeats", type=POSITIVE_INT, default=5,

@@ -46,7 +46,12 @@ def within(low: float, high: float, kind: Callable[[str], float] = float,
            ) -> Callable[[str], float]:
     """A flag type: a number of `kind`, finite and in [low, high]."""
     return _bounded(kind, lambda value: low <= value <= high,
-                    f"must be within [{low:g}, {high:g}]")
+                    f"must be within [{_plain(low)}, {_plain(high)}]")
+
+
+def _plain(number: float) -> str:
+    """A bound as a user types it: 1000000, not 1e+06."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
 SEED = at_least(0)

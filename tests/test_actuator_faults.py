@@ -890,10 +890,11 @@ def test_twin_takes_a_failure_rate_as_simulate_and_evaluate_do(tmp_path, capsys,
      "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
      "node-0001, node-0002"),
     (["twin", "--fail-node", "node-9999:60:120"], "its nodes are node-0000 ... node-0007"),
-    (["bench", "actuator", "--nodes", "0"], "argument --nodes: 0: must be at least 1"),
-    (["bench", "actuator", "--nodes", "-3"], "argument --nodes: -3: must be at least 1"),
+    (["bench", "actuator", "--nodes", "0"], "argument --nodes: 0: must be within [1, 100000]"),
+    (["bench", "actuator", "--nodes", "-3"], "argument --nodes: -3: must be within [1, 100000]"),
+    (["bench", "actuator", "--nodes", "9999999"], "--nodes: 9999999: must be within [1, 100000]"),
     (["bench", "actuator", "--repeats", "0"], "argument --repeats: 0: must be at least 1"),
-    (["bench", "actuator", "--jobs", "-5"], "argument --jobs: -5: must be at least 0"),
+    (["bench", "actuator", "--jobs", "-5"], "argument --jobs: -5: must be within [0, 1000000]"),
 ])
 def test_bad_twin_and_bench_flags_are_one_line(tmp_path, capsys, argv, expected):
     # a twin that wrongly accepts its flags stops after a second instead of running on

@@ -41,11 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_flags(parser, Path("runs/workloads"))
 
 
+MAX_SEEDS = 10_000
+"""Most workloads one `workload sample` writes (a file each): a range of 10^8 seeds built its
+list in 12 GB before writing anything."""
+
+
 def parse_seeds(text: str) -> list[int]:
-    """`--seeds` value: ``S``, ``S1,S2,...`` or ``FIRST-LAST`` (inclusive)."""
+    """`--seeds` value: ``S``, ``S1,S2,...`` or ``FIRST-LAST`` (inclusive), at most
+    `MAX_SEEDS` of them."""
     try:
         if "-" in text.strip("-"):
             first, last = (int(part) for part in text.split("-", 1))
+            if last - first >= MAX_SEEDS:
+                raise UserError(f"--seeds {text!r}: {last - first + 1:,} seeds, at most "
+                                f"{MAX_SEEDS:,} in one run; split the range")
             seeds = list(range(first, last + 1))
         else:
             seeds = [int(part) for part in text.split(",")]
