@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
 from env.errors import UserError
 from env.signals import SIGNAL_KINDS
 from env.telemetry_names import (
@@ -246,6 +247,10 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     if not config.prometheus_url.startswith(("http://", "https://")):
         problems["prometheus_url"] = (f"prometheus_url must start with http:// or https:// "
                                       f"(got {config.prometheus_url!r})")
+    for name, values in (("lease_namespace", (config.lease_namespace,)),
+                         ("namespaces", config.namespaces)):
+        if bad := next((v for v in values if not is_namespace_name(v)), None):
+            problems[name] = f"{name}: {bad!r} cannot name a namespace ({NAMESPACE_RULE})"
     if config.signals not in SIGNAL_KINDS:
         problems["signals"] = (f"signals must be one of {', '.join(SIGNAL_KINDS)} "
                                f"(got {config.signals!r})")

@@ -8,6 +8,8 @@ policies that reason about speed-up), and the placement the policy chose (per-no
 which node affinity alone cannot express).
 """
 
+import re
+
 PYTORCHJOB_GROUP = "kubeflow.org"
 PYTORCHJOB_VERSION = "v1"
 PYTORCHJOB_PLURAL = "pytorchjobs"
@@ -33,6 +35,17 @@ BETA_ANNOTATION = "rlalloc.io/scaling-beta"
 """Scaling-curve coefficients (see env.state.Jobs.scaling_alpha), optional."""
 RESTORE_ANNOTATION = "rlalloc.io/restore-seconds"
 """Checkpoint-restore time of the job, optional."""
+
+
+NAMESPACE_RULE = ("lowercase letters, digits and '-', at most 63, starting and ending with a "
+                  "letter or digit")
+"""What a namespace name may be (an RFC 1123 label), as errors say it."""
+
+
+def is_namespace_name(name: str) -> bool:
+    """Whether `name` can name a namespace (`NAMESPACE_RULE`). The API server answers any other
+    with a 404 that reads like a missing API, not a bad name."""
+    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is not None
 
 
 def format_placement(nodes: tuple[str, ...]) -> str:

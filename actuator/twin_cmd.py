@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from actuator.config import load_config
+from actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
 from env.argtypes import SEED, above, at_least, out_path, within
 from env.cluster import ClusterSpec
 from env.errors import UserError
@@ -59,6 +60,13 @@ _EVENTS_EVERY_S = 0.2
 """Wall seconds between looks at the twin's events (12 simulated seconds at 60x)."""
 
 
+def _namespace(text: str) -> str:
+    """A flag type: a valid namespace name (`is_namespace_name`)."""
+    if not is_namespace_name(text):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot name a namespace ({NAMESPACE_RULE})")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
@@ -80,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds per wall second (default: %(default)s)")
     parser.add_argument("--tick-s", type=above(0.0), default=0.25,
                         help="wall seconds per step (default: %(default)s)")
-    parser.add_argument("--namespace", default="default",
+    parser.add_argument("--namespace", type=_namespace, default="default",
                         help="namespace of the jobs (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to serve on (default: %(default)s)")

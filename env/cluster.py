@@ -195,6 +195,12 @@ def _cluster_from_yaml(path: Path) -> tuple[ClusterSpec, dict]:
         gpu_type = gpu_type_named(group.get("gpu_type", DEFAULT_GPU_TYPE), f"{where}.gpu_type")
         rack = _whole(group["rack"], f"{where}.rack", 0, MAX_NODES) if "rack" in group else None
         prefix = str(group.get("name_prefix", "node-"))
+        if not re.fullmatch(r"([a-z0-9][-a-z0-9.]*)?", prefix) or len(prefix) > 200:
+            # the twin and the actuator use these names as Kubernetes Node names: one that is
+            # not a DNS subdomain cannot be created, cordoned or pinned to (HTTP 404)
+            raise UserError(f"{where}.name_prefix {prefix!r}: node names must be Kubernetes "
+                            "names: lowercase letters, digits, '-' and '.', starting with a "
+                            "letter or digit, e.g. 'a100-'")
         nodes.extend(
             NodeSpec(f"{prefix}{i:04d}", gpus, gpu_type, i // per_rack if rack is None else rack)
             for i in range(len(nodes), len(nodes) + count)

@@ -890,6 +890,7 @@ def test_twin_takes_a_failure_rate_as_simulate_and_evaluate_do(tmp_path, capsys,
      "--fail-node node-9999: no such node in the cluster 3x4; its nodes are node-0000, "
      "node-0001, node-0002"),
     (["twin", "--fail-node", "node-9999:60:120"], "its nodes are node-0000 ... node-0007"),
+    (["twin", "--namespace", "Bad_NS!"], "argument --namespace: 'Bad_NS!' cannot name a namespace"),
     (["bench", "actuator", "--nodes", "0"], "argument --nodes: 0: must be within [1, 100000]"),
     (["bench", "actuator", "--nodes", "-3"], "argument --nodes: -3: must be within [1, 100000]"),
     (["bench", "actuator", "--nodes", "9999999"], "--nodes: 9999999: must be within [1, 100000]"),

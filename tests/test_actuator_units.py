@@ -323,6 +323,14 @@ def test_default_temperature_normal_is_the_simulators():
     assert "30m" not in settings["queries"]["temperature_excess_delta"]
 
 
+@pytest.mark.parametrize("setting", [{"lease_namespace": "Bad NS/x"},
+                                     {"namespaces": ("team-a", "Team_B")}])
+def test_namespaces_that_kubernetes_would_not_accept_are_refused(setting):
+    # the API server answers a bad namespace with a 404, which read as "no Kubernetes API"
+    with pytest.raises(UserError, match=f"{next(iter(setting))}: .* cannot name a namespace"):
+        ActuatorConfig(**setting)
+
+
 def test_signals_setting_is_validated():
     assert ActuatorConfig().signals == "standin"  # as in simulation
     with pytest.raises(UserError, match="signals must be one of none, standin, lstm"):
