@@ -208,6 +208,27 @@ def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
     write_atomic(directory / META_FILE, json.dumps(asdict(meta), indent=2) + "\n")
 
 
+def _check_algo(raw: dict) -> None:
+    """A ValueError unless ``algo`` and ``masked`` are what `export_model` writes: a PPO that
+    takes the argmax over valid actions, or a DQN that takes the plain one. Another algorithm
+    or a flipped flag loaded and ran, choosing actions as its network was never trained to."""
+    algo, masked = raw.get("algo"), raw.get("masked")
+    if algo not in ("ppo", "dqn") or masked is not (algo == "ppo"):
+        raise ValueError(f"algo {algo!r} with masked {masked!r}: this rlalloc runs a masked "
+                         "ppo or an unmasked dqn")
+
+
+def _residual_names(value: object) -> tuple[str, ...]:
+    """``residual`` as the heuristics' names; a ValueError for anything but a list of built-in
+    heuristic names (a damaged one was reported as an observation size mismatch)."""
+    from agent.registry import HEURISTICS
+
+    if not isinstance(value, list) or not all(name in HEURISTICS for name in value):
+        raise ValueError(f"residual {value!r}: not a list of heuristic names "
+                         f"({', '.join(HEURISTICS)})")
+    return tuple(value)
+
+
 def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
     """Load a saved model directory, with the profiles copied into it; a missing or foreign
     one, or a missing copy, is a `UserError`."""
@@ -222,10 +243,11 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
             raise TypeError(f"{META_FILE} holds a {type(raw).__name__}, not an object")
         if raw.get("format_version") not in READABLE_VERSIONS:
             raise UserError(f"{meta_path}: format_version {raw.get('format_version')!r}, this "
-                            f"rlalloc reads {READABLE_VERSIONS}; re-export the model")
+                            f"rlalloc reads {READABLE_VERSIONS}; train it again with this rlalloc")
         norm = raw.pop("obs_norm", None)
         raw["hidden_sizes"] = tuple(raw["hidden_sizes"])
-        raw["residual"] = tuple(raw.get("residual", ()))
+        _check_algo(raw)
+        raw["residual"] = _residual_names(raw.get("residual", []))
         raw["profiles"] = tuple(str(a) for a in raw.get("profiles", ()))
         if raw["profiles"] and raw.get("job_sizes") is None:
             raise ValueError("profiles without the job_sizes they go with")
@@ -239,7 +261,8 @@ def load_deployed(directory: Path, name: str | None = None) -> LearnedPolicy:
         expected_obs_size = meta.expected_obs_size()  # a foreign feature_spec fails here
     except (ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as err:
         raise UserError(f"{directory}: damaged saved policy ({err.__class__.__name__}: "
-                        f"{str(err).splitlines()[0][:120]}); re-export it") from err
+                        f"{str(err).splitlines()[0][:120]}); restore it from a copy or train "
+                        "it again (`rlalloc train`)") from err
     if meta.obs_size != expected_obs_size:
         raise UserError(f"{meta_path}: observation size {meta.obs_size} does not match this "
                         f"rlalloc's featurizer; retrain the model")

@@ -30,6 +30,7 @@ from forecaster.model import (
     load_demand_forecaster,
 )
 from forecaster.plot import plot_sample_day
+from forecaster.risk import RISK_MODEL_FILE
 from forecaster.series import load_demand_series
 from forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
 from forecaster.train_cmd import TORCH_THREADS
@@ -87,6 +88,10 @@ def _load_models(model: Path) -> tuple[LSTMForecaster, EWMAForecaster, HoltWinte
     """The LSTM, its stand-in and the fitted baselines of a trained model directory, loaded
     before anything is written: a directory missing one of them (a run that was copied in part,
     or the output of another command) is one line naming the file, not a traceback."""
+    if (model / RISK_MODEL_FILE).is_file():  # whose fix is not to train over it
+        raise UserError(f"--model {model}: holds a node-failure risk model (`forecast train "
+                        "--model risk`), not a demand forecaster; pass a `forecast train "
+                        "--model demand` directory (the shipped one: models/forecaster)")
     for name in (CONFIG_FILE, WEIGHTS_FILE, STANDIN_FILE, BASELINES_FILE):
         if not (model / name).is_file():
             raise UserError(f"--model {model}: no {name}; pass a complete `forecast train "

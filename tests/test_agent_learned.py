@@ -143,10 +143,13 @@ def test_a_file_of_a_saved_model_is_refused_naming_its_directory(tmp_path):
         load_policy(str(tmp_path / "empty"))
 
 
-@pytest.mark.parametrize("damage", ["weights-not-torch", "meta-a-list", "meta-foreign-spec"])
+@pytest.mark.parametrize("damage", ["weights-not-torch", "meta-a-list", "meta-foreign-spec",
+                                    "meta-algo-a2c", "meta-dqn-masked", "meta-residual-a-name",
+                                    "meta-residual-unknown"])
 def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
-    """Each of these tracebacked (UnpicklingError, AttributeError, TypeError) instead of
-    naming the directory and the fix."""
+    """Each of these tracebacked (UnpicklingError, AttributeError, TypeError), was reported as
+    an observation size mismatch (residual), or loaded and ran as another algorithm than it
+    was trained with (algo, masked), instead of naming the directory and the fix."""
     model = tmp_path / "model"
     model.mkdir()
     for name in ("policy.json", "policy.pt"):
@@ -158,10 +161,14 @@ def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
     elif damage == "meta-a-list":
         (model / "policy.json").write_text("[1, 2]\n")
     else:
-        meta["feature_spec"]["slots"] = 16
+        meta |= {"meta-foreign-spec": {"feature_spec": {**meta["feature_spec"], "slots": 16}},
+                 "meta-algo-a2c": {"algo": "a2c"}, "meta-dqn-masked": {"masked": True},
+                 "meta-residual-a-name": {"residual": "elastic"},
+                 "meta-residual-unknown": {"residual": ["nope"]}}[damage]
         (model / "policy.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match=f"^{re.escape(str(model))}: damaged saved policy .*; "
-                                        "re-export it$"):
+                                        r"restore it from a copy or train it again \(`rlalloc "
+                                        "train`\\)$"):
         load_policy(str(model))
 
 

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -229,6 +230,15 @@ def test_risk_model_refuses_series(tmp_path, capsys):
     assert main(["forecast", "train", "--model", "risk", "--series", "x.csv",
                  "--out", str(tmp_path / "r")]) == 2
     one_line_error(capsys, "--series", "simulated telemetry")
+
+
+def test_evaluate_of_a_risk_model_says_what_it_is_not_to_train_over_it(tmp_path, capsys):
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    risk = Path(__file__).resolve().parents[1] / "models" / "risk"
+    assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(risk),
+                 "--out", str(tmp_path / "eval")]) == 2
+    one_line_error(capsys, f"--model {risk}: holds a node-failure risk model", "--model demand")
+    assert not (tmp_path / "eval").exists()
 
 
 def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, capsys):

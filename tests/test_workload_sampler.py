@@ -103,6 +103,7 @@ def test_command_writes_loadable_files_and_never_overwrites(tmp_path):
     (["--num-jobs", "0"], "argument --num-jobs: 0: must be at least 1"),
     (["--seeds", "1,2,1"], "1 given more than once"),
     (["--seeds", "0-99999999"], "100,000,000 seeds, at most 10,000"),
+    (["--profiles", "/no/such"], "--profiles /no/such: no such folder; give a Pollux"),
 ])
 def test_command_rejects_bad_flags(tmp_path, capsys, flags, problem):
     assert main(["workload", "sample", "--philly", str(PHILLY_CSV), "--out",

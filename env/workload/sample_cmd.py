@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
     seeds = parse_seeds(args.seeds)
     reject_directory(args.philly, "--philly needs a file: the Pollux artifact's philly.csv")
+    if args.profiles is not None and not args.profiles.is_dir():
+        raise UserError(f"--profiles {args.profiles}: no such folder; give a Pollux app_profiles "
+                        "directory (shared/data/traces/pollux/app_profiles)")
     options_of = model_configurations(
         require_profiles(args.profiles, "`workload sample` without --profiles"))
     pool = read_philly_pool(args.philly)
