@@ -71,11 +71,13 @@ class Applier:
                 action.from_node not in built.state.nodes.name
                 or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):
             self._kube.cordon(action.from_node)
-        # a pinned move's placement may leave healthy nodes too: their pods keep running there
-        # (the affinity is IgnoredDuringExecution) unless deleted, as the failing node's are;
-        # unpinned, the scheduler places the failing node's replacements and nothing else moves
-        leaving = (misplaced_pods(ref.pods, action) if self._config.node_affinity
-                   else [p for p in ref.pods if p.node == action.from_node])
+        # every pod on a failing node goes, with grace 0 where it is unreachable (one the operator
+        # removes itself, of an index beyond the count, would stay Terminating on a dead kubelet
+        # and block its name); a pinned move's placement may leave healthy nodes too, whose
+        # pods keep running there (the affinity is IgnoredDuringExecution) unless deleted
+        leaving = [p for p in ref.pods if p.node == action.from_node]
+        if self._config.node_affinity:
+            leaving += [p for p in misplaced_pods(ref.pods, action) if p not in leaving]
         for pod in leaving:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             self._kube.delete_pod(pod.namespace, pod.name, grace)

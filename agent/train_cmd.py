@@ -102,9 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The `TrainConfig` that `rlalloc train` flags describe (the command line is kept in
-    ``extra`` so that the model card can show it)."""
+    ``extra`` so that the model card can show it); under --resume, settings without a flag
+    are the run's own (`saved_config`)."""
+    from agent.training import saved_config
+
+    base = (saved_config(args.out) if args.resume else None) or _DEFAULTS
     return replace(
-        _DEFAULTS, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
+        base, algo=args.algo, workloads=tuple(args.workloads or _DEFAULTS.workloads),
         cluster=args.cluster, timesteps=args.timesteps, seed=args.seed, failures=args.failures,
         efficiency=args.efficiency,
         n_envs=args.n_envs, n_steps=args.n_steps, batch_size=args.batch_size,

@@ -581,6 +581,19 @@ and checkpoints. Every other one is the run's (the network, the training setting
 the algorithm's settings, which SB3 restores from the checkpoint whatever a resume says)."""
 
 
+def saved_config(out: Path) -> TrainConfig | None:
+    """The `TrainConfig` of the run in `out` (its train_config.json), None if it has none: a
+    resume starts from it, so that the settings `rlalloc train` has no flag for (``n_epochs``,
+    ``clip_range``, ...) are the run's own rather than today's defaults."""
+    saved = _run_json(Path(out) / CONFIG_FILE)
+    if not saved:
+        return None
+    defaults = asdict(TrainConfig())
+    return replace(TrainConfig(), **{
+        key: tuple(value) if isinstance(defaults[key], tuple) else value
+        for key, value in saved.items() if key in defaults})
+
+
 def _run_json(path: Path) -> dict:
     """The object a run's JSON file (train_config.json, card.json) holds, {} if there is none;
     a one-line `UserError` naming it if it is damaged."""
@@ -633,8 +646,9 @@ def _start_run_dir(config: TrainConfig, out: Path, force: bool,
 
 def _with_earlier_commands(config: TrainConfig, out: Path) -> TrainConfig:
     """`config` with the command lines of the run it resumes (``extra["earlier_commands"]``,
-    oldest first): the resume rewrites train_config.json, and a resume may change settings
-    such as the workloads or --timesteps, so the command that started the run is kept."""
+    oldest first): the resume rewrites train_config.json, and a resume may change
+    --timesteps, --eval-every and --keep-checkpoints, so the command that started the run is
+    kept."""
     previous = _run_json(out / CONFIG_FILE).get("extra", {})
     earlier = [*previous.get("earlier_commands", []),
                *([previous["command"]] if "command" in previous else [])]

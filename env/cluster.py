@@ -195,7 +195,10 @@ def _cluster_from_yaml(path: Path) -> tuple[ClusterSpec, dict]:
         gpu_type = gpu_type_named(group.get("gpu_type", DEFAULT_GPU_TYPE), f"{where}.gpu_type")
         rack = _whole(group["rack"], f"{where}.rack", 0, MAX_NODES) if "rack" in group else None
         prefix = str(group.get("name_prefix", "node-"))
-        if not re.fullmatch(r"([a-z0-9][-a-z0-9.]*)?", prefix) or len(prefix) > 200:
+        # the first node's name against Kubernetes' DNS subdomain rule (the others differ in
+        # their digits alone)
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                            f"{prefix}0000") or len(prefix) > 200:
             # the twin and the actuator use these names as Kubernetes Node names: one that is
             # not a DNS subdomain cannot be created, cordoned or pinned to (HTTP 404)
             raise UserError(f"{where}.name_prefix {prefix!r}: node names must be Kubernetes "

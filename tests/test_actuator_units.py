@@ -368,8 +368,8 @@ def test_placement_patch_is_valid_and_keeps_the_users_own_affinity():
 
 
 def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
-                     config: ActuatorConfig, edit_jobs=lambda jobs: None) -> tuple:
-    """Serve `state` from a twin API (its job objects edited by `edit_jobs`), carry out
+                     config: ActuatorConfig, edit=lambda pods, jobs: None) -> tuple:
+    """Serve `state` from a twin API (its pod and job objects edited by `edit`), carry out
     `actions` with an `Applier` over a real `KubeClient`, and return (the state built from the
     API afterwards, the objects the API then holds by kind)."""
     from actuator.apply import Applier
@@ -377,7 +377,7 @@ def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
 
     names = {j: j for j in state.jobs.job_id}
     nodes, pods, jobs = cluster_objects(state, "default", names)
-    edit_jobs(jobs)
+    edit(pods, jobs)
     server = ApiServerThread(TwinKubeAPI()).start()
     try:
         for resource, objects in ((NODES, nodes), (PODS, pods), (PYTORCHJOBS, jobs)):
@@ -412,7 +412,7 @@ def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
 def test_a_suspended_job_keeps_its_request_and_range(tmp_path, node_affinity, elastic):
     # "run" (request 2, 1..4) never changed by rlalloc before (no request annotation yet):
     # suspending it through /scale sets its replicas to 0, which must not become its request
-    def unannotated(jobs: list[dict]) -> None:
+    def unannotated(pods: list[dict], jobs: list[dict]) -> None:
         del jobs[0]["metadata"]["annotations"][REQUESTED_WORKERS_ANNOTATION]
         if not elastic:
             del jobs[0]["spec"]["elasticPolicy"]
@@ -437,6 +437,25 @@ def test_a_move_deletes_every_pod_its_new_placement_leaves_and_cordons_the_faili
     _, held = _apply_over_http(tmp_path, state, [move], ActuatorConfig())
     assert held["pods"] == set()  # both workers go: the operator recreates them on node-c
     assert held["nodes"] == {"node-a": True, "node-b": False, "node-c": False}
+
+
+def test_a_move_deletes_a_pod_on_the_failing_node_beyond_the_worker_count(tmp_path):
+    # worker-1 is gone (still terminating from an earlier move, say): worker-2 on the failing
+    # node has an index the operator would remove itself, with a grace a dead kubelet never
+    # honours; the move must delete it as it does every pod there
+    def renumbered(pods: list[dict], jobs: list[dict]) -> None:
+        second = pods[1]
+        second["metadata"]["name"] = "run-worker-2"
+        second["metadata"]["labels"]["training.kubeflow.org/replica-index"] = "2"
+
+    nodes = Nodes.from_records([NodeInfo("node-a", 4, 3), NodeInfo("node-b", 4, 3),
+                                NodeInfo("node-c", 4, 4)])
+    jobs = Jobs.from_records([JobInfo("run", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2,
+                                      placement=(0, 1), throughput=2.0)])
+    state = ClusterState(time_s=1000.0, nodes=nodes, jobs=jobs, demand=Demand())
+    move = Action(ActionKind.MIGRATE, "run", 2, ("node-a", "node-c"), from_node="node-b")
+    _, held = _apply_over_http(tmp_path, state, [move], ActuatorConfig(), renumbered)
+    assert held["pods"] == {("run-worker-0", "node-a")}
 
 
 def test_the_projected_state_has_a_moved_jobs_failing_node_cordoned():

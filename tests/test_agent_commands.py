@@ -98,7 +98,7 @@ def test_a_resume_on_another_setting_is_refused_naming_the_run_s(tmp_path, chang
 
 def test_a_resumed_run_keeps_the_commands_it_continues(tmp_path):
     """A resume rewrites train_config.json and the card with its own command line (it may
-    change the workloads or --timesteps); the commands before it stay on record."""
+    change --timesteps); the commands before it stay on record."""
     commands = ["rlalloc train (first)", "rlalloc train --resume (second)",
                 "rlalloc train --resume (third)"]
     train(replace(CONFIG, extra={"command": commands[0]}), tmp_path, log=quiet)
@@ -249,6 +249,17 @@ def test_a_resume_of_a_run_with_a_damaged_file_is_refused_before_it_trains(
     with pytest.raises(UserError, match=f"{name}.*(damaged|does not load)"):
         train(replace(CONFIG, timesteps=384), tmp_path, resume=True, log=quiet)
     assert files(tmp_path) == before
+
+
+def test_the_command_resumes_a_run_whose_settings_it_has_no_flag_for(tmp_path, capsys):
+    """CONFIG's net_arch (32,) and bc_epochs 2 have no flag: taken at today's defaults, they
+    made every command-line resume of the run a refusal naming flags that do not exist."""
+    out = tmp_path / "model"
+    train(CONFIG, out, log=quiet)
+    assert main([*TRAIN, "--timesteps", "256", "--resume", "--out", str(out)]) == 0
+    saved = json.loads((out / "train_config.json").read_text())
+    assert (saved["net_arch"], saved["bc_epochs"], saved["timesteps"]) == ([32], 2, 256)
+    capsys.readouterr()
 
 
 def test_a_resume_that_adds_no_steps_is_refused_and_leaves_the_run_as_it_was(tmp_path):

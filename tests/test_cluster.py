@@ -64,6 +64,8 @@ def test_a_cluster_record_gives_the_same_cluster_back_without_the_file(tmp_path)
      "nodes[0].name_prefix 'a b/c': node names must be Kubernetes names"),
     ("nodes:\n  - {count: 2, gpus: 4, name_prefix: GPU-}\n", "name_prefix 'GPU-'"),
     ("nodes:\n  - {count: 2, gpus: 4, name_prefix: -a}\n", "name_prefix '-a'"),
+    ("nodes:\n  - {count: 2, gpus: 4, name_prefix: a.-}\n", "name_prefix 'a.-'"),
+    ("nodes:\n  - {count: 2, gpus: 4, name_prefix: a..}\n", "name_prefix 'a..'"),
 ])
 def test_bad_yaml_is_one_clear_error(tmp_path, text, fragment):
     path = tmp_path / "bad.yaml"

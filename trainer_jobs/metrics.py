@@ -46,7 +46,8 @@ class TrainerMetrics:
         self._world_size = gauge(TRAINER_WORLD_SIZE, "Workers in the current rendezvous")
         self._loss = gauge(TRAINER_LOSS, "Training loss of the latest step")
         self._last_checkpoint_time = gauge(
-            TRAINER_LAST_CHECKPOINT_TIME, "Unix time the latest complete checkpoint was committed")
+            TRAINER_LAST_CHECKPOINT_TIME,
+            "Unix time of the latest checkpoint commit, or of the (re)start if later")
         self._last_checkpoint_step = gauge(
             TRAINER_LAST_CHECKPOINT_STEP, "Step stored in the latest complete checkpoint")
         self._checkpoint_duration = gauge(

@@ -205,9 +205,9 @@ class TwinExporter:
                                              "to run", labels=labels),
             "world_size": GaugeMetricFamily(TRAINER_WORLD_SIZE, "Workers in the current "
                                             "rendezvous", labels=labels),
-            "last_checkpoint_s": GaugeMetricFamily(TRAINER_LAST_CHECKPOINT_TIME, "Unix time the "
-                                                   "latest complete checkpoint was committed",
-                                                   labels=labels),
+            "last_checkpoint_s": GaugeMetricFamily(TRAINER_LAST_CHECKPOINT_TIME, "Unix time of "
+                                                   "the latest checkpoint commit, or of the "
+                                                   "(re)start if later", labels=labels),
             "checkpoint_step": GaugeMetricFamily(TRAINER_LAST_CHECKPOINT_STEP, "Step stored in "
                                                  "the latest complete checkpoint", labels=labels),
         }

@@ -60,6 +60,9 @@ def parse_seeds(text: str) -> list[int]:
             seeds = [int(part) for part in text.split(",")]
     except ValueError:
         seeds = []
+    if len(seeds) > MAX_SEEDS:
+        raise UserError(f"--seeds {text[:40]!r}...: {len(seeds):,} seeds, at most {MAX_SEEDS:,} "
+                        "in one run; split the list")
     if not seeds or min(seeds) < 0:
         raise UserError(f"--seeds {text!r}: give S, S1,S2,... or FIRST-LAST with seeds >= 0 "
                         "and FIRST <= LAST")
