@@ -41,9 +41,11 @@ _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 
 
 def scale_action(state: ClusterState, row: int, workers: int,
-                 strategy: Strategy = Strategy.PACKED) -> Action | None:
-    """'Run job `row` on `workers` GPUs placed by `strategy`' (None if they do not fit)."""
-    nodes = choose_nodes(state, row, workers, strategy)
+                 strategy: Strategy = Strategy.PACKED,
+                 avoid: np.ndarray | None = None) -> Action | None:
+    """'Run job `row` on `workers` GPUs placed by `strategy`', on no node `avoid` marks (None if
+    they do not fit)."""
+    nodes = choose_nodes(state, row, workers, strategy, avoid=avoid)
     if nodes is None:
         return None
     names = state.nodes.name
@@ -198,6 +200,12 @@ class ElasticConfig:
     remaining time first does for average JCT. 0 for "elastic"; 0.5 ("elastic-srpt") gave
     3,113 vs 3,473 s average JCT on Pollux workload-1..6 (1.0: 3,326 s)."""
 
+    @property
+    def restarts_failed_first(self) -> bool:
+        """Whether failure-stopped jobs restart first: `failover`, or `proactive`, which
+        implies it (testing `failover` alone, proactive's targets ranked them last)."""
+        return self.failover or self.proactive
+
 
 @dataclass(frozen=True, slots=True)
 class SizeTable:
@@ -330,8 +338,9 @@ class ElasticPolicy:
         target[running] = table.sizes[running, 0]
         capacity -= int(target[running].sum())
         queued = np.flatnonzero(~restoring & (jobs.status == _QUEUED) & (table.count > 0))
-        restart_first = self._failed(state)[queued] if self.config.failover else np.zeros(
-            len(queued), dtype=bool)
+        restart_first = (self._failed(state)[queued]
+                         if self.config.restarts_failed_first
+                         else np.zeros(len(queued), dtype=bool))
         queued = queued[np.lexsort((jobs.submit_s[queued], jobs.attained_gpu_s[queued],
                                     ~restart_first))]
         smallest = table.sizes[:, 0].tolist()
@@ -393,7 +402,7 @@ class ElasticPolicy:
                 return action
         target = self.targets(state, table)
         _, free = usable_gpus(state)
-        if self.config.failover or self.config.proactive:
+        if self.config.restarts_failed_first:
             action = self._restart_failed(state, table, target, free)
             if action is not None:
                 return action
@@ -473,8 +482,9 @@ class ElasticPolicy:
 
     def _evacuate(self, state: ClusterState, table: SizeTable) -> Action | None:
         """Proactive failover: move a job off its most at-risk node (as the featurizer's
-        migrate action does); if the rest of the cluster cannot hold it, shrink it onto
-        healthy GPUs."""
+        migrate action does, but onto no at-risk node: placed as it places, a node at risk by
+        its score alone, not warned, could be the best fit, and the move was given up); if the
+        rest of the cluster cannot hold it, shrink it onto healthy GPUs."""
         at_risk = at_risk_nodes(state)
         if not at_risk.any():
             return None
@@ -485,15 +495,14 @@ class ElasticPolicy:
                 continue
             src = Featurizer._migration_source(state, row)
             nodes = choose_nodes(state, row, int(jobs.workers[row]), Strategy.PACKED,
-                                 exclude_node=src)
-            if nodes is not None and not at_risk[list(nodes)].any():
+                                 exclude_node=src, avoid=at_risk)
+            if nodes is not None:
                 return Action(ActionKind.MIGRATE, jobs.job_id[row], len(nodes),
                               tuple(names[n] for n in nodes), from_node=names[src])
             for size in table.of(row)[::-1].tolist():
                 if size >= jobs.workers[row]:
                     continue
-                action = scale_action(state, row, size)
-                if action is not None and not at_risk[[state.nodes.name.index(n)
-                                                       for n in action.nodes]].any():
+                action = scale_action(state, row, size, avoid=at_risk)
+                if action is not None:
                     return action
         return None

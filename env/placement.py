@@ -35,8 +35,10 @@ def _free_list(state: ClusterState, job_row: int | None, exclude_node: int) -> l
 
 
 def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strategy: Strategy,
-                 exclude_node: int = -1) -> tuple[int, ...] | None:
-    """Node index of each of `workers` workers (sorted), or None if they do not fit.
+                 exclude_node: int = -1,
+                 avoid: np.ndarray | None = None) -> tuple[int, ...] | None:
+    """Node index of each of `workers` workers (sorted), or None if they do not fit; none on
+    `exclude_node` nor on a node `avoid` (bool per node) marks.
 
     PACKED puts the job on as few nodes as possible, choosing the best-fitting node for the
     remainder; SPREAD fills the most fragmented nodes first. Warned nodes come last in both.
@@ -46,6 +48,8 @@ def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strateg
     if workers <= 0:
         return ()
     free = _free_list(state, job_row, exclude_node)
+    if avoid is not None:
+        free = [0 if avoided else f for f, avoided in zip(free, avoid.tolist(), strict=True)]
     warned = state.nodes.warned
     healthy_free = ([0 if w else f for f, w in zip(free, warned.tolist(), strict=True)]
                     if warned.any() else free)

@@ -193,6 +193,18 @@ def test_reactive_restarts_a_failed_job_at_once_on_fewer_gpus():
     assert action.job_id == "failed" and action.workers == 2
 
 
+def test_proactive_plans_a_failed_job_first_as_reactive_does():
+    # no node at risk: proactive is reactive; it ranked the failed job (much attained service)
+    # last among the queued, and restarted it on 1 GPU instead of 2
+    failed = job("failed", Q, 4, attained_gpu_s=50_000.0, run_s=3_000.0, progress=0.3)
+    new = [job(f"new-{i}", Q, 1, submit_s=100.0 + i) for i in range(4)]
+    state = make_state([4, 4], [failed, *new])
+    reactive, proactive = load_policy("reactive"), load_policy("proactive")
+    assert proactive.targets(state).tolist() == reactive.targets(state).tolist()
+    assert proactive.act(state) == reactive.act(state)
+    assert reactive.act(state).job_id == "failed"
+
+
 def test_proactive_moves_a_job_off_a_warned_node():
     on_warned = job("victim", R, 2, placement=(0, 0), run_s=600.0, progress=0.2)
     state = make_state([2, 4], [on_warned], warned=(0,))
@@ -201,6 +213,19 @@ def test_proactive_moves_a_job_off_a_warned_node():
     assert "node-0" not in action.nodes and len(action.nodes) == 2
     # the non-proactive variants leave it where it is
     assert load_policy("reactive").act(state).kind != ActionKind.MIGRATE
+
+
+def test_proactive_moves_a_job_past_a_node_at_risk_by_its_score_alone():
+    # node-1 is the tightest fit but at risk by score (not warned); node-2 is healthy: the move
+    # went nowhere, since every placement found landed on node-1
+    on_warned = job("victim", R, 4, placement=(0,) * 4, run_s=600.0, progress=0.2)
+    nodes = Nodes.from_records([NodeInfo("node-0", 4, 0, xid_errors_5m=3),
+                                NodeInfo("node-1", 4, 4, failure_risk=0.6),
+                                NodeInfo("node-2", 4, 4)])
+    state = ClusterState(10_000.0, nodes, Jobs.from_records([on_warned]), Demand())
+    action = load_policy("proactive").act(state)
+    assert (action.kind, action.nodes, action.from_node) == (
+        ActionKind.MIGRATE, ("node-2",) * 4, "node-0")
 
 
 @pytest.mark.parametrize("name", list(HEURISTICS))

@@ -107,6 +107,16 @@ def test_pollux_unknown_application(tmp_path):
     assert f"{path}: row 2 (line 3): unknown application 'gpt5'" in message
 
 
+@needs_profiles
+def test_pollux_names_equal_but_for_spaces_are_one_repeated_name(tmp_path):
+    # the ids are the stripped names: "jobA " was let through, and the simulator asserted
+    path = write_csv(
+        tmp_path,
+        "name,time,application,num_replicas,batch_size\njobA,0,ncf,1,256\njobA ,5,ncf,1,256\n",
+    )
+    assert f"{path}: row 2 (line 3): name repeats an earlier job's" in rejected(path)
+
+
 # --- canonical CSV -----------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from env.cluster import ClusterSpec
 from env.profiles import AppProfile, restore_s
@@ -79,7 +80,7 @@ def load_pollux(
         path, df["name"].isna().to_numpy() | (names == ""), "name is empty", "name every job"
     )
     reject_rows(
-        path, df["name"].duplicated().to_numpy(), "name repeats an earlier job's",
+        path, pd.Series(names).duplicated().to_numpy(), "name repeats an earlier job's",
         "make job names unique",
     )
     submit_s = seconds(path, df, "time", MAX_SUBMIT_S)
