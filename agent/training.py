@@ -35,7 +35,7 @@ from rich.progress import Progress
 
 from agent.deployed import META_FILE, RETRAIN_TOLD, WEIGHTS_FILE, load_deployed
 from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
-from agent.evaluation import run_policy
+from agent.evaluation import GiveUp, run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.heuristics import Speedups
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
@@ -280,17 +280,44 @@ def _resumed_profiles(out: Path) -> tuple[str, ...] | None:
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
-                 seed: int = 0, on_progress: Callable[[int], None] | None = None) -> float:
+                 seed: int = 0, on_progress: Callable[[int], None] | None = None,
+                 give_up: dict[str, GiveUp] | None = None) -> float:
     """Mean average JCT of `policy` (a `Policy.act`) over `workloads`, one run each (infinite
-    if a run leaves jobs unfinished); `on_progress` is told each job finished."""
+    if a run leaves jobs unfinished, or is given up as its workload's `give_up` says);
+    `on_progress` is told each job finished."""
     params = config.sim_params()
     jcts = []
     for workload in workloads:
         sim = build_scenario(workload, config.cluster, seed=seed,
                              efficiency=config.efficiency).simulator(params, seed=seed)
-        result = run_policy(sim, policy, on_progress=on_progress)
-        jcts.append(result.metrics["avg_jct_s"] if result.finished else float("inf"))
+        result = run_policy(sim, policy, on_progress=on_progress,
+                            give_up=(give_up or {}).get(workload, GiveUp()))
+        jcts.append(result.metrics["avg_jct_s"] if result.finished else math.inf)
     return float(np.mean(jcts))
+
+
+GIVE_UP_FACTOR = 3.0
+"""A periodic evaluation's run is given up (counted as unfinished) once its average JCT is sure
+to exceed this many times `static`'s on the workload, or a job has waited this many times
+static's longest JCT: a random start ran every evaluation to the time limit, over 15 minutes
+on one Pollux workload (a few jobs it never finished), to learn only that it was far worse
+than first come first served, which no export would take."""
+
+
+def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
+                   on_progress: Callable[[int], None] | None = None) -> dict[str, GiveUp]:
+    """Per workload, when `evaluate_jct` gives a run up: `GIVE_UP_FACTOR` x `static`'s average
+    and longest JCT (no bound where static leaves jobs unfinished)."""
+    params = config.sim_params()
+    bounds = {}
+    for workload in workloads:
+        sim = build_scenario(workload, config.cluster,
+                             efficiency=config.efficiency).simulator(params)
+        static = run_policy(sim, load_policy("static").act, on_progress=on_progress)
+        bounds[workload] = (GiveUp(GIVE_UP_FACTOR * static.metrics["avg_jct_s"],
+                                   GIVE_UP_FACTOR * max(static.jcts_s)) if static.finished
+                            else GiveUp())
+    return bounds
 
 
 DQN_LEARNING_STARTS = 1000
@@ -402,6 +429,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             summary["warm_start"] = _start(config, model, log, progress, recordings, sizes,
                                            speedups, profiles)
         best = min(map(_jct_read, summary["evaluations"]), default=math.inf)
+        with _task(progress, "evaluate static (the bound to give up at)", eval_jobs) as advance:
+            give_up = give_up_bounds(config, eval_workloads, on_progress=advance)
 
         def evaluate_now(step: int) -> float:
             nonlocal best
@@ -409,7 +438,8 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             policy = in_memory_policy(net, config.algo, spec, residual=config.residual,
                                       sizes=sizes, speedups=speedups)
             with _task(progress, f"evaluate step {step:,}", eval_jobs) as advance:
-                jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance)
+                jct = evaluate_jct(policy.act, config, eval_workloads, on_progress=advance,
+                                   give_up=give_up)
             summary["evaluations"].append({"timesteps": step, "avg_jct_s": _jct_json(jct),
                                            "wall_s": time.perf_counter() - started})
             write_json(out / CARD_FILE, summary)  # kept if killed
@@ -756,9 +786,10 @@ def _nothing_exported(out: Path, evaluations: list[dict]) -> str:
     """Why a run ended without a policy, and what to do (one line)."""
     steps = ", ".join(f"{e['timesteps']:,}" for e in evaluations)
     return (f"{out}: no evaluation finished every job (steps {steps}: the policy left jobs "
-            "waiting until the time limit), so no policy was exported, as it would strand "
-            "jobs in a cluster too; checkpoints and card.json are kept: continue with --resume "
-            "and a larger --timesteps, or change --warm-start, --dagger-rounds or "
+            "waiting until the time limit, or was given up as over "
+            f"{GIVE_UP_FACTOR:g}x worse than static), so no policy was exported, as it "
+            "would strand jobs in a cluster too; checkpoints and card.json are kept: continue "
+            "with --resume and a larger --timesteps, or change --warm-start, --dagger-rounds or "
             "--learning-rate")
 
 

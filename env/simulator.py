@@ -242,16 +242,23 @@ class Simulator:
 
     def run(self, policy: Callable[[ClusterState], Action],
             on_progress: Callable[[int], None] | None = None,
-            limit_s: float | None = None) -> bool:
+            limit_s: float | None = None, give_up_avg_jct_s: float = math.inf,
+            give_up_job_s: float = math.inf) -> bool:
         """Run to the end: at each decision point ask `policy` until it says no-op.
 
         A policy that never finishes some job would keep the clock ticking for ever, so the
-        run also stops once the clock passes `limit_s` (default `time_limit_s`). Returns
-        whether every job finished.
+        run also stops once the clock passes `limit_s` (default `time_limit_s`); and, for a
+        caller that only needs to know a run is hopeless, once the jobs' time in the system
+        so far per job of the workload (a lower bound of the average JCT the run would end
+        with) exceeds `give_up_avg_jct_s`, or one job has been in the system longer than
+        `give_up_job_s`. Returns whether every job finished.
         """
         limit = time_limit_s(self) if limit_s is None else limit_s
+        give_up_s = give_up_avg_jct_s * len(self.workload.jobs)
         completed = 0
-        while not self.done and self.time_s <= limit:
+        while (not self.done and self.time_s <= limit
+               and self.accounting.jobs_in_system_s <= give_up_s
+               and self.longest_in_system_s() <= give_up_job_s):
             self.decisions += 1
             for _ in range(self.params.max_actions_per_decision):
                 action = policy(self.state())
@@ -262,6 +269,12 @@ class Simulator:
                 on_progress(self.accounting.jobs_completed - completed)
                 completed = self.accounting.jobs_completed
         return self.done
+
+    def longest_in_system_s(self) -> float:
+        """How long the job longest in the system has been there (0 when none is): the
+        oldest arrival still active, as `_active` keeps arrival order."""
+        oldest = next(iter(self._active), None)
+        return 0.0 if oldest is None else self.time_s - float(self._submit[oldest])
 
     def apply(self, action: Action) -> bool:
         """Carry out `action` now; an invalid one changes nothing, is counted, returns False."""

@@ -5,6 +5,7 @@ earlier one exactly as it was."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 import warnings
@@ -16,10 +17,13 @@ import torch
 import yaml
 
 from agent import training
+from agent.evaluation import GiveUp, run_policy
+from agent.registry import load_policy
 from agent.training import TrainConfig, train
 from env.cli import main
 from env.cluster import parse_cluster
 from env.errors import UserError
+from env.scenario import build_scenario
 
 torch.set_num_threads(1)
 TINY = ("synthetic:12:1.5",)
@@ -505,6 +509,30 @@ def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monk
         sizes.append(model.replay_buffer.size()), learn(model, *args, **kwargs))[1])
     train_to(2300, resume=True)
     assert sizes and min(sizes) >= training.DQN_LEARNING_STARTS
+
+
+def test_an_evaluation_far_worse_than_static_is_given_up_early():
+    """A random start leaves jobs waiting: each periodic evaluation ran to the time limit (over
+    15 minutes on one Pollux workload) to score "unfinished"; it now stops once its average
+    JCT is sure to exceed GIVE_UP_FACTOR x static's (or a job waited that many times static's
+    longest JCT), and scores the same."""
+    from env.state import NOOP
+
+    static = run_policy(build_scenario(TINY[0], CONFIG.cluster).simulator(CONFIG.sim_params()),
+                        load_policy("static").act)
+    bounds = training.give_up_bounds(CONFIG, TINY)
+    assert bounds[TINY[0]] == GiveUp(
+        pytest.approx(training.GIVE_UP_FACTOR * static.metrics["avg_jct_s"]),
+        pytest.approx(training.GIVE_UP_FACTOR * max(static.jcts_s)))
+    decisions = {"bounded": 0, "unbounded": 0}
+    for name, give_up in (("bounded", bounds), ("unbounded", None)):
+
+        def idle(state: object, counted: str = name) -> object:
+            decisions[counted] += 1
+            return NOOP
+
+        assert training.evaluate_jct(idle, CONFIG, TINY, give_up=give_up) == math.inf
+    assert 0 < 5 * decisions["bounded"] < decisions["unbounded"]
 
 
 def test_a_run_killed_while_saving_a_checkpoint_leaves_no_truncated_one(tmp_path,

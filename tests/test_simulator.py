@@ -457,6 +457,31 @@ def test_a_run_stopped_at_the_time_limit_reports_utilisation_over_its_whole_span
     assert 0.0 < metrics["gpu_busy_util"] <= metrics["gpu_util"] <= 1.0
 
 
+def test_a_run_is_given_up_once_its_average_jct_is_sure_to_exceed_the_bound():
+    # nothing ever starts: the two jobs' time in the system grows 2 s a second, so the average
+    # JCT passes 1,000 s at 1,000 s, long before the time limit; a run that finishes under the
+    # bound is not touched by it
+    step = SimParams().decision_interval_s
+    idle = simulator([job("a", 0.0, 1, work=600.0), job("b", 0.0, 1, work=600.0)])
+    assert idle.run(lambda s: NOOP, give_up_avg_jct_s=1_000.0) is False
+    assert 1_000.0 <= idle.time_s <= 1_000.0 + step < time_limit_s(idle)
+    # one job left waiting while the rest finish: the longest wait gives it up
+    stranded = simulator([job("a", 0.0, 1, work=600.0), job("b", 0.0, 1, work=600.0)])
+
+    def only_a(state: ClusterState) -> Action:
+        queued = [job_id for job_id, status in zip(state.jobs.job_id, state.jobs.status,
+                                                   strict=True) if status == JobStatus.QUEUED]
+        return Action(ActionKind.SCALE, "a", 1, ("node-0000",)) if "a" in queued else NOOP
+
+    assert stranded.run(only_a, give_up_job_s=5_000.0) is False
+    assert stranded.accounting.jobs_completed == 1
+    assert 5_000.0 <= stranded.time_s <= 5_000.0 + step < time_limit_s(stranded)
+    assert stranded.longest_in_system_s() == pytest.approx(stranded.time_s)
+    bounded, free = (simulator([job("a", 0.0, 1, work=600.0)]) for _ in range(2))
+    assert bounded.run(fifo, give_up_avg_jct_s=1_000.0) and free.run(fifo)
+    assert bounded.accounting.summary() == free.accounting.summary()
+
+
 def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():
     days_40 = 40 * 86_400.0
     sim = simulator([job("a", 0.0, 1, work=days_40), job("b", 3600.0, 1, work=60.0)])
