@@ -8,6 +8,7 @@ directory never holds half of one run's files and half of another's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,12 @@ def load_baselines(directory: Path) -> HoltWintersParams:
 def write_card(directory: Path, card: dict[str, Any]) -> None:
     """Write the machine-readable model card."""
     (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes: which series a model was trained on, wherever a copy of
+    it lies (`forecast evaluate` refuses them)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def read_card(directory: Path) -> dict[str, Any]:

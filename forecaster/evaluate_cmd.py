@@ -19,7 +19,13 @@ import torch
 from env.argtypes import out_path
 from env.errors import UserError
 from env.output import out_dir_for_run, write_atomic, write_json
-from forecaster.artifacts import BASELINES_FILE, CARD_FILE, load_baselines, read_card
+from forecaster.artifacts import (
+    BASELINES_FILE,
+    CARD_FILE,
+    file_sha256,
+    load_baselines,
+    read_card,
+)
 from forecaster.baselines import HoltWintersParams
 from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, evaluate_series
 from forecaster.model import (
@@ -121,7 +127,8 @@ def _refuse_training_series(series: Path, model: Path) -> None:
         raise UserError(f"--model {model}: {CARD_FILE} is not a readable model card; train it "
                         "again with `forecast train --out DIR --force`")
     trained_on = card.get("trained_on", [])
-    if any(Path(path).is_file() and Path(path).samefile(series) for path in trained_on):
+    if (any(Path(path).is_file() and Path(path).samefile(series) for path in trained_on)
+            or file_sha256(series) in card.get("trained_on_sha256", [])):
         raise UserError(f"--series {series}: --model {model} was trained on it (its "
                         f"{CARD_FILE}), so its errors there would flatter it; pass a series "
                         "it was not trained on")

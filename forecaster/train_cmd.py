@@ -22,6 +22,7 @@ from env.errors import UserError
 from forecaster.artifacts import (
     BASELINES_FILE,
     CARD_FILE,
+    file_sha256,
     save_baselines,
     staged_model_dir,
     write_card,
@@ -97,8 +98,10 @@ def _train_demand(args: argparse.Namespace) -> int:
             "model": "LSTM demand forecaster",
             "demand": "(running_gpu_num + pending_gpu_num) / total_gpu_num "
                       "(Philly: active / total)",
-            # absolute: `forecast evaluate` refuses these files from any working directory
+            # `forecast evaluate` refuses these files from any working directory, and copies
+            # of them anywhere (by content: a shipped card cannot name this machine's paths)
             "trained_on": [str(p.resolve()) for p in args.series],
+            "trained_on_sha256": [file_sha256(p) for p in args.series],
             "command": _command_line(),
             "config": config.to_json(),
             "training": asdict(report),

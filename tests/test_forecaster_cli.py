@@ -241,6 +241,26 @@ def test_evaluate_of_a_risk_model_says_what_it_is_not_to_train_over_it(tmp_path,
     assert not (tmp_path / "eval").exists()
 
 
+def test_the_shipped_model_refuses_its_training_series_from_any_directory(
+        tmp_path, monkeypatch, capsys):
+    # its card names them relative to the checkout (../shared/...): from elsewhere the paths
+    # named nothing, and the model was scored on the series it was trained on
+    root = Path(__file__).resolve().parents[1]
+    card = json.loads((root / "models" / "forecaster" / "card.json").read_text())
+    trained = root / card["trained_on"][0]
+    if not trained.is_file():
+        pytest.skip("the shared Helios series are absent")
+    copy = tmp_path / "elsewhere" / "series.csv"
+    copy.parent.mkdir()
+    shutil.copy(trained, copy)
+    monkeypatch.chdir(tmp_path)
+    for series in (trained, copy):
+        assert main(["forecast", "evaluate", "--series", str(series), "--model",
+                     str(root / "models" / "forecaster"), "--out", str(tmp_path / "e")]) == 2
+        one_line_error(capsys, "trained on it")
+    assert not (tmp_path / "e").exists()
+
+
 def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, capsys):
     held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
     out = tmp_path / "eval"
