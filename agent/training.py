@@ -171,6 +171,13 @@ class TrainConfig:
     evaluation; `--resume` needs only the newest, and the best policy is exported apart."""
     eval_workloads: tuple[str, ...] = ()
     """Workloads of the periodic evaluation (default: the first two training workloads)."""
+    give_up_factor: float = 3.0
+    """A periodic evaluation's run is given up (counted as unfinished) once its average JCT is
+    sure to exceed this many times `static`'s on the workload, or a job has waited this many
+    times static's longest JCT (`give_up_bounds`; 0: never). A random start ran every
+    evaluation to the time limit, over 15 minutes on one Pollux workload (a few jobs it never
+    finished), to learn only that it was far worse than first come first served; no export
+    should take such a policy."""
     dqn_buffer_size: int = 100_000
     dqn_exploration: tuple[float, float] = (0.05, 0.01)
     """DQN epsilon start and end (small: the warm start already acts like the heuristic)."""
@@ -296,26 +303,20 @@ def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ..
     return float(np.mean(jcts))
 
 
-GIVE_UP_FACTOR = 3.0
-"""A periodic evaluation's run is given up (counted as unfinished) once its average JCT is sure
-to exceed this many times `static`'s on the workload, or a job has waited this many times
-static's longest JCT: a random start ran every evaluation to the time limit, over 15 minutes
-on one Pollux workload (a few jobs it never finished), to learn only that it was far worse
-than first come first served, which no export would take."""
-
-
 def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
                    on_progress: Callable[[int], None] | None = None) -> dict[str, GiveUp]:
-    """Per workload, when `evaluate_jct` gives a run up: `GIVE_UP_FACTOR` x `static`'s average
-    and longest JCT (no bound where static leaves jobs unfinished)."""
+    """Per workload, when `evaluate_jct` gives a run up: `config.give_up_factor` x `static`'s
+    average and longest JCT (no bound where static leaves jobs unfinished, or for a factor of
+    0)."""
     params = config.sim_params()
     bounds = {}
     for workload in workloads:
         sim = build_scenario(workload, config.cluster,
                              efficiency=config.efficiency).simulator(params)
         static = run_policy(sim, load_policy("static").act, on_progress=on_progress)
-        bounds[workload] = (GiveUp(GIVE_UP_FACTOR * static.metrics["avg_jct_s"],
-                                   GIVE_UP_FACTOR * max(static.jcts_s)) if static.finished
+        factor = config.give_up_factor
+        bounds[workload] = (GiveUp(factor * static.metrics["avg_jct_s"],
+                                   factor * max(static.jcts_s)) if factor and static.finished
                             else GiveUp())
     return bounds
 
@@ -786,9 +787,9 @@ def _nothing_exported(out: Path, evaluations: list[dict]) -> str:
     """Why a run ended without a policy, and what to do (one line)."""
     steps = ", ".join(f"{e['timesteps']:,}" for e in evaluations)
     return (f"{out}: no evaluation finished every job (steps {steps}: the policy left jobs "
-            "waiting until the time limit, or was given up as over "
-            f"{GIVE_UP_FACTOR:g}x worse than static), so no policy was exported, as it "
-            "would strand jobs in a cluster too; checkpoints and card.json are kept: continue "
+            "waiting until the time limit, or was given up as far worse than static), so no "
+            "policy was exported, as it would strand jobs in a cluster too; checkpoints and "
+            "card.json are kept: continue "
             "with --resume and a larger --timesteps, or change --warm-start, --dagger-rounds or "
             "--learning-rate")
 
