@@ -162,9 +162,12 @@ class ActuatorConfig:
     node_affinity: bool = True
     """Pin new workers to the policy's nodes (required node affinity on the pod template);
     False = only change the worker count through the /scale subresource."""
-    pod_grace_s: int = 30
+    pod_grace_s: int = 45
     """Grace period when deleting a job's pod on a reachable node (the trainer checkpoints on
-    SIGTERM); pods on an unreachable node are deleted with grace 0."""
+    SIGTERM); pods on an unreachable node are deleted with grace 0. A delete's grace replaces
+    the pod's own terminationGracePeriodSeconds, so it must be at least that: the shipped
+    trainer manifest budgets 30 s (trainer) < 35 s (torchrun) < 45 s (pod), and the 30 s this
+    was SIGKILLed a trainer still writing its final checkpoint."""
     api_retries: int = 4
     """Retries of a Kubernetes API call answered 409, 429 or 5xx (or not answered)."""
     api_backoff_s: float = 0.5

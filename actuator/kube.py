@@ -97,9 +97,9 @@ def _load_kubeconfig_file(path: Path, context: str, configuration: k8s.Configura
                         "API server's address (kubectl config view --raw > FILE)")
 
 
-def now_rfc3339(micro: bool = False) -> str:
-    """The current time as Kubernetes writes it (MicroTime when `micro`)."""
-    now = datetime.now(UTC)
+def now_rfc3339(micro: bool = False, at: float | None = None) -> str:
+    """The current time (or unix time `at`) as Kubernetes writes it (MicroTime when `micro`)."""
+    now = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 

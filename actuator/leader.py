@@ -77,8 +77,12 @@ class LeaderElector:
             log.warning("could not release the lease: %s", err)
 
     def _step(self) -> None:
+        # one time for what is written and what is counted from: the standbys time the lease
+        # from the renewTime written, so counting it from when a (retried, slow) write returned
+        # let both replicas lead at once
+        started = self._clock()
         lease = self._kube.read_lease(self._namespace, self._name)
-        now_text = now_rfc3339(micro=True)
+        now_text = now_rfc3339(micro=True, at=started)
         if lease is None:
             self._kube.create_lease(self._namespace, {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -87,7 +91,7 @@ class LeaderElector:
                          "leaseDurationSeconds": max(int(self._duration_s), 1),
                          "acquireTime": now_text, "renewTime": now_text,
                          "leaseTransitions": 0}})
-            self._became_leader("created")
+            self._became_leader("created", started)
             return
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -95,11 +99,11 @@ class LeaderElector:
         if holder == self.identity:
             self._kube.patch_lease(self._namespace, self._name, {
                 "metadata": {"resourceVersion": version}, "spec": {"renewTime": now_text}})
-            self._renewed_at = self._clock()
+            self._renewed_at = started
             return
         duration = float(spec.get("leaseDurationSeconds") or self._duration_s)
         renewed = spec.get("renewTime")
-        expired = self._clock() - (parse_time(renewed) if renewed else 0.0) > duration
+        expired = started - (parse_time(renewed) if renewed else 0.0) > duration
         if holder and not expired:
             if self._renewed_at is not None:
                 log.warning("lost the lease to %s", holder)
@@ -110,7 +114,7 @@ class LeaderElector:
             "spec": {"holderIdentity": self.identity, "acquireTime": now_text,
                      "renewTime": now_text, "leaseDurationSeconds": max(int(self._duration_s), 1),
                      "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1}})
-        self._became_leader(f"took over from {holder or 'nobody'}")
+        self._became_leader(f"took over from {holder or 'nobody'}", started)
 
     def _lost_race(self) -> None:
         """Stand by after a 409: the normal end of a race for the Lease, so no warning unless
@@ -122,6 +126,6 @@ class LeaderElector:
         else:
             log.info("standby: another replica took the lease first")
 
-    def _became_leader(self, how: str) -> None:
-        self._renewed_at = self._clock()
+    def _became_leader(self, how: str, renewed_at: float) -> None:
+        self._renewed_at = renewed_at
         log.info("became leader (%s) as %s", how, self.identity)

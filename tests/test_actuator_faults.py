@@ -378,6 +378,34 @@ def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
         server.stop()
 
 
+def test_a_slow_renewal_never_leaves_two_leaders(tmp_path):
+    """A renewal retried for 1.5 s of a 2 s lease: the holder counted its lease from when the
+    write returned, the standby from the renewTime written before it, so both led at once."""
+    server, config, kube_a, _ = _world(tmp_path, _state(), lease_duration_s=2.0)
+    now = [time.time()]
+
+    class SlowRenewals:  # the holder's client: each lease write returns 1.5 s later
+        def __getattr__(self, name: str) -> object:
+            return getattr(kube_a, name)
+
+        def patch_lease(self, *args: object) -> None:
+            kube_a.patch_lease(*args)
+            now[0] += 1.5
+
+    try:
+        kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
+        a = LeaderElector(SlowRenewals(), config, "replica-a", clock=lambda: now[0])
+        b = LeaderElector(kube_b, config, "replica-b", clock=lambda: now[0])
+        assert a.try_acquire()
+        now[0] += 0.5
+        a.try_acquire()  # renews, returning at +2.0 s
+        now[0] += 0.6  # 2.1 s after the renewTime it wrote: expired for the standby
+        assert b.try_acquire()
+        assert not a.is_leader
+    finally:
+        server.stop()
+
+
 def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
     class RacedKube:  # another replica creates the Lease between our read and our create
         def read_lease(self, namespace: str, name: str) -> None:

@@ -477,6 +477,15 @@ def test_misplaced_pods_leave_highest_index_first():
 
 
 # ------------------------------------------------------------------------------ manifests
+def test_pods_are_deleted_with_at_least_the_trainer_manifests_grace():
+    # a delete's grace replaces the pod's: 30 s SIGKILLed the trainer, whose manifest budgets
+    # 30 s (trainer) < 35 s (torchrun) < 45 s (pod), while it wrote its final checkpoint
+    manifest = yaml.safe_load((ROOT / "trainer_jobs" / "manifests" /
+                               "pytorchjob-elastic.yaml").read_text())
+    pod = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert ActuatorConfig().pod_grace_s >= pod["terminationGracePeriodSeconds"]
+
+
 def test_deploy_manifests_are_consistent(tmp_path):
     docs = [d for path in sorted(DEPLOY.glob("*.yaml"))
             for d in yaml.safe_load_all(path.read_text()) if d]

@@ -115,6 +115,27 @@ def test_damaged_checkpoint_falls_back_to_previous(tmp_path, damage):
     assert (tmp_path / "step-000000020.corrupt").is_dir()  # kept for inspection, not deleted
 
 
+def test_a_marker_the_storage_cannot_read_now_is_not_quarantined(tmp_path, monkeypatch):
+    # EIO on the newest marker set that valid checkpoint aside for good (the same error on a
+    # data file stopped the start instead, moving nothing): storage errors are not corruption
+    import errno
+
+    _fake_checkpoint(tmp_path, 10)
+    newest = _fake_checkpoint(tmp_path, 20)
+    read_text = Path.read_text
+
+    def failing(path: Path, *args: object, **kwargs: object) -> str:
+        if path == newest / layout.COMMIT_MARKER:
+            raise OSError(errno.EIO, "Input/output error")
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        layout.latest_valid(tmp_path)
+    monkeypatch.undo()
+    assert newest.is_dir() and layout.latest_valid(tmp_path)[0].step == 20
+
+
 def test_quarantined_dirs_lists_only_corrupt_checkpoints(tmp_path):
     _fake_checkpoint(tmp_path, 10)
     for name in ("step-000000020.corrupt", "step-000000020.corrupt.1", "step-000000030.tmp"):
@@ -138,6 +159,8 @@ def test_prune_keeps_newest_and_removes_stale_tmp(tmp_path):
     (["--global-batch", "0"], "--global-batch"),
     (["--d-model", "30", "--n-heads", "4"], "--d-model"),
     (["--keep-last", "0"], "--keep-last"),
+    (["--seed", "5000000000"], "--seed 5000000000: must be within"),
+    (["--seed", "-1"], "--seed -1: must be within"),
 ])
 def test_bad_flag_is_one_line_and_exit_2(flags, fragment, capsys, tmp_path):
     assert main([*flags, "--checkpoint-dir", str(tmp_path)]) == 2

@@ -184,6 +184,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     _require(args.max_steps >= 1, f"--max-steps {args.max_steps}: must be at least 1")
     _require(args.global_batch >= 1, f"--global-batch {args.global_batch}: must be at least 1")
     _require(args.lr > 0, f"--lr {args.lr}: must be positive")
+    # the per-rank seeds (seed x 4e9 + ...) must stay within torch's 64 bits: 5e9 crashed
+    # every rank with an overflow traceback
+    _require(0 <= args.seed < 2**31, f"--seed {args.seed}: must be within [0, 2147483647]")
     _require(args.num_samples >= args.global_batch,
              f"--num-samples {args.num_samples} must be >= --global-batch {args.global_batch}")
     _require(args.checkpoint_every_steps >= 0,

@@ -133,8 +133,10 @@ def verify(path: Path) -> CheckpointInfo:
         )
     except FileNotFoundError as err:
         raise CorruptCheckpointError(f"{path}: no {COMMIT_MARKER} (incomplete save)") from err
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise CorruptCheckpointError(f"{path}: unreadable {COMMIT_MARKER} ({err!r})") from err
+    # any other OSError (EIO, an NFS ESTALE) goes up as for a data file: the storage failed,
+    # not the checkpoint, which a quarantine would set aside for good
     if info.step != int(match.group(1)):
         raise CorruptCheckpointError(f"{path}: marker says step {info.step}, directory disagrees")
     if ".metadata" not in files:
