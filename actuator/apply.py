@@ -80,7 +80,7 @@ class Applier:
             leaving += [p for p in misplaced_pods(ref.pods, action) if p not in leaving]
         for pod in leaving:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
-            self._kube.delete_pod(pod.namespace, pod.name, grace)
+            self._kube.delete_pod(pod.namespace, pod.name, grace, pod.uid)
 
 
 def placement_patch(ref: JobRef, action: Action, requested_workers: int) -> dict:

@@ -183,14 +183,18 @@ class KubeClient:
             node, {"spec": {"unschedulable": True}}, _request_timeout=self._config.api_timeout_s),
             f"cordon node {node}")
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
-        """Delete a pod (404 = already gone, fine)."""
+    def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str = "") -> None:
+        """Delete a pod (404 = already gone, fine); with `uid`, only that pod: the operator
+        recreates a deleted worker under the same name, so a retry of a delete whose answer
+        was lost killed the replacement (409 = that pod is gone already, fine)."""
+        options = k8s.V1DeleteOptions(grace_period_seconds=grace_s, preconditions=(
+            k8s.V1Preconditions(uid=uid) if uid else None))
         try:
             self._call(lambda: self._core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=grace_s,
-                _request_timeout=self._config.api_timeout_s), f"delete pod {namespace}/{name}")
+                name, namespace, body=options, _request_timeout=self._config.api_timeout_s),
+                f"delete pod {namespace}/{name}", retry_conflict=False)
         except KubeError as err:
-            if err.status != 404:
+            if err.status not in (404, 409):
                 raise
 
     def create_event(self, namespace: str, involved: dict, reason: str, message: str,

@@ -114,6 +114,8 @@ class PodRef:
     name: str
     node: str
     index: int
+    uid: str = ""
+    """The pod's uid: a delete names it, so that a retried one cannot hit the replacement."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,8 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             restore_s=_float(annotations, RESTORE_ANNOTATION, _JOB_DEFAULTS.restore_s),
             restarts=record.restarts))
         refs[job_id] = JobRef(namespace, name, obj["metadata"].get("uid", ""), obj,
-                              tuple(PodRef(p.namespace, p.name, p.node, p.index) for p in pods))
+                              tuple(PodRef(p.namespace, p.name, p.node, p.index, p.uid)
+                                    for p in pods))
 
     jobs = Jobs.from_records(job_records)
     queued = jobs.status == int(JobStatus.QUEUED)
@@ -396,6 +399,7 @@ class _Pod:
     node: str
     index: int
     running: bool
+    uid: str
 
 
 def _gpus_in_use(pods: Iterable[dict], resource: str) -> dict[str, int]:
@@ -433,7 +437,7 @@ def _worker_pods(pods: Iterable[dict], node_index: dict[str, int]) -> dict[tuple
         index = labels.get(REPLICA_INDEX_LABEL, "0")
         by_job.setdefault((meta.get("namespace", "default"), job), []).append(
             _Pod(meta.get("namespace", "default"), meta["name"], node,
-                 int(index) if index.isdigit() else 0, phase == "Running"))
+                 int(index) if index.isdigit() else 0, phase == "Running", meta.get("uid", "")))
     return by_job
 
 

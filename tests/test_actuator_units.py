@@ -458,6 +458,32 @@ def test_a_move_deletes_a_pod_on_the_failing_node_beyond_the_worker_count(tmp_pa
     assert held["pods"] == {("run-worker-0", "node-a")}
 
 
+def test_a_delete_retried_after_the_pod_was_replaced_spares_the_replacement(tmp_path):
+    # the delete of run-worker-1 went through but its answer was lost; the operator recreated
+    # the worker under the same name; the retry, by name alone, killed the replacement
+    from actuator.kube import KubeClient, api_client_from
+
+    state = _world()
+    server = _serve(state)
+    try:
+        (tmp_path / "kubeconfig").write_text(dump_kubeconfig(server.url))
+        config = ActuatorConfig()
+        kube = KubeClient(config, api_client_from(replace(
+            config, kubeconfig=str(tmp_path / "kubeconfig"))))
+        [first] = [p for p in kube.list_pods() if p["metadata"]["name"] == "run-worker-1"]
+        replacement = {**first, "metadata": {
+            k: v for k, v in first["metadata"].items() if k not in ("uid", "resourceVersion")}}
+        server.call(server.api.remove, PODS, "default", "run-worker-1")
+        server.call(server.api.put, PODS, "default", "run-worker-1", replacement)
+        kube.delete_pod("default", "run-worker-1", 0, uid=first["metadata"]["uid"])  # no error
+        [kept] = [p for p in kube.list_pods() if p["metadata"]["name"] == "run-worker-1"]
+        assert kept["metadata"]["uid"] != first["metadata"]["uid"]
+        kube.delete_pod("default", "run-worker-1", 0, uid=kept["metadata"]["uid"])
+        assert "run-worker-1" not in {p["metadata"]["name"] for p in kube.list_pods()}
+    finally:
+        server.stop()
+
+
 def test_the_projected_state_has_a_moved_jobs_failing_node_cordoned():
     # after the move off node-a is accepted, starting "wait" there is refused in the same cycle
     move = Action(ActionKind.MIGRATE, "run", 2, ("node-b", "node-b"), from_node="node-a")

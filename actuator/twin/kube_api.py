@@ -10,7 +10,8 @@ same way. This subclass adds, before the emulator touches its store:
   the emulator would merge `{"spec": {"replicas": n}}` into the job itself;
 - `metadata.resourceVersion` on every write, and the optimistic-concurrency check of a patch that
   carries one (409 Conflict), which leader election depends on;
-- `uid` and `creationTimestamp` on create;
+- `uid` and `creationTimestamp` on create, and a delete's uid precondition (409 Conflict when
+  the object of that name is another one, as the operator's replacement of a deleted pod is);
 - validation of every PyTorchJob as it would be stored, against the Training Operator's CRD
   schema (422 Invalid, nothing stored) — the API server's job;
 - injected faults (`inject_fault`): the next matching requests are answered with the given
@@ -221,7 +222,15 @@ class TwinKubeAPI(KubernetesEmulator):
         return None
 
     def _check_write(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
-        """Stamp metadata, enforce resourceVersion preconditions, validate PyTorchJobs."""
+        """Stamp metadata, enforce resourceVersion and (on a delete) uid preconditions,
+        validate PyTorchJobs."""
+        if request.action == action.DELETE and isinstance(request.data, dict):
+            wanted = (request.data.get("preconditions") or {}).get("uid")
+            current = self.get(request.resource, request.namespace, request.name)
+            if wanted and current is not None and current["metadata"].get("uid") != wanted:
+                return _status(409, "Conflict", f"Precondition failed: UID in precondition: "
+                               f"{wanted}, UID in object meta: {current['metadata'].get('uid')}")
+            return None
         if request.action not in (action.CREATE, action.UPDATE) or not isinstance(
                 request.data, dict):
             return None
