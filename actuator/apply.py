@@ -12,8 +12,9 @@
 - Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
   delete the job's pods there and on any other node the new placement leaves — with grace 0
   when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
-  replacement. Each step is idempotent and safe
-  on its own, and the disruptive one comes last: if an earlier step fails, nothing has moved and
+  replacement. Pods are deleted by uid, so a retried delete cannot hit the operator's
+  replacement of the same name. Each step is idempotent and safe on its own, and the
+  disruptive one comes last: if an earlier step fails, nothing has moved and
   the next cycle decides again.
 
 Every PyTorchJob patch is validated against the Training Operator's CRD schema before it is
