@@ -425,16 +425,20 @@ def test_a_suspended_job_keeps_its_request_and_range(tmp_path, node_affinity, el
     assert (jobs.min_workers[0], jobs.max_workers[0]) == ((1, 4) if elastic else (2, 2))
 
 
-def test_a_move_deletes_every_pod_its_new_placement_leaves_and_cordons_the_failing_node(
-        tmp_path):
-    # "run" holds 1 GPU on node-a and 1 on node-b; the move off node-a pins it to node-c
+def _run_on_a_and_b() -> ClusterState:
+    """"run" holds 1 GPU on node-a and 1 on node-b; node-c is free."""
     nodes = Nodes.from_records([NodeInfo("node-a", 4, 3), NodeInfo("node-b", 4, 3),
                                 NodeInfo("node-c", 4, 4)])
     jobs = Jobs.from_records([JobInfo("run", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2,
                                       placement=(0, 1), throughput=2.0)])
-    state = ClusterState(time_s=1000.0, nodes=nodes, jobs=jobs, demand=Demand())
+    return ClusterState(time_s=1000.0, nodes=nodes, jobs=jobs, demand=Demand())
+
+
+def test_a_move_deletes_every_pod_its_new_placement_leaves_and_cordons_the_failing_node(
+        tmp_path):
+    # the move off node-a pins "run" to node-c: its worker on node-b must go too
     move = Action(ActionKind.MIGRATE, "run", 2, ("node-c", "node-c"), from_node="node-a")
-    _, held = _apply_over_http(tmp_path, state, [move], ActuatorConfig())
+    _, held = _apply_over_http(tmp_path, _run_on_a_and_b(), [move], ActuatorConfig())
     assert held["pods"] == set()  # both workers go: the operator recreates them on node-c
     assert held["nodes"] == {"node-a": True, "node-b": False, "node-c": False}
 
@@ -448,13 +452,9 @@ def test_a_move_deletes_a_pod_on_the_failing_node_beyond_the_worker_count(tmp_pa
         second["metadata"]["name"] = "run-worker-2"
         second["metadata"]["labels"]["training.kubeflow.org/replica-index"] = "2"
 
-    nodes = Nodes.from_records([NodeInfo("node-a", 4, 3), NodeInfo("node-b", 4, 3),
-                                NodeInfo("node-c", 4, 4)])
-    jobs = Jobs.from_records([JobInfo("run", JobStatus.RUNNING, 0.0, 2, 1, 4, workers=2,
-                                      placement=(0, 1), throughput=2.0)])
-    state = ClusterState(time_s=1000.0, nodes=nodes, jobs=jobs, demand=Demand())
     move = Action(ActionKind.MIGRATE, "run", 2, ("node-a", "node-c"), from_node="node-b")
-    _, held = _apply_over_http(tmp_path, state, [move], ActuatorConfig(), renumbered)
+    _, held = _apply_over_http(tmp_path, _run_on_a_and_b(), [move], ActuatorConfig(),
+                               renumbered)
     assert held["pods"] == {("run-worker-0", "node-a")}
 
 
