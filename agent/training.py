@@ -508,6 +508,9 @@ def check_config(config: TrainConfig) -> None:
     """Refuse settings that SB3, the residual start or the simulator would reject only after
     minutes of work (each flag's own range is checked where it is parsed, `agent.train_cmd`;
     these are the combinations, and the names)."""
+    if not (config.give_up_factor == 0 or 1 <= config.give_up_factor < math.inf):
+        raise UserError(f"give_up_factor {config.give_up_factor}: 0 (never give up) or a finite "
+                        "factor of at least 1 (a run is given up past that many times static)")
     if config.time_discount_s > 0 and config.algo != "ppo":
         raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
     if config.imitate and config.algo != "ppo":
@@ -620,9 +623,14 @@ def saved_config(out: Path) -> TrainConfig | None:
     if not saved:
         return None
     defaults = asdict(TrainConfig())
-    return replace(TrainConfig(), **{
-        key: tuple(value) if isinstance(defaults[key], tuple) else value
-        for key, value in saved.items() if key in defaults})
+    try:
+        return replace(TrainConfig(), **{
+            key: tuple(value) if isinstance(defaults[key], tuple) else value
+            for key, value in saved.items() if key in defaults})
+    except (TypeError, ValueError) as err:  # a list field null or a number, say
+        raise UserError(f"{Path(out) / CONFIG_FILE}: damaged ({err}); restore it from a copy, "
+                        "or start the run again with --force (which replaces the whole run)"
+                        ) from err
 
 
 def _run_json(path: Path) -> dict:

@@ -254,7 +254,9 @@ class Simulator:
         `give_up_job_s`. Returns whether every job finished.
         """
         limit = time_limit_s(self) if limit_s is None else limit_s
-        give_up_s = give_up_avg_jct_s * len(self.workload.jobs)
+        # every job, a fork's added ones too (inf x 0 jobs would be NaN, which stops at once)
+        give_up_s = (math.inf if math.isinf(give_up_avg_jct_s)
+                     else give_up_avg_jct_s * len(self.job_ids))
         completed = 0
         while (not self.done and self.time_s <= limit
                and self.accounting.jobs_in_system_s <= give_up_s

@@ -257,6 +257,24 @@ def test_a_resume_of_a_run_with_a_damaged_file_is_refused_before_it_trains(
     assert files(tmp_path) == before
 
 
+@pytest.mark.parametrize("factor", [-1.0, 0.5, math.inf, math.nan])
+def test_a_give_up_factor_that_gives_up_every_run_or_none_by_accident_is_refused(tmp_path,
+                                                                                  factor):
+    with pytest.raises(UserError, match="give_up_factor"):
+        train(replace(CONFIG, give_up_factor=factor), tmp_path / "model", log=quiet)
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_resume_of_a_run_whose_config_has_a_list_damaged_is_one_line(tmp_path, capsys):
+    out = tmp_path / "model"
+    train(CONFIG, out, log=quiet)
+    saved = json.loads((out / "train_config.json").read_text())
+    (out / "train_config.json").write_text(json.dumps({**saved, "net_arch": None}))
+    code, error, _ = run_cli([*TRAIN, "--timesteps", "256", "--resume", "--out", str(out)],
+                             capsys)
+    assert code == 2 and "train_config.json: damaged" in error
+
+
 def test_the_command_resumes_a_run_whose_settings_it_has_no_flag_for(tmp_path, capsys):
     """CONFIG's net_arch (32,) and bc_epochs 2 have no flag: taken at today's defaults, they
     made every command-line resume of the run a refusal naming flags that do not exist."""

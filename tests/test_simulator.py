@@ -480,6 +480,10 @@ def test_a_run_is_given_up_once_its_average_jct_is_sure_to_exceed_the_bound():
     bounded, free = (simulator([job("a", 0.0, 1, work=600.0)]) for _ in range(2))
     assert bounded.run(fifo, give_up_avg_jct_s=1_000.0) and free.run(fifo)
     assert bounded.accounting.summary() == free.accounting.summary()
+    # no bound on a fork whose jobs all came in as extra jobs (inf x 0 jobs made it NaN,
+    # and the run stopped before its first decision)
+    fork = simulator([]).fork(extra_jobs=[job("x", 0.0, 1, work=600.0)], extra_speeds=[GENERIC])
+    assert fork.run(fifo) and fork.accounting.jobs_completed == 1
 
 
 def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():

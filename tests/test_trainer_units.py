@@ -134,6 +134,11 @@ def test_a_marker_the_storage_cannot_read_now_is_not_quarantined(tmp_path, monke
         layout.latest_valid(tmp_path)
     monkeypatch.undo()
     assert newest.is_dir() and layout.latest_valid(tmp_path)[0].step == 20
+    # a marker that is a directory is the checkpoint's fault, not the storage's: quarantined
+    (newest / layout.COMMIT_MARKER).unlink()
+    (newest / layout.COMMIT_MARKER).mkdir()
+    info, problems = layout.latest_valid(tmp_path)
+    assert info.step == 10 and len(problems) == 1
 
 
 def test_quarantined_dirs_lists_only_corrupt_checkpoints(tmp_path):

@@ -116,7 +116,8 @@ def commit(tmp_dir: Path, step: int, world_size: int, rng_ranks: list[int],
 
 
 def verify(path: Path) -> CheckpointInfo:
-    """Check a committed checkpoint against its marker; raise `CorruptCheckpointError` if not."""
+    """Check a committed checkpoint against its marker; raise `CorruptCheckpointError` if not,
+    and the `OSError` of storage that cannot be read now (not the checkpoint's fault)."""
     match = _STEP_DIR.match(path.name)
     if match is None:
         raise CorruptCheckpointError(f"{path}: not a step-<N> checkpoint directory")
@@ -133,10 +134,11 @@ def verify(path: Path) -> CheckpointInfo:
         )
     except FileNotFoundError as err:
         raise CorruptCheckpointError(f"{path}: no {COMMIT_MARKER} (incomplete save)") from err
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except (IsADirectoryError, NotADirectoryError, ValueError, KeyError, TypeError,
+            AttributeError) as err:
         raise CorruptCheckpointError(f"{path}: unreadable {COMMIT_MARKER} ({err!r})") from err
-    # any other OSError (EIO, an NFS ESTALE) goes up as for a data file: the storage failed,
-    # not the checkpoint, which a quarantine would set aside for good
+    # any other OSError (EIO, an NFS ESTALE, a permission) goes up as for a data file: the
+    # storage failed, not the checkpoint, which a quarantine would set aside for good
     if info.step != int(match.group(1)):
         raise CorruptCheckpointError(f"{path}: marker says step {info.step}, directory disagrees")
     if ".metadata" not in files:
@@ -185,7 +187,8 @@ def quarantined_dirs(root: Path) -> list[Path]:
 
 
 def latest_valid(root: Path) -> tuple[CheckpointInfo | None, list[str]]:
-    """Newest checkpoint that verifies, plus one line per newer one that did not (quarantined)."""
+    """Newest checkpoint that verifies, plus one line per newer one that did not (quarantined);
+    an `OSError` of storage that cannot be read now goes up, moving nothing."""
     problems = []
     for _, path in reversed(committed_dirs(root)):
         try:
