@@ -55,19 +55,14 @@ class Applier:
         requested = int(built.state.jobs.requested_gpus[row])
         if action.kind == ActionKind.SCALE and (action.workers == 0
                                                 or not self._config.node_affinity):
-            if REQUESTED_WORKERS_ANNOTATION not in (ref.obj["metadata"].get("annotations") or {}):
+            if first := request_annotation(ref, requested):
                 # before the first /scale: read back from `Worker.replicas` afterwards, the
                 # request would be the size rlalloc chose (0 after a suspend), not the user's
-                patch = {"metadata": {"annotations": {
-                    REQUESTED_WORKERS_ANNOTATION: str(requested)}}}
-                self._validate(merge_patch(ref.obj, patch))
-                self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
+                self._patch(ref, {"metadata": {"annotations": first}})
             self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
             return
         if self._config.node_affinity:
-            patch = placement_patch(ref, action, requested)
-            self._validate(merge_patch(ref.obj, patch))
-            self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
+            self._patch(ref, placement_patch(ref, action, requested))
         if action.kind == ActionKind.MIGRATE and (
                 action.from_node not in built.state.nodes.name
                 or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):
@@ -83,12 +78,24 @@ class Applier:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             self._kube.delete_pod(pod.namespace, pod.name, grace, pod.uid)
 
+    def _patch(self, ref: JobRef, patch: dict) -> None:
+        """Merge-patch the PyTorchJob, validated as it would be stored."""
+        self._validate(merge_patch(ref.obj, patch))
+        self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
+
+
+def request_annotation(ref: JobRef, requested_workers: int) -> dict[str, str]:
+    """The requested-workers annotation to add on rlalloc's first change of the job (none once
+    it is there): from then on `Worker.replicas` is rlalloc's choice, not the user's."""
+    if REQUESTED_WORKERS_ANNOTATION in (ref.obj["metadata"].get("annotations") or {}):
+        return {}
+    return {REQUESTED_WORKERS_ANNOTATION: str(requested_workers)}
+
 
 def placement_patch(ref: JobRef, action: Action, requested_workers: int) -> dict:
     """Merge patch pinning the job's workers to `action.nodes` (and recording the request)."""
-    annotations = {PLACEMENT_ANNOTATION: format_placement(action.nodes)}
-    if REQUESTED_WORKERS_ANNOTATION not in (ref.obj["metadata"].get("annotations") or {}):
-        annotations[REQUESTED_WORKERS_ANNOTATION] = str(requested_workers)
+    annotations = {PLACEMENT_ANNOTATION: format_placement(action.nodes),
+                   **request_annotation(ref, requested_workers)}
     worker = (ref.obj.get("spec", {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
     pod_spec = (worker.get("template") or {}).get("spec") or {}
     required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})

@@ -8,11 +8,10 @@ a job queued forever (the clock would tick on without end), so evaluation and tr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from env.simulator import Simulator
+from env.simulator import GiveUp, Simulator
 from env.state import ClusterState
 
 Decide = Callable[[ClusterState], object]
@@ -28,22 +27,13 @@ class RunResult:
     jcts_s: list[float]
 
 
-@dataclass(frozen=True)
-class GiveUp:
-    """When a run is hopeless enough to stop it (`Simulator.run`): once its average JCT is
-    sure to exceed `avg_jct_s`, or a job has been in the system longer than `job_s`."""
-
-    avg_jct_s: float = math.inf
-    job_s: float = math.inf
-
-
 def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
                on_progress: Callable[[int], None] | None = None,
                give_up: GiveUp = GiveUp()) -> RunResult:
     """Run `decide` (a `Policy.act`) on `sim` with `Simulator.run` (until all jobs finish,
     `limit_s` passes, default `time_limit_s`, or `give_up` says to stop) and summarise the
     run."""
-    finished = sim.run(decide, on_progress, limit_s, give_up.avg_jct_s, give_up.job_s)
+    finished = sim.run(decide, on_progress, limit_s, give_up)
     metrics = {k: float(v) for k, v in sim.accounting.summary().items()}
     return RunResult(metrics, finished, sim.accounting.series,
                      sim.accounting.finished_jcts_s().tolist())

@@ -35,7 +35,7 @@ from rich.progress import Progress
 
 from agent.deployed import META_FILE, RETRAIN_TOLD, WEIGHTS_FILE, load_deployed
 from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
-from agent.evaluation import GiveUp, run_policy
+from agent.evaluation import RunResult, run_policy
 from agent.export import deployed_net, export_model, in_memory_policy
 from agent.heuristics import Speedups
 from agent.imitation import collect_demonstrations, concatenate, fit_policy
@@ -70,6 +70,7 @@ from env.params import SimParams
 from env.profiles import PROFILES_ENV_VAR, cached_profiles, default_profiles_root
 from env.progress import progress_bar
 from env.scenario import Scenario, build_scenario
+from env.simulator import GiveUp
 
 T = TypeVar("T")
 CONFIG_FILE = "train_config.json"
@@ -292,15 +293,21 @@ def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ..
     """Mean average JCT of `policy` (a `Policy.act`) over `workloads`, one run each (infinite
     if a run leaves jobs unfinished, or is given up as its workload's `give_up` says);
     `on_progress` is told each job finished."""
+    runs = _runs(policy, config, workloads, seed, on_progress, give_up)
+    return float(np.mean([r.metrics["avg_jct_s"] if r.finished else math.inf
+                          for r in runs.values()]))
+
+
+def _runs(policy: Callable, config: TrainConfig, workloads: tuple[str, ...], seed: int = 0,
+          on_progress: Callable[[int], None] | None = None,
+          give_up: dict[str, GiveUp] | None = None) -> dict[str, RunResult]:
+    """One run of `policy` per workload on `config`'s cluster and failures (`evaluate_jct`)."""
     params = config.sim_params()
-    jcts = []
-    for workload in workloads:
-        sim = build_scenario(workload, config.cluster, seed=seed,
-                             efficiency=config.efficiency).simulator(params, seed=seed)
-        result = run_policy(sim, policy, on_progress=on_progress,
-                            give_up=(give_up or {}).get(workload, GiveUp()))
-        jcts.append(result.metrics["avg_jct_s"] if result.finished else math.inf)
-    return float(np.mean(jcts))
+    return {workload: run_policy(
+                build_scenario(workload, config.cluster, seed=seed,
+                               efficiency=config.efficiency).simulator(params, seed=seed),
+                policy, on_progress=on_progress, give_up=(give_up or {}).get(workload, GiveUp()))
+            for workload in workloads}
 
 
 def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
@@ -308,17 +315,13 @@ def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
     """Per workload, when `evaluate_jct` gives a run up: `config.give_up_factor` x `static`'s
     average and longest JCT (no bound where static leaves jobs unfinished, or for a factor of
     0)."""
-    params = config.sim_params()
-    bounds = {}
-    for workload in workloads:
-        sim = build_scenario(workload, config.cluster,
-                             efficiency=config.efficiency).simulator(params)
-        static = run_policy(sim, load_policy("static").act, on_progress=on_progress)
-        factor = config.give_up_factor
-        bounds[workload] = (GiveUp(factor * static.metrics["avg_jct_s"],
-                                   factor * max(static.jcts_s)) if factor and static.finished
-                            else GiveUp())
-    return bounds
+    factor = config.give_up_factor
+    if not factor:  # no static runs for bounds never used
+        return dict.fromkeys(workloads, GiveUp())
+    return {workload: GiveUp(factor * static.metrics["avg_jct_s"], factor * max(static.jcts_s))
+            if static.finished else GiveUp()
+            for workload, static in _runs(load_policy("static").act, config, workloads,
+                                          on_progress=on_progress).items()}
 
 
 DQN_LEARNING_STARTS = 1000

@@ -125,6 +125,15 @@ class JobSpeed:
     both at every epoch end."""
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """When a run is hopeless enough to stop it (`Simulator.run`): once its average JCT is
+    sure to exceed `avg_jct_s`, or a job has been in the system longer than `job_s`."""
+
+    avg_jct_s: float = math.inf
+    job_s: float = math.inf
+
+
 class Simulator:
     """Replays a workload on a cluster; see the module docstring for the model."""
 
@@ -242,25 +251,24 @@ class Simulator:
 
     def run(self, policy: Callable[[ClusterState], Action],
             on_progress: Callable[[int], None] | None = None,
-            limit_s: float | None = None, give_up_avg_jct_s: float = math.inf,
-            give_up_job_s: float = math.inf) -> bool:
+            limit_s: float | None = None, give_up: GiveUp = GiveUp()) -> bool:
         """Run to the end: at each decision point ask `policy` until it says no-op.
 
         A policy that never finishes some job would keep the clock ticking for ever, so the
         run also stops once the clock passes `limit_s` (default `time_limit_s`); and, for a
         caller that only needs to know a run is hopeless, once the jobs' time in the system
         so far per job of the workload (a lower bound of the average JCT the run would end
-        with) exceeds `give_up_avg_jct_s`, or one job has been in the system longer than
-        `give_up_job_s`. Returns whether every job finished.
+        with) exceeds `give_up.avg_jct_s`, or one job has been in the system longer than
+        `give_up.job_s`. Returns whether every job finished.
         """
         limit = time_limit_s(self) if limit_s is None else limit_s
         # every job, a fork's added ones too (inf x 0 jobs would be NaN, which stops at once)
-        give_up_s = (math.inf if math.isinf(give_up_avg_jct_s)
-                     else give_up_avg_jct_s * len(self.job_ids))
+        give_up_s = (math.inf if math.isinf(give_up.avg_jct_s)
+                     else give_up.avg_jct_s * len(self.job_ids))
         completed = 0
         while (not self.done and self.time_s <= limit
                and self.accounting.jobs_in_system_s <= give_up_s
-               and self.longest_in_system_s() <= give_up_job_s):
+               and self.longest_in_system_s() <= give_up.job_s):
             self.decisions += 1
             for _ in range(self.params.max_actions_per_decision):
                 action = policy(self.state())

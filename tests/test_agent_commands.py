@@ -17,13 +17,14 @@ import torch
 import yaml
 
 from agent import training
-from agent.evaluation import GiveUp, run_policy
+from agent.evaluation import run_policy
 from agent.registry import load_policy
 from agent.training import TrainConfig, train
 from env.cli import main
 from env.cluster import parse_cluster
 from env.errors import UserError
 from env.scenario import build_scenario
+from env.simulator import GiveUp
 
 torch.set_num_threads(1)
 TINY = ("synthetic:12:1.5",)

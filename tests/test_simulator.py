@@ -25,7 +25,7 @@ from env.failures import (
 )
 from env.params import GPU_POWER_W, SimParams
 from env.signals import load_signals
-from env.simulator import Simulator, time_limit_s
+from env.simulator import GiveUp, Simulator, time_limit_s
 from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus
 from env.workload.spec import Workload
 from tests.sim_helpers import (
@@ -463,7 +463,7 @@ def test_a_run_is_given_up_once_its_average_jct_is_sure_to_exceed_the_bound():
     # bound is not touched by it
     step = SimParams().decision_interval_s
     idle = simulator([job("a", 0.0, 1, work=600.0), job("b", 0.0, 1, work=600.0)])
-    assert idle.run(lambda s: NOOP, give_up_avg_jct_s=1_000.0) is False
+    assert idle.run(lambda s: NOOP, give_up=GiveUp(avg_jct_s=1_000.0)) is False
     assert 1_000.0 <= idle.time_s <= 1_000.0 + step < time_limit_s(idle)
     # one job left waiting while the rest finish: the longest wait gives it up
     stranded = simulator([job("a", 0.0, 1, work=600.0), job("b", 0.0, 1, work=600.0)])
@@ -473,12 +473,12 @@ def test_a_run_is_given_up_once_its_average_jct_is_sure_to_exceed_the_bound():
                                                    strict=True) if status == JobStatus.QUEUED]
         return Action(ActionKind.SCALE, "a", 1, ("node-0000",)) if "a" in queued else NOOP
 
-    assert stranded.run(only_a, give_up_job_s=5_000.0) is False
+    assert stranded.run(only_a, give_up=GiveUp(job_s=5_000.0)) is False
     assert stranded.accounting.jobs_completed == 1
     assert 5_000.0 <= stranded.time_s <= 5_000.0 + step < time_limit_s(stranded)
     assert stranded.longest_in_system_s() == pytest.approx(stranded.time_s)
     bounded, free = (simulator([job("a", 0.0, 1, work=600.0)]) for _ in range(2))
-    assert bounded.run(fifo, give_up_avg_jct_s=1_000.0) and free.run(fifo)
+    assert bounded.run(fifo, give_up=GiveUp(avg_jct_s=1_000.0)) and free.run(fifo)
     assert bounded.accounting.summary() == free.accounting.summary()
     # no bound on a fork whose jobs all came in as extra jobs (inf x 0 jobs made it NaN,
     # and the run stopped before its first decision)
