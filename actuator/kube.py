@@ -10,7 +10,8 @@ exponential backoff and a bounded number of attempts; other errors fail at once.
 single request, so a failed call leaves the object as it was. Once the actuator is stopping
 (`stop_retrying`) every call gets one attempt: retries against an API that has gone would hold
 the exit for their whole backoff (7.5 s a call by default), while one that is up answers the
-first.
+first. Inside `within(seconds_left)` (the leader's moves) no attempt starts, and none waits for
+a retry, past that deadline, and each request's timeout is cut to the time left.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,17 @@ class KubeClient:
         """The API server's address (for errors that tell what could not be reached)."""
         self.retries_done = 0
         """Retries made so far (exported as a metric)."""
+        self._seconds_left: Callable[[], float] | None = None
+
+    @contextmanager
+    def within(self, seconds_left: Callable[[], float] | None) -> Iterator[None]:
+        """Bound every call in the block by a deadline (`seconds_left()`; None: no bound): the
+        leader's lease margin, so no move is written, nor retried, after a standby may lead."""
+        self._seconds_left = seconds_left
+        try:
+            yield
+        finally:
+            self._seconds_left = None
 
     def stop_retrying(self) -> None:
         """Give every call from now on (and the one under way) one attempt more at most, so a
@@ -168,19 +181,19 @@ class KubeClient:
         """JSON merge patch of a PyTorchJob (one request: all of it applies or none)."""
         self._call(lambda: self._custom.patch_namespaced_custom_object(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name, patch,
-            _request_timeout=self._config.api_timeout_s), f"patch pytorchjob {namespace}/{name}")
+            _request_timeout=self._timeout()), f"patch pytorchjob {namespace}/{name}")
 
     def scale_pytorchjob(self, namespace: str, name: str, replicas: int) -> None:
         """Set the worker count through the PyTorchJob's /scale subresource."""
         self._call(lambda: self._custom.patch_namespaced_custom_object_scale(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name,
-            {"spec": {"replicas": replicas}}, _request_timeout=self._config.api_timeout_s),
+            {"spec": {"replicas": replicas}}, _request_timeout=self._timeout()),
             f"scale pytorchjob {namespace}/{name}")
 
     def cordon(self, node: str) -> None:
         """Mark `node` unschedulable."""
         self._call(lambda: self._core.patch_node(
-            node, {"spec": {"unschedulable": True}}, _request_timeout=self._config.api_timeout_s),
+            node, {"spec": {"unschedulable": True}}, _request_timeout=self._timeout()),
             f"cordon node {node}")
 
     def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str = "") -> None:
@@ -191,7 +204,7 @@ class KubeClient:
             k8s.V1Preconditions(uid=uid) if uid else None))
         try:
             self._call(lambda: self._core.delete_namespaced_pod(
-                name, namespace, body=options, _request_timeout=self._config.api_timeout_s),
+                name, namespace, body=options, _request_timeout=self._timeout()),
                 f"delete pod {namespace}/{name}", retry_conflict=False)
         except KubeError as err:
             if err.status not in (404, 409):
@@ -213,7 +226,7 @@ class KubeClient:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         self._call(lambda: self._core.create_namespaced_event(
-            namespace, body, _request_timeout=self._config.api_timeout_s),
+            namespace, body, _request_timeout=self._timeout()),
             f"create event on {involved['name']}")
         return name
 
@@ -222,7 +235,7 @@ class KubeClient:
         `lastTimestamp` to now; raises `KubeError` (404 when the Event has gone)."""
         patch = {"count": count, "message": message[:1024], "lastTimestamp": now_rfc3339()}
         self._call(lambda: self._core.patch_namespaced_event(
-            name, namespace, patch, _request_timeout=self._config.api_timeout_s),
+            name, namespace, patch, _request_timeout=self._timeout()),
             f"count event {namespace}/{name}")
 
     # ------------------------------------------------------------------------------ leases
@@ -240,19 +253,26 @@ class KubeClient:
     def create_lease(self, namespace: str, body: dict) -> None:
         """Create a Lease; raises `KubeError` with status 409 when it already exists."""
         self._call(lambda: self._coordination.create_namespaced_lease(
-            namespace, body, _request_timeout=self._config.api_timeout_s),
+            namespace, body, _request_timeout=self._timeout()),
             f"create lease {namespace}", retry_conflict=False)
 
     def patch_lease(self, namespace: str, name: str, patch: dict) -> None:
         """Patch a Lease; a `metadata.resourceVersion` in `patch` makes it conditional (409 when
         another replica changed it first, which is not retried)."""
         self._call(lambda: self._coordination.patch_namespaced_lease(
-            name, namespace, patch, _request_timeout=self._config.api_timeout_s),
+            name, namespace, patch, _request_timeout=self._timeout()),
             f"patch lease {namespace}/{name}", retry_conflict=False)
 
     # ----------------------------------------------------------------------------- helpers
     def _raw(self) -> dict[str, Any]:
-        return {"_preload_content": False, "_request_timeout": self._config.api_timeout_s}
+        return {"_preload_content": False, "_request_timeout": self._timeout()}
+
+    def _left(self) -> float:
+        return float("inf") if self._seconds_left is None else self._seconds_left()
+
+    def _timeout(self) -> float:
+        """A request's timeout: the configured one, cut to the deadline of `within`."""
+        return min(self._config.api_timeout_s, self._left())
 
     def _items(self, fn: Callable[[], Any], what: str) -> list[dict]:
         return json.loads(self._call(fn, what).data).get("items") or []
@@ -262,26 +282,40 @@ class KubeClient:
         attempts = self._config.api_retries + 1
         delay = self._config.api_backoff_s
         for attempt in range(attempts):
+            if self._left() <= 0:
+                raise KubeError(f"{what}: not sent, the lease margin ran out"
+                                + (f" after {attempt} attempts" if attempt else ""))
             try:
                 return fn()
             except ApiException as err:
                 status = int(err.status or 0)
                 retryable = status in RETRYABLE_STATUS and (status != 409 or retry_conflict)
-                if not retryable or attempt == attempts - 1 or self._stopping.is_set():
-                    raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
-                                    + (f" after {attempt + 1} attempts" if attempt else ""),
-                                    status) from err
                 wait = max(delay, _retry_after(err))
+                if not retryable or self._last_attempt(attempt, attempts, wait):
+                    raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
+                                    + (f" after {attempt + 1} attempts" if attempt else "")
+                                    + self._why_no_retry(retryable, wait), status) from err
             except (urllib3.exceptions.HTTPError, OSError) as err:
-                if attempt == attempts - 1 or self._stopping.is_set():
-                    raise KubeError(f"{what}: {_unanswered(err)} after {attempt + 1} "
-                                    f"attempt{'s' if attempt else ''}") from err
                 wait = delay
+                if self._last_attempt(attempt, attempts, wait):
+                    raise KubeError(f"{what}: {_unanswered(err)} after {attempt + 1} "
+                                    f"attempt{'s' if attempt else ''}"
+                                    + self._why_no_retry(True, wait)) from err
             log.debug("retrying %s in %.2fs", what, wait)
             self.retries_done += 1
             self._sleep(wait)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _last_attempt(self, attempt: int, attempts: int, wait: float) -> bool:
+        """No retry after this attempt: none left, stopping, or it would wait past the
+        deadline of `within`."""
+        return attempt == attempts - 1 or self._stopping.is_set() or wait >= self._left()
+
+    def _why_no_retry(self, retryable: bool, wait: float) -> str:
+        """A retryable failure given up early for the lease margin says so."""
+        return " (not retried: the lease margin ends first)" if (
+            retryable and not self._stopping.is_set() and wait >= self._left()) else ""
 
 
 def _unanswered(err: Exception) -> str:

@@ -43,8 +43,15 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         """True while our last renewal is fresh enough to act on."""
-        return (self._renewed_at is not None
-                and self._clock() - self._renewed_at < _SAFETY * self._duration_s)
+        return self.seconds_left() > 0
+
+    def seconds_left(self) -> float:
+        """How much longer our last renewal lets us act (0 when it does not): the deadline the
+        moves' API calls and their retries must keep, as client-go's renew deadline does, so a
+        write retried past it cannot land after a standby has taken over."""
+        if self._renewed_at is None:
+            return 0.0
+        return max(self._renewed_at + _SAFETY * self._duration_s - self._clock(), 0.0)
 
     def try_acquire(self) -> bool:
         """Create, renew or take over the Lease if we may; returns `is_leader` afterwards.

@@ -192,7 +192,8 @@ class Controller:
         if self._elector and not self._elector.is_leader:
             return FAILED, "lost the lease before acting"
         try:
-            self._applier.apply(decision.action, built)
+            with self._kube.within(self._elector.seconds_left if self._elector else None):
+                self._applier.apply(decision.action, built)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
             return FAILED, str(err)

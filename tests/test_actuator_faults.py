@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from actuator.config import ActuatorConfig, Queries
 from actuator.guardrails import DecisionHistory, decide
-from actuator.kube import KubeError
+from actuator.kube import KubeClient, KubeError, api_client_from
 from actuator.leader import LeaderElector
 from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot, ObserveError, PrometheusSource, RecordedMetrics
@@ -99,8 +99,9 @@ def _world(tmp_path, state: ClusterState, **overrides: object):
         server.call(server.api.put, PODS, "default", obj["metadata"]["name"], obj)
     for obj in jobs:
         server.call(server.api.put, PYTORCHJOBS, "default", obj["metadata"]["name"], obj)
-    config = ActuatorConfig(api_backoff_s=0.01, api_retries=3, lease_namespace="default",
-                            leader_election=False, cooldown_s=0.0, **overrides)
+    settings = {"api_backoff_s": 0.01, "api_retries": 3, "leader_election": False,
+                "cooldown_s": 0.0, **overrides}
+    config = ActuatorConfig(lease_namespace="default", **settings)
 
     class Twinish:  # what kube_client needs of a twin
         kube_url = server.url
@@ -402,6 +403,56 @@ def test_a_slow_renewal_never_leaves_two_leaders(tmp_path):
         now[0] += 0.6  # 2.1 s after the renewTime it wrote: expired for the standby
         assert b.try_acquire()
         assert not a.is_leader
+    finally:
+        server.stop()
+
+
+def test_no_move_is_retried_past_the_lease_margin(tmp_path):
+    """A 2 s lease lets its holder act for 1.6 s after renewing; with 0.5 s backoff, retries
+    of a failing write would go on to 7.5 s, landing after a standby may have taken over."""
+    server, config, _, _ = _world(tmp_path, _state(), api_backoff_s=0.5, api_retries=4,
+                                  leader_election=True, lease_duration_s=2.0, interval_s=1.0)
+    now = [time.time()]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kube = KubeClient(config, api_client_from(replace(config, kubeconfig=str(kubeconfig))),
+                          sleep=sleep)
+        elector = LeaderElector(kube, config, "replica-a", clock=lambda: now[0])
+        assert elector.try_acquire()
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[503] * 5)
+        with pytest.raises(KubeError, match="not retried: the lease margin ends first"):
+            with kube.within(elector.seconds_left):
+                kube.patch_pytorchjob("default", "q", {"metadata": {"labels": {"x": "y"}}})
+        # attempts at 0, 0.5 and 1.5 s; the next (3.5 s) would fall after the 1.6 s margin
+        assert _writes(server.api).count("PATCH /apis/kubeflow.org/v1/namespaces/default/"
+                                         "pytorchjobs/q") == 3
+        now[0] += 1.0  # past the margin: nothing is sent at all
+        with pytest.raises(KubeError, match="not sent, the lease margin ran out"):
+            with kube.within(elector.seconds_left):
+                kube.cordon("node-0001")
+        assert not server.call(server.api.get, NODES, None, "node-0001")["spec"].get(
+            "unschedulable")
+        kube.cordon("node-0001")  # outside `within` calls are not bounded
+    finally:
+        server.stop()
+
+
+def test_the_leader_gives_a_failing_move_up_within_its_lease(tmp_path):
+    server, config, kube, metrics = _world(tmp_path, _state(), api_backoff_s=0.5,
+                                           api_retries=4, leader_election=True,
+                                           lease_duration_s=2.0, interval_s=1.0)
+    try:
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[503] * 10)
+        start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+        report = Controller(config, kube, metrics, Scripted(start), "replica-a").run_cycle()
+        [(_, outcome)] = report.outcomes
+        assert outcome == "failed" and "lease margin" in report.lines[0]
+        patches = [w for w in _writes(server.api) if "/pytorchjobs/q" in w]
+        assert 1 <= len(patches) <= 3  # not the 5 attempts that run to 7.5 s
     finally:
         server.stop()
 
