@@ -148,7 +148,8 @@ def _run(args: argparse.Namespace, stop: _Stop) -> int:
                                  tick_s=args.tick_s, namespace=args.namespace,
                                  epoch_s=_midnight_utc(), params=params, host=args.host,
                                  kube_port=args.kube_port, metrics_port=args.metrics_port,
-                                 failures=failures, on_event=events.put)
+                                 failures=failures, on_event=events.put,
+                                 scrape_interval_s=args.scrape_interval_s)
         except ValueError as err:  # each was checked on its own; the simulator's view here
             raise UserError(f"--fail-node: {err}") from err
         try:

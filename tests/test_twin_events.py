@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from actuator.twin import runtime
 from actuator.twin.kube_api import (
     EVENTS,
     NODES,
@@ -27,6 +29,7 @@ from actuator.twin.kube_api import (
 )
 from actuator.twin.runtime import _HEALTH_KINDS, ScriptedFailure, Twin, TwinEvent
 from actuator.twin.tables import human_age
+from env.failures import HealthEvent, WarningEpisode
 from tests.actuator_fixtures import job, quiet_params, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +108,36 @@ def test_the_twin_tells_a_scripted_failure_as_it_happens_with_the_jobs_it_requeu
             summary.scripted_pending, summary.jobs_requeued) == (1, 1, 1, 0, 1)
     assert (summary.jobs_finished, summary.jobs_in_system, summary.jobs_to_arrive) == (1, 1, 0)
     assert summary.simulated_s == twin.sim.time_s
+
+
+def test_a_readiness_flap_is_held_for_three_scrape_intervals(monkeypatch):
+    """With Prometheus scraping every 5 s, a flap held 3 wall seconds (as it was whatever the
+    interval) was missed by most scrapes; it must stay visible for more than two of them."""
+    wall = [1000.0]
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(monotonic=lambda: wall[0]))
+    sim = scenario([job("a", 0, 4, 4, 4)], nodes=2, gpus=4).simulator(quiet_params(SPEED, TICK_S))
+    twin = Twin(sim, TwinKubeAPI(), speed=SPEED, scrape_interval_s=5.0)
+    node = twin.sim.state().nodes.name[0]
+    flap_s = twin.sim.time_s + 30.0  # a false alarm with one readiness flap
+    twin.sim._push_health(HealthEvent(flap_s - 20.0, "warn", 0,
+                                      WarningEpisode(0, flap_s - 20.0, flap_s + 600.0, None,
+                                                     flap_s=[flap_s])))
+
+    def flaps() -> int:
+        return int(twin.sim.state().nodes.ready_flaps_60m[0])
+
+    while flaps() == 0:
+        twin.tick(TICK_S)
+    before = flaps()
+
+    def ready_metric(after_s: float) -> bool:
+        wall[0] = flapped_at + after_s
+        twin.tick(0.0)  # mirrors again without simulating: no new flap
+        assert flaps() == before
+        return next(n for n in twin.frame.nodes if n.name == node).ready_metric
+
+    flapped_at = wall[0]
+    assert [ready_metric(t) for t in (0.0, 14.9, 15.1)] == [False, False, True]
 
 
 def test_a_scripted_failure_of_a_node_already_down_is_no_failure_and_not_the_scripts():

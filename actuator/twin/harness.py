@@ -53,11 +53,13 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
                namespace: str = "default", epoch_s: float = 0.0,
                params: SimParams | None = None, host: str = "127.0.0.1", kube_port: int = 0,
                metrics_port: int = 0, failures: Sequence[ScriptedFailure] = (),
-               on_event: Callable[[TwinEvent], None] | None = None) -> RunningTwin:
+               on_event: Callable[[TwinEvent], None] | None = None,
+               scrape_interval_s: float = 1.0) -> RunningTwin:
     """Start the twin of `scenario` running `speed` x real time (see `Twin`), with scripted
     `failures` scheduled before its first tick (after it, one early in the run would already
     be in the simulator's past; a ValueError names an impossible one). `on_event` is told of
-    each warning, failure, repair and finished job as it happens, in the twin's thread.
+    each warning, failure, repair and finished job as it happens, in the twin's thread;
+    `scrape_interval_s` is the interval Prometheus scrapes its exporter at.
 
     Unless `params` say otherwise, the simulator's decision interval is one tick of simulated
     time, so a tick never jumps past more than one periodic step.
@@ -71,7 +73,8 @@ def start_twin(scenario: Scenario, seed: int = 0, speed: float = 60.0, tick_s: f
     exporter = TwinExporter()
     try:  # whatever stops the start (Ctrl-C included) leaves no port open
         sim = scenario.simulator(params, seed)
-        twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s, on_event))
+        twin = server.call(lambda: Twin(sim, server.api, namespace, speed, epoch_s, on_event,
+                                               scrape_interval_s))
         for failure in failures:
             server.call(twin.script_failure, failure)
         exporter.publish(twin.frame)

@@ -54,8 +54,9 @@ from env.state import Action, ActionKind, ClusterState, JobStatus
 
 log = logging.getLogger(__name__)
 
-_FLAP_HOLD_S = 3.0
-"""Wall seconds a readiness flap stays visible in the kube-state-metrics series (> 2 scrapes)."""
+FLAP_HOLD_SCRAPES = 3.0
+"""Scrape intervals a readiness flap stays visible in the kube-state-metrics series: more than
+two, so at least one scrape sees it whatever the phase of the scrapes against the ticks."""
 
 
 @dataclass
@@ -136,7 +137,10 @@ class Twin:
 
     def __init__(self, sim: Simulator, api: TwinKubeAPI, namespace: str = "default",
                  speed: float = 60.0, epoch_s: float = 0.0,
-                 on_event: Callable[[TwinEvent], None] | None = None) -> None:
+                 on_event: Callable[[TwinEvent], None] | None = None,
+                 scrape_interval_s: float = 1.0) -> None:
+        """`scrape_interval_s`: the Prometheus scrape interval, so that a readiness flap is
+        held in the exporter long enough to be scraped (`FLAP_HOLD_SCRAPES`)."""
         self.sim = sim
         self.api = api
         self.on_event = on_event
@@ -148,6 +152,7 @@ class Twin:
         self.namespace = namespace
         self.speed = speed
         self.epoch_s = epoch_s
+        self._flap_hold_s = FLAP_HOLD_SCRAPES * scrape_interval_s
         self.frame = TelemetryFrame(epoch_s)
         self.failure_hits: dict[ScriptedFailure, tuple[str, ...]] = {}
         """Each scripted failure that took effect -> names of the jobs that still had workers
@@ -435,7 +440,7 @@ class Twin:
             self._ecc_seen[name] = ecc
             flaps = int(nodes.ready_flaps_60m[i])
             if flaps > self._flaps_seen.get(name, 0):
-                self._flap_until[name] = wall + _FLAP_HOLD_S
+                self._flap_until[name] = wall + self._flap_hold_s
             self._flaps_seen[name] = flaps
             ready = bool(nodes.ready[i])
             used = int(nodes.gpus_total[i] - nodes.gpus_free[i]) if ready else 0
