@@ -10,10 +10,11 @@ its directory's name, or by its path where that name is taken: see `policy_label
 ``cluster`` is --cluster as given; ``cluster_file`` records a cluster YAML's content as it was
 used (`env.cluster.cluster_record`; null for NODESxGPUS), and results.md shows it. Its
 ``seeds_repeat`` maps each policy to the workloads on which its every seed gave the same run
-(`repeated_runs`): its CIs and paired counts take those runs once (`distinct_runs`), and
-results.md says so under its table. Its ``lookahead`` gives each lookahead policy's (a
-planner's, `rlalloc planner fit`) contested decisions and deviations from its base, summed over
-its runs (`lookahead_totals`; results.md has a line per such policy). All of these files replace
+(`repeated_runs`): its CIs and paired counts take those runs once (`distinct_runs`), while
+the means still weigh every (workload, seed) alike (`confidence`), and results.md says so
+under its table. Its ``lookahead`` gives each lookahead policy's (a planner's, `rlalloc planner
+fit`) contested decisions and deviations from its base, summed over its runs
+(`lookahead_totals`; results.md has a line per such policy). All of these files replace
 an earlier run's together or not at all (`write_report`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
@@ -171,16 +172,25 @@ def policy_labels(policies: list[str], efficiency: str) -> dict[str, str]:
     return labels
 
 
-def confidence(values: list[float]) -> dict[str, float]:
+def confidence(values: list[float], copies: list[int] | None = None) -> dict[str, float]:
     """Mean and 95% confidence half-width (Student t over the runs). One run has no spread
-    to measure: its half-width is 0, which the tables show as n/a."""
+    to measure: its half-width is 0, which the tables show as n/a.
+
+    `copies`: how many runs each value stands for (`distinct_runs`: a run every seed repeated
+    stands for all of them), so that the mean weighs every (workload, seed) alike, as the runs
+    were asked for, while the half-width counts only the distinct runs (Kish's effective
+    sample size of those weights). Without weights a workload whose seeds repeated weighed
+    1/(seeds+1) of two workloads instead of 1/2, and could reverse a comparison."""
     from scipy import stats
 
     array = np.asarray(values, dtype=float)
-    mean = float(array.mean())
+    weights = np.ones(len(array)) if copies is None else np.asarray(copies, dtype=float)
+    mean = float(np.average(array, weights=weights))
     if len(array) < 2:
         return {"mean": mean, "ci95": 0.0}
-    half = stats.t.ppf(0.975, len(array) - 1) * array.std(ddof=1) / np.sqrt(len(array))
+    n = weights.sum() ** 2 / np.sum(weights ** 2)
+    variance = np.average((array - mean) ** 2, weights=weights) * n / (n - 1)
+    half = stats.t.ppf(0.975, n - 1) * np.sqrt(variance) / np.sqrt(n)
     return {"mean": mean, "ci95": float(half)}
 
 
@@ -244,7 +254,8 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     counted = distinct_runs(results, repeated)
     for policy, name in names.items():
         runs = [r for spec, r in counted.items() if spec.policy == policy]
-        policies[name] = {key: confidence([r["metrics"][key] for r in runs])
+        policies[name] = {key: confidence([r["metrics"][key] for r in runs],
+                                          [r["copies"] for r in runs])
                           for key in METRIC_KEYS}
         unfinished[name] = sum(not r["finished"] for r in runs)
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
@@ -289,18 +300,20 @@ def repeated_runs(results: dict[RunSpec, dict]) -> set[tuple[str, str]]:
 
 def distinct_runs(results: dict[RunSpec, dict], repeated: set[tuple[str, str]],
                   together: tuple[str, ...] = ()) -> dict[RunSpec, dict]:
-    """`results` less the copies of the `repeated` runs: their first seed's run only. Counted
-    as independent, 3 copies of 4 runs made CIs 2.8x too narrow and "12 of 12 better" out of
-    4 (results.json's ``seeds_repeat`` names them). With `together` (the two policies of a
-    paired comparison), a workload's runs are copies only where all of them repeated there:
+    """`results` less the copies of the `repeated` runs: their first seed's run only, its
+    ``copies`` the number of runs it stands for (1 elsewhere; `confidence` weighs by it).
+    Counted as independent, 3 copies of 4 runs made CIs 2.8x too narrow and "12 of 12 better"
+    out of 4 (results.json's ``seeds_repeat`` names them). With `together` (the two policies of
+    a paired comparison), a workload's runs are copies only where all of them repeated there:
     pairs with a run that varies by seed are distinct pairs."""
     first = min((spec.seed for spec in results), default=0)
+    seeds = len({spec.seed for spec in results})
 
-    def copy(spec: RunSpec) -> bool:
-        owners = together or (spec.policy,)
-        return spec.seed != first and all((o, spec.workload) in repeated for o in owners)
+    def repeats(spec: RunSpec) -> bool:
+        return all((o, spec.workload) in repeated for o in together or (spec.policy,))
 
-    return {spec: result for spec, result in results.items() if not copy(spec)}
+    return {spec: {**result, "copies": seeds if repeats(spec) else 1}
+            for spec, result in results.items() if spec.seed == first or not repeats(spec)}
 
 
 def counted_runs(report: dict, name: str) -> int:
@@ -319,13 +332,28 @@ def _same_metrics(first: dict[str, float], second: dict[str, float]) -> bool:
         np.asarray([second[k] for k in keys], dtype=float), equal_nan=True))
 
 
+@dataclass(frozen=True)
+class Pair:
+    """A run of a policy and the reference's run on the same workload and seed."""
+
+    metrics: dict
+    base: dict
+    """The reference's metrics."""
+    copies: int
+    """Runs the pair stands for (`distinct_runs`)."""
+    finished: bool
+    """Whether the policy's run finished every job: if not, its JCTs are lower bounds
+    (`RunAccounting.summary`), so it is never counted better."""
+
+
 def paired_runs(results: dict[RunSpec, dict], policy: str, reference: str,
-                workload: str | None = None) -> list[tuple[dict, dict]]:
-    """(metrics of `policy`, metrics of `reference`) for each workload (or `workload` alone)
-    and seed both ran."""
+                workload: str | None = None) -> list[Pair]:
+    """A `Pair` for each workload (or `workload` alone) and seed both ran."""
     base = {(spec.workload, spec.seed): r["metrics"] for spec, r in results.items()
             if spec.policy == reference}
-    return [(r["metrics"], base[spec.workload, spec.seed]) for spec, r in results.items()
+    return [Pair(r["metrics"], base[spec.workload, spec.seed], r.get("copies", 1),
+                 r["finished"])
+            for spec, r in results.items()
             if spec.policy == policy and (spec.workload, spec.seed) in base
             and workload in (None, spec.workload)]
 
@@ -344,12 +372,14 @@ def percent_change(value: float, base: float, key: str) -> float | None:
     return 100.0 * (value - base) / abs(base)
 
 
-def percent_changes(runs: list[tuple[dict, dict]], key: str) -> list[float]:
-    """Per run, the % change of `key` against the reference (`percent_change`); runs whose
-    reference value is negligible are left out here and count only towards better/worse in
-    `paired_changes`."""
-    changes = (percent_change(m[key], b[key], key) for m, b in runs)
-    return [change for change in changes if change is not None]
+def percent_changes(runs: list[Pair], key: str) -> tuple[list[float], list[int]]:
+    """Per run, the % change of `key` against the reference (`percent_change`), and the runs
+    each stands for (`Pair.copies`, `confidence`'s weights); runs whose reference value is
+    negligible are left out here and count only towards better/worse in `paired_changes`."""
+    kept = [(percent_change(pair.metrics[key], pair.base[key], key), pair.copies)
+            for pair in runs]
+    kept = [(change, copies) for change, copies in kept if change is not None]
+    return [change for change, _ in kept], [copies for _, copies in kept]
 
 
 def _negligible_text(keys: list[str]) -> str:
@@ -382,12 +412,13 @@ def paired_changes(results: dict[RunSpec, dict], names: dict[str, str], referenc
         paired[name] = {}
         for key in metrics:
             sign = -1.0 if key in LOWER_IS_BETTER else 1.0
-            changes = percent_changes(runs, key)
-            paired[name][key] = {**(confidence(changes) if changes else {"mean": None,
-                                                                          "ci95": None}),
+            changes, copies = percent_changes(runs, key)
+            better = sum(pair.finished and sign * (pair.metrics[key] - pair.base[key]) > 0
+                         for pair in runs)
+            paired[name][key] = {**(confidence(changes, copies) if changes
+                                    else {"mean": None, "ci95": None}),
                                  "unit": "%", "runs_with_change": len(changes),
-                                 "better_runs": sum(sign * (m[key] - b[key]) > 0 for m, b in runs),
-                                 "runs": len(runs)}
+                                 "better_runs": better, "runs": len(runs)}
         by_workload[name] = {workload: workload_change(pairs, policy, reference, workload)
                              for workload in workloads}
     return {"reference": names[reference], "policies": paired,
@@ -398,10 +429,10 @@ def workload_change(results: dict[RunSpec, dict], policy: str, reference: str,
                     workload: str) -> dict:
     """`policy`'s mean % change of average JCT against `reference` on `workload` (over its
     seeds; None where no run has one), and how many of the runs of either left jobs
-    unfinished: their average counts only the jobs that finished, so a policy that stalls
-    looks fast. An average gain can hide one workload's loss (results.json's
-    ``paired.avg_jct_by_workload``)."""
-    changes = percent_changes(paired_runs(results, policy, reference, workload), "avg_jct_s")
+    unfinished: their average is a lower bound (`RunAccounting.summary`). An average gain
+    can hide one workload's loss (results.json's ``paired.avg_jct_by_workload``)."""
+    changes, _ = percent_changes(paired_runs(results, policy, reference, workload),
+                                 "avg_jct_s")  # one workload: every pair stands for as many
     unfinished = sum(not r["finished"] for spec, r in results.items()
                      if spec.workload == workload and spec.policy in (policy, reference))
     return {"mean": float(np.mean(changes)) if changes else None,
@@ -458,12 +489,12 @@ def workload_table(paired: dict) -> str | None:
                                                     for changes in by_workload.values()) + " |")
     cells = [change for changes in by_workload.values() for change in changes.values()]
     if any(change["mean"] is None for change in cells):
-        lines += ["", f"n/a: `{paired['reference']}` finished no job there, so there is no % "
-                  "change to take."]
+        lines += ["", f"n/a: `{paired['reference']}`'s avg JCT there was 0 (no job to count), "
+                  "so there is no % change to take."]
     if any(change["runs_unfinished"] for change in cells):
         lines += ["", "unfinished: runs of the policy or the reference stopped at the time "
-                  "limit; their avg JCT counts only the jobs that finished, so the % is not to "
-                  "be trusted."]
+                  "limit; their avg JCT is a lower bound (each unfinished job at its time in the "
+                  "system so far), so the % is not to be trusted."]
     return "\n".join(lines)
 
 
@@ -495,15 +526,16 @@ def _half_width(ci95: float, runs: int, digits: int) -> str:
     return f"{ci95:,.{digits}f}" if runs > 1 else "n/a"
 
 
-def _change(value: float, base: float, key: str) -> str:
+def _change(value: float, base: float, key: str, finished: bool = True) -> str:
     """`` (-23% ✓)``: the change of a mean against the reference's, none where the reference's
-    is 0 or negligible (`NEGLIGIBLE_BASE`: 0.02 restarts per job made 1.5 "+7000%")."""
+    is 0 or negligible (`NEGLIGIBLE_BASE`: 0.02 restarts per job made 1.5 "+7000%"); no ✓
+    unless every run of the policy `finished` (else its JCTs are lower bounds)."""
     change = percent_change(value, base, key)
     if change is None:
         return ""
     if abs(change) < 0.5:
         return " (0%)"
-    better = change < 0 if key in LOWER_IS_BETTER else change > 0
+    better = finished and (change < 0 if key in LOWER_IS_BETTER else change > 0)
     return f" ({change:+.0f}%{' ✓' if better else ''})"
 
 
@@ -544,7 +576,8 @@ def markdown_table(report: dict, metrics: tuple[str, ...] = REPORT_METRICS) -> s
             mean, ci = values[key]["mean"], values[key]["ci95"]
             cell = f"{mean:,.{digits[key]}f} ± {_half_width(ci, runs, digits[key])}"
             if base is not None and name != reference:
-                cell += _change(mean, base[key]["mean"], key)
+                cell += _change(mean, base[key]["mean"], key,
+                                finished=not report["runs_unfinished"].get(name))
             cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -616,7 +649,8 @@ def results_markdown(report: dict, with_paired: bool) -> str:
         md += [_lookahead_line(name, counts), ""]
     if unfinished:
         md += [f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
-               "JCTs count only the finished jobs).", ""]
+               "JCTs and queueing count each unfinished job at its time in the system so far, "
+               "a lower bound; no ✓ and no run counted better for them).", ""]
     paired_png = f", {PAIRED_PLOT}" if with_paired else ""
     md.append(f"Each run's metrics: {RUNS_CSV}. "
               f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")
@@ -653,7 +687,7 @@ def _seeds_repeat_note(report: dict) -> str | None:
                           for name, on in repeated.items())
     counted = ("so there is one run and no ±" if len(workloads) == 1 and everywhere else
                "so the ± and the paired counts take each such run once, not as "
-               f"{copies} independent copies")
+               f"{copies} independent copies (the means weigh it as {copies} runs)")
     return (f"Note: all {copies} seeds gave the same run for {where}: nothing in these runs "
             "depended on the seed (from a workload file only failures do, and none happened), "
             f"{counted}. Use --failures or a synthetic workload for runs that vary.")
@@ -664,7 +698,7 @@ def _cell_legend(report: dict) -> str:
     the change against `table_reference` only where it was evaluated with others."""
     workloads = len(report["workloads"])
     runs = workloads * len(report["seeds"])
-    repeat = ("; a run that every seed repeated counts once, below"
+    repeat = ("; a run that every seed repeated counts once in the ±, below"
               if report.get("seeds_repeat") else "")
     legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads"
               f"{repeat})" if runs > 1 else
@@ -744,7 +778,7 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
     changes = {p: percent_changes(paired_runs(distinct_runs(results, repeated, (p, reference)),
                                               p, reference), "avg_jct_s")
                for p in others}
-    ratios = [1.0 + change / 100.0 for values in changes.values() for change in values]
+    ratios = [1.0 + change / 100.0 for values, _ in changes.values() for change in values]
     log = paired_axis_is_log(ratios)
 
     def x(change: float | np.ndarray) -> float | np.ndarray:
@@ -752,11 +786,11 @@ def _paired_plot(results: dict[RunSpec, dict], names: dict[str, str], reference:
 
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(others) + 2.2), layout="constrained")
     for row, policy in enumerate(others):
-        values = changes[policy]
+        values, copies = changes[policy]
         ax.scatter(x(values), np.full(len(values), row), s=18, alpha=0.6,
                    color=colors[policy], zorder=3)
         if values:
-            stats = confidence(values)
+            stats = confidence(values, copies)
             mean, half = stats["mean"], stats["ci95"]
             low = mean - half
             if log:  # a CI reaching -100% or below has no place on a log axis: cut at its edge

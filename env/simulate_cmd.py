@@ -5,8 +5,9 @@ Command modules sit at the top of the layering: this one resolves the policy thr
 
 A policy that never finishes some job (a learned one can keep restarting it) would replay for
 ever, so the replay stops at the simulated-time limit evaluation and training use
-(`env.simulator.time_limit_s`), writes the metrics of the finished jobs with ``finished:
-false`` and the count of the others, warns in one line and exits with `UNFINISHED_EXIT_CODE`.
+(`env.simulator.time_limit_s`), writes the metrics with ``finished: false`` (each unfinished
+job's JCT at its time in the system so far, `RunAccounting.summary`) and their count,
+warns in one line and exits with `UNFINISHED_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"rlalloc: warning: {policy.name} left {unfinished} of {len(scenario.workload.jobs)} "
           f"jobs unfinished at the simulated-time limit ({limit_s:,.0f} s); the "
-          "metrics cover the finished jobs only", file=sys.stderr)
+          "JCTs count those at their time so far (a lower bound)", file=sys.stderr)
     return UNFINISHED_EXIT_CODE
 
 

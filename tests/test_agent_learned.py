@@ -249,7 +249,7 @@ def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
     for i, policy in enumerate(("static", "elastic", "ppo")):
         for seed in (0, 1):
             results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
-                "metrics": {"avg_jct_s": 100.0 + 10 * i + seed},
+                "metrics": {"avg_jct_s": 100.0 + 10 * i + seed}, "finished": True,
                 "jcts_s": np.array([50.0, 100.0 + i]),
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
     names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
@@ -285,7 +285,7 @@ def _runs_against_static(factors):
         for seed in (0, 1):
             jct = 1_000.0 * (1 + seed) * factor * (1 + 0.02 * seed)
             results[RunSpec(policy, "data/w.csv", seed, "2x4", 0.05)] = {
-                "metrics": {"avg_jct_s": jct}, "jcts_s": np.array([50.0, jct]),
+                "metrics": {"avg_jct_s": jct}, "finished": True, "jcts_s": np.array([50.0, jct]),
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
     return results, {policy: policy for policy in ("static", *factors)}
 
@@ -343,7 +343,7 @@ def test_policy_plots_say_what_they_show_and_keep_the_legend_off_the_data(tmp_pa
 def _report_of(means, paired_reference=None):
     """A results.json document of two runs per policy with these means (and a tenth of each
     as its CI)."""
-    report = {"workloads": ["w"], "seeds": [0, 1],
+    report = {"workloads": ["w"], "seeds": [0, 1], "runs_unfinished": dict.fromkeys(means, 0),
               "policies": {policy: {key: {"mean": mean, "ci95": mean / 10}
                                     for key, mean in values.items()}
                            for policy, values in means.items()}}

@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib.figure
 import numpy as np
 import pytest
+import scipy.stats
 
 from agent import evaluate_cmd, registry
 from agent.evaluate_cmd import RunSpec, repeated_runs, results_markdown, summarise
@@ -95,7 +96,7 @@ def test_repeated_seeds_count_each_distinct_run_once():
     md = results_markdown(report, with_paired=True)
     assert "take each such run once, not as 3 independent copies" in md
     assert ("(t-distribution over 6 runs = seeds × workloads; a run that every seed repeated "
-            "counts once, below)") in md
+            "counts once in the ±, below)") in md
     assert "(2/2 better)" in md
 
 
@@ -117,17 +118,66 @@ def test_a_run_repeated_beside_runs_that_vary_counts_once(tmp_path, monkeypatch)
     report = _report(results, names)
     report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
     assert report["seeds_repeat"] == {"a": ["file"], "b": ["file"]}
+    # the mean weighs each of the 6 (workload, seed) runs alike: the file's run stands for 3
+    # (over the 4 distinct runs it was 25, the file a quarter of the weight instead of half);
+    # the CI counts 3 effective runs (Kish: 6^2 / (9 + 1 + 1 + 1)), not 6
+    variance = (3 * 10.0 ** 2 + 0.0 + 10.0 ** 2 + 20.0 ** 2) / 6 * 3 / 2
     assert report["policies"]["a"]["avg_jct_s"] == pytest.approx(
-        evaluate_cmd.confidence([10.0, 20.0, 30.0, 40.0]))
+        {"mean": 20.0, "ci95": scipy.stats.t.ppf(0.975, 2) * np.sqrt(variance / 3)})
     paired = report["paired"]["policies"]["b"]["avg_jct_s"]
     changes = [-20.0, -5.0, -10.0, 0.0]
-    assert paired == pytest.approx({**evaluate_cmd.confidence(changes), "unit": "%",
-                                    "runs_with_change": 4, "better_runs": 3, "runs": 4})
+    assert paired["mean"] == pytest.approx((3 * -20.0 - 5.0 - 10.0 + 0.0) / 6)
+    assert paired == pytest.approx({**evaluate_cmd.confidence(changes, [3, 1, 1, 1]),
+                                    "unit": "%", "runs_with_change": 4, "better_runs": 3,
+                                    "runs": 4})
     md = results_markdown(report, with_paired=True)
     assert "for `a` on file; `b` on file:" in md and "(3/4 better)" in md
     evaluate_cmd._plots(results, names, tmp_path, reference="a")
     dots = drawn[evaluate_cmd.PAIRED_PLOT].axes[0].collections[0].get_offsets()
     assert sorted(np.asarray(dots)[:, 0].tolist()) == sorted(changes)  # as results.json
+
+
+def test_policies_whose_seeds_repeat_on_different_workloads_are_weighed_alike():
+    """`a` repeats on w1 only, `b` on none: each mean is over the same 6 runs as asked, so `b`,
+    better on every run, is better on average too (weighing distinct runs, `a`'s w1 counted a
+    quarter and `b`'s a half, and `b` read as 25 % worse)."""
+    jct = {("a", "w1"): [100.0] * 3, ("a", "w2"): [10.0, 11.0, 12.0],
+           ("b", "w1"): [90.0, 91.0, 92.0], ("b", "w2"): [9.0, 10.0, 11.0]}
+    results = {RunSpec(policy, workload, seed, "2x4", 0.0): {
+                   "metrics": dict.fromkeys(METRIC_KEYS, value), "finished": True,
+                   "lookahead": None}
+               for (policy, workload), values in jct.items() for seed, value in enumerate(values)}
+    report = _report(results, {"a": "a", "b": "b"})
+    assert report["seeds_repeat"] == {"a": ["w1"]}
+    means = {name: report["policies"][name]["avg_jct_s"]["mean"] for name in ("a", "b")}
+    assert means == pytest.approx({name: np.mean(sum((jct[name, w] for w in ("w1", "w2")), []))
+                                   for name in ("a", "b")})
+    assert means["b"] < means["a"]
+
+
+def test_a_run_that_stalls_is_not_counted_better(tmp_path):
+    """A policy that starts no job finished none: over finished jobs only its JCT was 0 s,
+    "-100 % ✓" and "2/2 better" than static. Its jobs count at their time in the system."""
+    from env.state import NOOP
+
+    scenario = build_scenario("synthetic:6:1:2", "2x4", seed=0)
+    stalled = run_policy(scenario.simulator(seed=0), lambda state: NOOP)
+    assert not stalled.finished
+    metrics = stalled.metrics
+    assert metrics["jobs_completed"] == 0
+    assert metrics["avg_jct_s"] == pytest.approx(metrics["avg_queue_s"])  # none ever started
+    assert metrics["avg_jct_s"] > 0.5 * metrics["makespan_s"]
+    better = {"metrics": dict.fromkeys(METRIC_KEYS, 1.0), "finished": False, "lookahead": None}
+    worse = {"metrics": dict.fromkeys(METRIC_KEYS, 2.0), "finished": True, "lookahead": None}
+    results = {RunSpec(policy, "w", seed, "2x4", 0.0): run
+               for seed in (0, 1) for policy, run in (("static", worse), ("stall", better))}
+    names = {"static": "static", "stall": "stall"}
+    report = _report(results, names)
+    report["paired"] = evaluate_cmd.paired_changes(results, names, "static")
+    assert report["paired"]["policies"]["stall"]["avg_jct_s"]["better_runs"] == 0
+    md = results_markdown(report, with_paired=True)
+    assert "(-50%)" in md and "✓" not in md.split("\n\n")[2]  # the table: no ✓
+    assert "a lower bound; no ✓ and no run counted better for them" in md
 
 
 def test_evaluate_of_a_workload_file_without_failures_says_its_seeds_repeat(tmp_path, capsys):
@@ -160,7 +210,7 @@ def test_a_policy_with_the_same_curves_as_another_stays_visible(tmp_path, monkey
     for policy, factor in (("static", 1.0), ("elastic", 0.8), ("ppo", 0.8)):
         for seed in (0, 1):
             results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
-                "metrics": {"avg_jct_s": 100.0 * factor},
+                "metrics": {"avg_jct_s": 100.0 * factor}, "finished": True,
                 "jcts_s": np.array([50.0, 100.0]) * factor,
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8 * factor],
                            "queued_jobs": [factor, 0]}}
@@ -198,7 +248,8 @@ def test_queue_lines_of_runs_that_end_at_different_times_are_drawn_as_one(tmp_pa
     for policy, hours, queued in (("static", 2, 3.0), ("elastic", 2, 0.0), ("ppo", 4, 0.0)):
         t = np.arange(hours + 1) * 3600.0
         results[RunSpec(policy, "w", 0, "2x4", 0.0)] = {
-            "metrics": {"avg_jct_s": 100.0 * hours}, "jcts_s": np.array([50.0 * hours]),
+            "metrics": {"avg_jct_s": 100.0 * hours}, "finished": True,
+            "jcts_s": np.array([50.0 * hours]),
             "series": {"t": t, "alloc_gpus": 8 - t / 3600.0, "queued_jobs": np.full(
                 hours + 1, queued)}}
     evaluate_cmd._plots(results, {p: p for p in ("static", "elastic", "ppo")}, tmp_path)
@@ -216,7 +267,7 @@ def _paired_runs(factor: float) -> tuple[dict[RunSpec, dict], dict[str, str]]:
         for seed in (0, 1):
             jct = 1_000.0 * (1 + seed) * jct_factor
             results[RunSpec(policy, "w", seed, "2x4", 0.0)] = {
-                "metrics": {"avg_jct_s": jct}, "jcts_s": np.array([jct]),
+                "metrics": {"avg_jct_s": jct}, "finished": True, "jcts_s": np.array([jct]),
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
     return results, {"static": "static", "other": "other"}
 
@@ -378,4 +429,4 @@ def test_the_per_workload_table_flags_runs_that_left_jobs_unfinished():
     assert "| ok | -10.0% |" in table
     assert "| stall | -100.0% (1 unfinished) |" in table
     assert "| ref-stall | n/a (1 unfinished) |" in table
-    assert "\nn/a: `a` finished no job there" in table and "\nunfinished: runs" in table
+    assert "\nn/a: `a`'s avg JCT there was 0" in table and "\nunfinished: runs" in table
