@@ -14,8 +14,10 @@
   when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
   replacement. Pods are deleted by uid, so a retried delete cannot hit the operator's
   replacement of the same name. Each step is idempotent and safe on its own, and the
-  disruptive one comes last: if an earlier step fails, nothing has moved and
-  the next cycle decides again.
+  disruptive one comes last. A failure after a first write that landed (a resize patched, a
+  pod deletion refused) still changed the job: `Applier.changed` says so, and the loop counts
+  it against the job's cooldown and the disruption caps, or a missing `pods/delete` permission
+  restarted the same job every cycle.
 
 Every PyTorchJob patch is validated against the Training Operator's CRD schema before it is
 sent (the API server would reject or prune it; an emulator would not).
@@ -47,9 +49,13 @@ class Applier:
         self._kube = kube
         self._config = config
         self._validate = validate
+        self.changed = False
+        """Whether the last `apply` wrote anything to the cluster, also when it then failed."""
 
     def apply(self, action: Action, built: BuiltState) -> None:
-        """Carry out `action`; raises `KubeError` (or a validation error) when it could not."""
+        """Carry out `action`; raises `KubeError` (or a validation error) when it could not
+        (`changed` says whether a write had landed by then)."""
+        self.changed = False
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
         requested = int(built.state.jobs.requested_gpus[row])
@@ -60,6 +66,7 @@ class Applier:
                 # request would be the size rlalloc chose (0 after a suspend), not the user's
                 self._patch(ref, {"metadata": {"annotations": first}})
             self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
+            self.changed = True
             return
         if self._config.node_affinity:
             self._patch(ref, placement_patch(ref, action, requested))
@@ -67,6 +74,7 @@ class Applier:
                 action.from_node not in built.state.nodes.name
                 or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):
             self._kube.cordon(action.from_node)
+            self.changed = True
         # every pod on a failing node goes, with grace 0 where it is unreachable (one the operator
         # removes itself, of an index beyond the count, would stay Terminating on a dead kubelet
         # and block its name); a pinned move's placement may leave healthy nodes too, whose
@@ -77,11 +85,13 @@ class Applier:
         for pod in leaving:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             self._kube.delete_pod(pod.namespace, pod.name, grace, pod.uid)
+            self.changed = True
 
     def _patch(self, ref: JobRef, patch: dict) -> None:
         """Merge-patch the PyTorchJob, validated as it would be stored."""
         self._validate(merge_patch(ref.obj, patch))
         self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
+        self.changed = True
 
 
 def request_annotation(ref: JobRef, requested_workers: int) -> dict[str, str]:

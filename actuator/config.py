@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -234,10 +235,14 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
                 "lease_duration_s", "clock_speedup")
     non_negative = ("cooldown_s", "max_disruptions_per_cycle", "max_disruptions_per_hour",
                     "api_retries", "api_backoff_s", "pod_grace_s")
-    problems = {name: f"{name} must be > 0 (got {getattr(config, name)})"
-                for name in positive if not getattr(config, name) > 0}
-    problems |= {name: f"{name} must be >= 0 (got {getattr(config, name)})"
-                 for name in non_negative if getattr(config, name) < 0}
+    # finite too: NaN passed "< 0" (a NaN cooldown refused nothing), and an infinite timeout
+    # overflowed the HTTP client's clock
+    problems = {name: f"{name} must be a finite number > 0 (got {getattr(config, name)})"
+                for name in positive
+                if not 0 < getattr(config, name) < math.inf}
+    problems |= {name: f"{name} must be a finite number >= 0 (got {getattr(config, name)})"
+                 for name in non_negative
+                 if not 0 <= getattr(config, name) < math.inf}
     if config.max_actions_per_cycle < 1:
         problems["max_actions_per_cycle"] = (f"max_actions_per_cycle must be >= 1 "
                                              f"(got {config.max_actions_per_cycle})")

@@ -88,7 +88,7 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
     decisions: list[Decision] = []
     cycle_disruptions = 0
     for _ in range(config.max_actions_per_cycle):
-        action = policy.act(state)
+        action = policy.act(policy_view(state, config, nodes_without_telemetry))
         if action.kind == ActionKind.NOOP:
             break
         disruptive = is_disruptive(state, action)
@@ -108,6 +108,18 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
         history = history.record(action.job_id, now, disruptive)
         state = project(state, action)
     return CycleDecisions(tuple(decisions), history, state)
+
+
+def policy_view(state: ClusterState, config: ActuatorConfig,
+                nodes_without_telemetry: frozenset[str]) -> ClusterState:
+    """`state` as the policy is shown it: nodes the telemetry guardrail refuses new workers on
+    appear cordoned, as the guardrail treats them. Shown as usable, a deterministic policy
+    proposed the same refused placement every cycle, and the refusal, which ends the cycle,
+    held up every other move (failovers included) for as long as one exporter was down."""
+    if not (config.require_node_telemetry and nodes_without_telemetry):
+        return state
+    blind = np.isin(np.asarray(state.nodes.name), list(nodes_without_telemetry))
+    return replace(state, nodes=replace(state.nodes, cordoned=state.nodes.cordoned | blind))
 
 
 def is_disruptive(state: ClusterState, action: Action) -> bool:

@@ -39,6 +39,9 @@ from trainer_jobs.crd_schema import PyTorchJobValidationError
 log = logging.getLogger("rlalloc.actuator")
 
 APPLIED, REFUSED, FAILED, DRY_RUN = "applied", "refused", "failed", "dry_run"
+PARTLY_APPLIED = "partly applied, counted as a change (cooldown, disruption caps): "
+"""How a failed action's detail starts when a write of it had landed (`Applier.changed`): the
+job did change, so the guardrails' history records it as they would an applied one."""
 
 
 @runtime_checkable
@@ -138,7 +141,7 @@ class Controller:
             outcome, detail = self._carry_out(decision, built)
             report.outcomes.append((decision, outcome))
             report.lines.append(self._report(decision, outcome, detail, built))
-            if outcome in (APPLIED, DRY_RUN):
+            if outcome in (APPLIED, DRY_RUN) or detail.startswith(PARTLY_APPLIED):
                 history = history.record(decision.action.job_id, built.state.time_s,
                                          decision.disruptive)
             elif outcome == FAILED:
@@ -196,7 +199,7 @@ class Controller:
                 self._applier.apply(decision.action, built)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
-            return FAILED, str(err)
+            return FAILED, (PARTLY_APPLIED if self._applier.changed else "") + str(err)
         return APPLIED, ""
 
     def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> str:

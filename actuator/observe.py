@@ -99,15 +99,26 @@ class PrometheusSource:
         """Release the HTTP connections."""
         self._client.close()
 
-    def _query(self, name: str, query: str, at_s: float) -> list[dict]:
+    def _query(self, name: str, query: str, at_s: float, scalar: bool = False) -> list:
+        """The query's instant-vector result (with `scalar`, a scalar's ``[time, value]`` too);
+        `ObserveError` for any other result type, which the state builder cannot read."""
         try:
-            return self._client.custom_query(query, params={"time": repr(at_s)},
-                                             timeout=self._timeout_s)
+            result = self._client.custom_query(query, params={"time": repr(at_s)},
+                                               timeout=self._timeout_s)
         except _FAILURES as err:
             raise _observe_error(f"Prometheus query {name}", err) from err
+        kind = _result_kind(result)
+        if kind != "vector" and not (scalar and kind == "scalar"):
+            raise ObserveError(
+                f"Prometheus query {name} ({query!r}) returned a {kind}, not an instant vector"
+                + (" or a scalar" if scalar else "") + "; fix it in the actuator's queries "
+                "(a range selector like [5m] needs a function around it, e.g. max_over_time)")
+        return result
 
     def _scalar(self, query: str, at_s: float) -> float:
-        result = self._query("clock", query, at_s)
+        result = self._query("clock", query, at_s, scalar=True)
+        if _result_kind(result) == "scalar":
+            return float(result[1])
         if not result:
             raise ObserveError(f"the clock query {query!r} returned no series; is the exporter "
                                "that serves it (the twin's) up, and is Prometheus scraping it?")
@@ -148,6 +159,28 @@ _FAILURES = (requests.RequestException, PrometheusApiClientException, ValueError
 """What a request through the client raises when Prometheus is down, slow, refuses the query, or
 answers with something other than its API's JSON (the client indexes ``["data"]["result"]``
 of any 200 reply: KeyError or TypeError when those are missing)."""
+
+
+def _result_kind(result: object) -> str:
+    """What a query's ``data.result`` is: "vector" (a list of series with one ``value`` each;
+    empty too), "scalar" or "string" (``[time, value]``), "range vector" (series with
+    ``values``) or "malformed result"; the client hands back ``data.result`` without its
+    ``resultType``."""
+    if isinstance(result, list) and all(isinstance(s, dict) and "value" in s for s in result):
+        return "vector"
+    if isinstance(result, list) and len(result) == 2 and isinstance(result[0], int | float):
+        return "scalar" if isinstance(result[1], str) and _is_number(result[1]) else "string"
+    if isinstance(result, list) and all(isinstance(s, dict) and "values" in s for s in result):
+        return "range vector"
+    return "malformed result"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _observe_error(what: str, err: Exception) -> ObserveError:

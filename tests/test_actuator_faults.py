@@ -43,6 +43,7 @@ from actuator.twin.kube_api import (
     dump_kubeconfig,
 )
 from actuator.twin.render import cluster_objects, query_results
+from agent.registry import load_policy
 from env.cli import main as cli_main
 from env.errors import UserError
 from env.failures import STRESS_FAILURES_PER_GPU_DAY
@@ -181,6 +182,30 @@ def test_slow_prometheus_means_no_moves(tmp_path):
         server.stop()
 
 
+@needs_prometheus
+def test_a_query_of_a_result_type_the_actuator_cannot_read_is_named(tmp_path):
+    """A scalar clock (as the config's docstring allows) crashed the cycle with a TypeError
+    traceback, and a range-vector query with a KeyError in the state builder."""
+    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{free_port()}").start()
+    try:
+        prometheus.wait_for("up")  # the (unreachable) target's up series: a range has data
+
+        def source(**queries: str) -> PrometheusSource:
+            return PrometheusSource(ActuatorConfig(prometheus_url=prometheus.url,
+                                                   queries=replace(Queries(), **queries)))
+
+        before = time.time()
+        snapshot = source(clock="time()").fetch(None, 0)
+        assert before - 0.01 <= snapshot.clock_s <= time.time()  # Prometheus keeps ms
+        with pytest.raises(ObserveError, match=r"query xid_errors \('up\[5m\]'\) returned a "
+                                               r"range vector, not an instant vector;"):
+            source(xid_errors="up[5m]").fetch(None, 0)
+        with pytest.raises(ObserveError, match="returned a scalar, not an instant vector;"):
+            source(xid_errors="scalar(vector(3))").fetch(None, 0)
+    finally:
+        prometheus.stop()
+
+
 def test_stale_metrics_are_missing():
     state = _state()
     names = {j: j for j in state.jobs.job_id}
@@ -203,6 +228,53 @@ def test_stale_metrics_are_missing():
                    built.nodes_without_telemetry)
     assert not cycle.decisions[0].accepted
     assert "no fresh DCGM telemetry for node node-0001" in cycle.decisions[0].reason
+
+
+def test_a_node_without_telemetry_holds_up_no_other_move():
+    """node-a's exporter is down. Shown to the policy as usable, elastic proposed q1 there
+    every cycle and proactive moved r off warned node-c onto it: both refused, and a refusal
+    ends the cycle, so nothing else (the failover included) ever happened."""
+    nodes = Nodes.from_records([
+        NodeInfo("node-a", 4, 4), NodeInfo("node-b", 4, 4),
+        NodeInfo("node-c", 4, 2, xid_errors_5m=3, failure_risk=0.9)])
+    jobs = Jobs.from_records([
+        JobInfo("default/r", JobStatus.RUNNING, 0.0, 2, 1, 2, workers=2, placement=(2, 2),
+                throughput=2.0, progress=0.3, run_s=3600, attained_gpu_s=7200),
+        JobInfo("default/q1", JobStatus.QUEUED, 6000.0, 4, 1, 4),
+        JobInfo("default/q2", JobStatus.QUEUED, 6300.0, 4, 1, 4)])
+    state = ClusterState(7200.0, nodes, jobs, Demand(pending_gpus=8))
+    blind = frozenset({"node-a"})
+    for name in ("elastic", "proactive"):
+        cycle = decide(state, load_policy(name), ActuatorConfig(), DecisionHistory(), blind)
+        assert cycle.decisions and all(d.accepted for d in cycle.decisions), name
+        assert not any("node-a" in d.action.nodes for d in cycle.decisions), name
+        if name == "proactive":
+            assert cycle.decisions[0].action.kind == ActionKind.MIGRATE
+    # the telemetry guardrail off: node-a is usable, and shown so
+    cycle = decide(state, load_policy("elastic"),
+                   ActuatorConfig(require_node_telemetry=False), DecisionHistory(), blind)
+    assert any("node-a" in d.action.nodes for d in cycle.decisions)
+
+
+def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tmp_path):
+    """The resize's patch landed (the job restarts) but a pod deletion was refused: recorded
+    as nothing, the job was resized again every cycle, cooldown and caps bypassed."""
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state, cooldown_s=300.0,
+                                           max_actions_per_cycle=1)
+    try:
+        grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0001",) * 3))
+        again = _rename(Action(ActionKind.SCALE, "j", 4, ("node-0001",) * 4))
+        ctl = Controller(config, kube, metrics, Scripted(grow, again), "a-0")
+        server.api.inject_fault("DELETE", "/pods/", *[403] * 4)
+        first = ctl.run_cycle()
+        [(_, outcome)] = first.outcomes
+        assert outcome == "failed" and "partly applied" in first.lines[0]
+        second = ctl.run_cycle()
+        [(decision, outcome)] = second.outcomes
+        assert outcome == "refused" and decision.reason.startswith("cooldown")
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- Kubernetes API
@@ -620,7 +692,10 @@ def test_sigterm_exits_promptly_releasing_the_lease_if_the_api_is_there(tmp_path
     ("interval_s: [1, 2\n", "not valid YAML at line"),
     ("intervall_s: 5\n", "unknown actuator setting 'intervall_s'"),
     ("interval_s: soon\n", "expected float for interval_s, got 'soon'"),
-    ("max_disruptions_per_cycle: -1\n", "max_disruptions_per_cycle must be >= 0"),
+    ("max_disruptions_per_cycle: -1\n", "max_disruptions_per_cycle must be a finite number >= 0"),
+    # NaN passed "< 0", and a NaN cooldown then refused nothing
+    ("cooldown_s: .nan\n", "cooldown_s must be a finite number >= 0 (got nan)"),
+    ("prometheus_timeout_s: .inf\n", "prometheus_timeout_s must be a finite number > 0 (got inf)"),
     ("queries:\n  xid: foo\n", "queries.xid is not a known signal"),
     ("signals: prophet\n", "signals must be one of none, standin, lstm (got 'prophet')"),
     # renewed once per cycle, a lease as long as the cycle lapses whenever a cycle runs late
@@ -701,7 +776,7 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
     assert cli_main(["actuate", "--config", str(path), "--interval-s", "-5", "--once"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("rlalloc: error: flag --interval-s: invalid actuator setting: interval_s "
-                   "must be > 0 (got -5.0)")
+                   "must be a finite number > 0 (got -5.0)")
 
 
 # ----------------------------------------------------------------- set-up and --once errors
