@@ -1,4 +1,5 @@
-"""Cluster shape: nodes x GPUs, GPU type and rack, from a short spec (``16x4``) or a YAML file.
+"""Cluster shape: nodes x GPUs, GPU type and rack, from a short spec (``16x4``, or groups joined
+by ``+``: ``4x8:A100+8x4``) or a YAML file.
 
 The same `ClusterSpec` sizes the simulator and tells the workload loaders how many GPUs one job
 may ask for. A YAML file lists node groups so heterogeneous clusters can be described::
@@ -20,6 +21,8 @@ H100), in any case; unknown keys, fractional counts and unknown types are one-li
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +73,9 @@ class ClusterSpec:
         return max(n.gpus for n in self.nodes)
 
     def describe(self) -> str:
-        """`16x4` for a uniform T4 cluster, otherwise a count per (GPUs, type) group."""
+        """`16x4` for a uniform T4 cluster, otherwise a count per (GPUs, type) group joined by
+        ``+`` (``3x8:A100+4x4``): a spec `parse_cluster` accepts, giving a cluster of the same
+        nodes but numbered and racked afresh (a YAML file's names and racks are not kept)."""
         groups: dict[tuple[int, str], int] = {}
         for n in self.nodes:
             groups[(n.gpus, n.gpu_type)] = groups.get((n.gpus, n.gpu_type), 0) + 1
@@ -84,24 +89,29 @@ class ClusterSpec:
 def add_cluster_flag(parser: argparse.ArgumentParser, default: str = "16x4") -> None:
     """--cluster, described alike by every command that simulates (`parse_cluster` reads it)."""
     parser.add_argument("--cluster", default=default,
-                        help="NODESxGPUS (e.g. 16x4, 128x8:A100) or a cluster YAML "
-                             "(default: %(default)s)")
+                        help="NODESxGPUS[:TYPE], several joined by + (e.g. 16x4, 128x8:A100, "
+                             "4x8:A100+8x4), or a cluster YAML (default: %(default)s)")
 
 
 def uniform_cluster(
     num_nodes: int, gpus_per_node: int, gpu_type: str = DEFAULT_GPU_TYPE
 ) -> ClusterSpec:
     """`num_nodes` identical nodes, racks of `DEFAULT_NODES_PER_RACK` consecutive nodes."""
-    return ClusterSpec(
-        tuple(
-            NodeSpec(f"node-{i:04d}", gpus_per_node, gpu_type, i // DEFAULT_NODES_PER_RACK)
-            for i in range(num_nodes)
-        )
-    )
+    return ClusterSpec(tuple(_numbered_nodes(0, num_nodes, gpus_per_node, gpu_type)))
+
+
+def _numbered_nodes(first: int, count: int, gpus: int, gpu_type: str,
+                    per_rack: int = DEFAULT_NODES_PER_RACK, rack: int | None = None,
+                    prefix: str = "node-") -> list[NodeSpec]:
+    """`count` nodes of a group starting at node index `first`: named `prefix` and the index,
+    in `rack`, by default index // `per_rack` (groups number and rack nodes across them)."""
+    return [NodeSpec(f"{prefix}{i:04d}", gpus, gpu_type, i // per_rack if rack is None else rack)
+            for i in range(first, first + count)]
 
 
 def parse_cluster(spec: str) -> ClusterSpec:
-    """Parse ``NxG`` (optionally ``NxG:TYPE``) or the path of a YAML cluster file."""
+    """Parse ``NxG`` (optionally ``NxG:TYPE``, several joined by ``+``) or the path of a YAML
+    cluster file."""
     return _cluster_and_content(spec)[0]
 
 
@@ -126,23 +136,33 @@ def cluster_markdown(record: dict) -> list[str]:
 
 def _cluster_and_content(spec: str) -> tuple[ClusterSpec, dict | None]:
     """`parse_cluster`, and the content of a YAML file as read (None for a short spec)."""
-    match = _SHORT_SPEC.match(spec)
-    if match:
-        where = f"cluster spec {spec!r}"
-        num_nodes = _whole(int(match.group(1)), f"{where}: nodes", 1, MAX_NODES)
-        gpus = _whole(int(match.group(2)), f"{where}: GPUs per node", 1, MAX_GPUS_PER_NODE)
-        return uniform_cluster(num_nodes, gpus,
-                               gpu_type_named(match.group(3) or DEFAULT_GPU_TYPE, where)), None
+    groups = [_SHORT_SPEC.match(part) for part in spec.split("+")]
+    if all(groups):
+        return _short_cluster(spec, groups), None
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml") and not path.exists():
         raise UserError(f"cluster file {spec}: no such file; check the path, or give "
                         "NODESxGPUS[:TYPE] (e.g. 16x4)")
     if not path.is_file():
         raise UserError(
-            f"cluster spec {spec!r} is neither NODESxGPUS[:TYPE] (e.g. 16x4, 8x8:A100) nor a "
-            "YAML file" + (" (it is a directory)" if spec and path.is_dir() else "")
+            f"cluster spec {spec!r} is neither NODESxGPUS[:TYPE] (e.g. 16x4, 8x8:A100, several "
+            "joined by +) nor a YAML file"
+            + (" (it is a directory)" if spec and path.is_dir() else "")
         )
     return _cluster_from_yaml(path)
+
+
+def _short_cluster(spec: str, groups: list[re.Match]) -> ClusterSpec:
+    """The nodes of ``NODESxGPUS[:TYPE]`` groups (joined by ``+`` in `spec`), numbered and
+    racked across the groups as a YAML file's are; one group is a `uniform_cluster`."""
+    where = f"cluster spec {spec!r}"
+    nodes: list[NodeSpec] = []
+    for group in groups:
+        count = _whole(int(group.group(1)), f"{where}: nodes", 1, MAX_NODES - len(nodes))
+        gpus = _whole(int(group.group(2)), f"{where}: GPUs per node", 1, MAX_GPUS_PER_NODE)
+        gpu_type = gpu_type_named(group.group(3) or DEFAULT_GPU_TYPE, where)
+        nodes.extend(_numbered_nodes(len(nodes), count, gpus, gpu_type))
+    return ClusterSpec(tuple(nodes))
 
 
 def gpu_type_named(name: object, where: str) -> str:
@@ -204,13 +224,32 @@ def _cluster_from_yaml(path: Path) -> tuple[ClusterSpec, dict]:
             raise UserError(f"{where}.name_prefix {prefix!r}: node names must be Kubernetes "
                             "names: lowercase letters, digits, '-' and '.', starting with a "
                             "letter or digit, e.g. 'a100-'")
-        nodes.extend(
-            NodeSpec(f"{prefix}{i:04d}", gpus, gpu_type, i // per_rack if rack is None else rack)
-            for i in range(len(nodes), len(nodes) + count)
-        )
+        nodes.extend(_numbered_nodes(len(nodes), count, gpus, gpu_type, per_rack, rack, prefix))
         groups.append({"count": count, "gpus": gpus, "gpu_type": gpu_type,
                        **({} if rack is None else {"rack": rack}), "name_prefix": prefix})
+    _reject_repeated_names(path, nodes, groups)
     return ClusterSpec(tuple(nodes)), {"racks_of": per_rack, "nodes": groups}
+
+
+def _reject_repeated_names(path: Path, nodes: list[NodeSpec], groups: list[dict]) -> None:
+    """One-line `UserError` if two nodes share a name, which groups whose prefixes differ by
+    trailing digits give (``n-1`` + ``0000`` and ``n-`` + ``10000``): the simulator would
+    reach only one of them by name, yet count both, and Kubernetes has one Node per name."""
+    names = [node.name for node in nodes]
+    if len(set(names)) == len(names):
+        return
+    starts = list(itertools.accumulate((group["count"] for group in groups), initial=0))
+    first_index: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in first_index:
+            earlier, later = (bisect.bisect_right(starts, i) - 1
+                              for i in (first_index[name], index))
+            prefix = next(groups[g]["name_prefix"] for g in (earlier, later)
+                          if groups[g]["name_prefix"][-1:].isdigit())
+            raise UserError(f"{path}: nodes[{later}] and nodes[{earlier}] both name a node "
+                            f"{name!r}; end name_prefix {prefix!r} in a non-digit, e.g. "
+                            f"{prefix + '-'!r}")
+        first_index[name] = index
 
 
 def _yaml_position(err: yaml.YAMLError) -> str:

@@ -672,6 +672,10 @@ class Simulator:
             elif kind == _COMPLETE:
                 if b == self._version[a]:
                     self._on_complete(a, t)
+                    if self.done:
+                        # the run ends at its last finish, so do its integrals (energy), not at
+                        # the tick an epoch end left as the target when it scheduled the finish
+                        target = t
             else:
                 self._on_health(self._health_events.pop(a), t)
         self.accounting.advance(target)

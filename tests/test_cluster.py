@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -66,6 +68,10 @@ def test_a_cluster_record_gives_the_same_cluster_back_without_the_file(tmp_path)
     ("nodes:\n  - {count: 2, gpus: 4, name_prefix: -a}\n", "name_prefix '-a'"),
     ("nodes:\n  - {count: 2, gpus: 4, name_prefix: a.-}\n", "name_prefix 'a.-'"),
     ("nodes:\n  - {count: 2, gpus: 4, name_prefix: a..}\n", "name_prefix 'a..'"),
+    # n-1 + 0000 is n- + 10000: one name for two nodes, of which the simulator reaches one
+    ("nodes:\n  - {count: 1, gpus: 8, name_prefix: n-1}\n"
+     "  - {count: 10001, gpus: 1, name_prefix: n-}\n",
+     "nodes[1] and nodes[0] both name a node 'n-10000'; end name_prefix 'n-1' in a non-digit"),
 ])
 def test_bad_yaml_is_one_clear_error(tmp_path, text, fragment):
     path = tmp_path / "bad.yaml"
@@ -74,6 +80,27 @@ def test_bad_yaml_is_one_clear_error(tmp_path, text, fragment):
         parse_cluster(str(path))
     assert fragment in str(err.value) and str(path) in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_description_is_a_spec_of_the_same_nodes(tmp_path):
+    """`describe()` (printed by simulate, kept by cards) can be given back to --cluster: the
+    same GPUs and types, numbered and racked across the groups as in a YAML file."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes:\n  - {count: 2, gpus: 4}\n  - {count: 1, gpus: 8, gpu_type: A100}\n"
+                    "  - {count: 1, gpus: 4, name_prefix: t-}\n")
+    cluster = parse_cluster(str(path))
+    again = parse_cluster(cluster.describe())
+    assert cluster.describe() == again.describe() == "3x4+1x8:A100"
+    assert sorted((n.gpus, n.gpu_type) for n in again.nodes) == sorted(
+        (n.gpus, n.gpu_type) for n in cluster.nodes)
+    mixed = parse_cluster(" 4x8:a100 + 8x4 ")
+    assert [n.name for n in mixed.nodes] == [f"node-{i:04d}" for i in range(12)]
+    assert [n.rack for n in mixed.nodes] == [0] * 8 + [1] * 4
+    assert [n.gpu_type for n in mixed.nodes] == ["A100"] * 4 + ["T4"] * 8
+    for spec, fragment in [("2x4+", "neither NODESxGPUS"), ("2x4+0x4", "at least 1"),
+                           ("999999x4+2x4", "at most 1; not 2")]:
+        with pytest.raises(UserError, match=re.escape(fragment)):
+            parse_cluster(spec)
 
 
 def test_unknown_spec_names_the_accepted_forms():

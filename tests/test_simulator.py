@@ -194,6 +194,36 @@ def test_energy_charges_each_busy_gpu_at_its_own_type():
                                                                    rel=1e-9)
 
 
+class _TwoEpochs:
+    """A made-up statistical-efficiency model: 1 unit of progress a second up to 450, twice as
+    fast from there to the end at 550 (whatever the placement)."""
+
+    epoch_ends = np.array([450.0, 550.0])
+
+    def epoch_at(self, progress: float) -> int:
+        return min(int(np.searchsorted(self.epoch_ends, progress, side="right")), 1)
+
+    def progress_per_s(self, shape: tuple[int, ...], epoch: int) -> float:
+        return 1.0 + epoch
+
+    def curve(self, epoch: int) -> tuple[float, float, float]:
+        return 1.0 + epoch, 0.0, 0.0
+
+
+def test_a_finish_scheduled_by_an_epoch_end_ends_the_run_and_its_energy_there():
+    """The epoch end (t=450) is no decision point, so the finish it schedules (t=500) falls
+    before the tick at 600 being processed to: the clock and the energy stop at the finish."""
+    speed = dataclasses.replace(GENERIC, epochs=_TwoEpochs())
+    sim = Simulator(uniform_cluster(1, 4), Workload("epochs", (job("a", 0.0, 4, 550.0, 0.0),)),
+                    [speed], SimParams(failures=FailureParams(failures_per_gpu_day=0.0)))
+    sim.run(fifo)
+    assert finish_times(sim)["a"] == pytest.approx(500.0, rel=1e-12)
+    assert sim.time_s == pytest.approx(500.0, rel=1e-12)
+    watts = 4 * GPU_POWER_W["T4"][1]
+    assert sim.accounting.summary()["energy_kwh"] == pytest.approx(watts * 500.0 / 3.6e6,
+                                                                   rel=1e-9)
+
+
 def test_an_ended_warning_reaches_the_risk_model_as_long_as_its_earlier_reading_does():
     # flaps in the last hour count; the risk model also reads the telemetry risk_lag_s
     # earlier, which Prometheus still holds after the hour: the simulator must as well

@@ -180,6 +180,12 @@ def test_unknown_header(tmp_path):
          "row 2 (line 3): duration must be"),
         (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\nyesterday,10,1,10,a\n",
          "row 2 (line 3): timestamp is not a date-time"),
+        # pandas refuses a column mixing zoned and naive date-times: which zone is unknown
+        (PHILLY_HEADER + "2017-10-01 00:00:00+00:00,10,1,10,a\n2017-10-01 00:00:05,10,1,10,a\n",
+         "row 2 (line 3): timestamp lacks a UTC offset, unlike row 1's; write every timestamp "
+         "with an offset"),
+        (PHILLY_HEADER + "2017-10-01 00:00:00,10,1,10,a\n2017-10-01 00:00:05Z,10,1,10,a\n",
+         "row 2 (line 3): timestamp has a UTC offset, unlike row 1's"),
         (PHILLY_HEADER + "2017-10-01 00:00:00,10,65,650,a\n",
          "row 1 (line 2): num_gpus exceeds the cluster's 64 GPUs"),
         (PHILLY_HEADER + "2017-10-01 00:00:00,10,1.5,15,a\n",
@@ -196,6 +202,9 @@ def test_unknown_header(tmp_path):
          "row 1 (line 2): needs min_gpus <= num_gpus <= max_gpus"),
         ("job_id,submit_s,num_gpus,duration_s,application\na,0,2,,ncf\n",
          "row 1 (line 2): application without batch_size"),
+        # a batch size alone would be ignored: the job would run as a generic one
+        ("job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,1,100,,\n"
+         "b,0,1,100,,128\n", "row 2 (line 3): batch_size without application"),
         (CANONICAL_HEADER, "header but no jobs"),
         # infinite and absurd numbers: each would hang or crash the simulator
         (CANONICAL_HEADER + "a,0,1,inf\n", "row 1 (line 2): duration_s must be at most"),
@@ -253,6 +262,14 @@ def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
     path = write_csv(tmp_path, text)
     message = rejected(path)
     assert message.startswith(f"{path}: ") and problem in message
+
+
+def test_philly_timestamps_with_different_utc_offsets_are_one_clock(tmp_path):
+    path = write_csv(tmp_path, PHILLY_HEADER + "2017-10-01 02:00:00+02:00,10,1,10,a\n"
+                     "2017-10-01 00:10:00Z,10,1,10,a\n2017-10-01 01:00:00+01:00,10,1,10,a\n")
+    jobs = load_workload(str(path), CLUSTER).jobs
+    assert [(j.job_id, j.submit_s) for j in jobs] == [
+        ("philly-1", 0.0), ("philly-3", 0.0), ("philly-2", 600.0)]
 
 
 def test_job_ids_are_text_so_leading_zeros_make_other_ids(tmp_path):

@@ -18,7 +18,8 @@ Optional (a column may be absent, or a cell empty):
   imagenet, ncf, yolov3) and its global batch size. The job then runs at the profile's speed.
   With ``duration_s`` empty its work is what the profile needs to converge at that batch size;
   with ``duration_s`` given, its work is that run time at the profile's speed on ``num_gpus``
-  packed GPUs. Without ``application`` the job uses the generic scaling model.
+  packed GPUs. Without ``application`` the job uses the generic scaling model (and a
+  ``batch_size`` alone is refused: it would be ignored).
 * ``min_gpus``, ``max_gpus`` — its elastic range, ``1 <= min_gpus <= num_gpus <= max_gpus <=
   cluster GPUs``. Defaults: 1, and for profiled jobs as many workers as keep the smallest measured
   local batch (capped by the cluster), for others 4 x ``num_gpus`` (capped by the cluster).
@@ -103,6 +104,12 @@ def load_canonical(
         app_given & df["batch_size"].isna().to_numpy(),
         "application without batch_size",
         "give the job's global batch size",
+    )
+    reject_rows(
+        path,
+        ~app_given & df["batch_size"].notna().to_numpy(),
+        "batch_size without application (the job would run as a generic one)",
+        "name its application, or leave batch_size empty",
     )
     applications = df["application"].astype(str).str.strip().to_numpy()
     batch_size = np.zeros(len(df), dtype=np.int64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from env.cluster import ClusterSpec
@@ -38,9 +39,29 @@ PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
 
 def submit_timestamps(path: Path, df: pd.DataFrame) -> pd.Series:
     """The ``timestamp`` column as date-times (one-line `UserError` naming a bad row)."""
-    stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
+    try:
+        stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
+    except ValueError:  # pandas raises on mixed time zones even with errors="coerce"
+        stamps = _mixed_zone_timestamps(path, df["timestamp"])
     reject_rows(path, stamps.isna().to_numpy(), "timestamp is not a date-time",
                 "write it as YYYY-MM-DD HH:MM:SS")
+    return stamps
+
+
+def _mixed_zone_timestamps(path: Path, cells: pd.Series) -> pd.Series:
+    """Timestamps with different UTC offsets, as UTC: each names its instant. A timestamp
+    without an offset among ones with an offset is refused (one-line `UserError`): the zone it
+    was written in is unknown, and guessing one would shift its submit time by hours."""
+    stamps = pd.to_datetime(cells, format="ISO8601", errors="coerce", utc=True)
+    parsed = stamps.notna().to_numpy()
+    zoned = np.array([ok and pd.Timestamp(cell).tzinfo is not None
+                      for cell, ok in zip(cells, parsed, strict=True)])
+    if parsed.any():
+        first = int(np.flatnonzero(parsed)[0])
+        reject_rows(path, parsed & (zoned != zoned[first]),
+                    f"timestamp {'lacks' if zoned[first] else 'has'} a UTC offset, unlike "
+                    f"row {first + 1}'s", "write every timestamp with an offset (e.g. "
+                    "+00:00) or every one without")
     return stamps
 
 
