@@ -115,11 +115,15 @@ class Queries:
     trainer_last_sample: str = f"max by (namespace, job) (timestamp({TRAINER_STEP}))"
     """Time of each job's newest trainer sample; older than `max_metric_age_s` = missing."""
     demand_history: str = (
-        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"})'
+        'sum(kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+        ' * on(namespace, pod) group_left()'
+        ' max by (namespace, pod) (kube_pod_status_phase{phase=~"Pending|Running"}))'
         ' / sum(kube_node_status_allocatable{resource="nvidia_com_gpu"})')
     """Cluster GPU demand as a share of capacity, read as a per-minute range (as many minutes as
-    the demand forecast of `signals` wants) when `signals` is not "none". The simulator counts
-    queued jobs' GPUs too: export them (e.g. from the queue) and add them here to match it."""
+    the demand forecast of `signals` wants) when `signals` is not "none": the GPU requests of
+    pods Pending or Running (kube-state-metrics keeps exporting finished pods' requests, which
+    would read as demand wherever completed pods are kept). The simulator counts queued jobs'
+    GPUs too: export them (e.g. from the queue) and add them here to match it."""
     clock: str = ""
     """PromQL scalar giving the cluster's clock in Unix seconds; empty = this machine's clock.
     The digital twin exports `rlalloc_twin_clock_seconds` so policies see simulated time."""

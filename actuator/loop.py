@@ -101,6 +101,8 @@ class Controller:
                          if config.leader_election and not config.dry_run else None)
         self._ledger = Ledger()
         self._history = DecisionHistory()
+        self._told_unmanageable: set[str] = set()
+        """Opted-in jobs left alone whose warning is out (said once, again if they return)."""
         self._cycle = 0
 
     # ------------------------------------------------------------------------- one cycle
@@ -129,6 +131,10 @@ class Controller:
             return self._blind(report, err)
         report.observed, report.built = True, built
         self._ledger = built.ledger
+        for job_id in built.unmanageable.keys() - self._told_unmanageable:
+            log.warning("job %s is opted in but not managed: %s", job_id,
+                        built.unmanageable[job_id], extra={"event": {"job": job_id}})
+        self._told_unmanageable = set(built.unmanageable)
         counts_before = self.policy_counts()
         decided = decide(built.state, self._policy, self.config, self._history,
                          built.nodes_without_telemetry)

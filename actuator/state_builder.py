@@ -142,6 +142,9 @@ class BuiltState:
     nodes_without_telemetry: frozenset[str]
     unreachable_nodes: frozenset[str]
     """Nodes whose Ready condition is Unknown or False (pods there are deleted with grace 0)."""
+    unmanageable: dict[str, str] = field(default_factory=dict)
+    """Opted-in jobs left alone, job_id -> why (`worker_gpus_problem`): their GPUs count as
+    another tenant's."""
 
 
 def job_id_of(namespace: str, name: str) -> str:
@@ -172,6 +175,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     gone = set(unreachable)
 
     managed, arrivals_1h = [], 0
+    unmanageable: dict[str, str] = {}
     namespaces = set(config.namespaces)
     for obj in obs.jobs:
         meta = obj.get("metadata", {})
@@ -182,7 +186,13 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
         created = parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else now
         if now - 3600.0 < created <= now:
             arrivals_1h += 1
-        if not _finished(obj):
+        if _finished(obj):
+            continue
+        problem = worker_gpus_problem(obj, config.gpu_resource)
+        if problem:
+            unmanageable[job_id_of(meta.get("namespace", "default"), meta.get("name", ""))] = (
+                problem)
+        else:
             managed.append((created, meta.get("name", ""), obj))
     managed.sort(key=lambda item: (item[0], item[1]))
 
@@ -257,7 +267,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     fresh_names = {key[0] for key in fresh_nodes}
     return BuiltState(state=state, ledger=Ledger(now, records), jobs=refs,
                       nodes_without_telemetry=frozenset(node_names) - fresh_names,
-                      unreachable_nodes=frozenset(unreachable))
+                      unreachable_nodes=frozenset(unreachable), unmanageable=unmanageable)
 
 
 def _progress(previous: JobRecord, step: float, total: float, checkpoint_step: float | None,
@@ -447,6 +457,24 @@ def _finished(obj: dict) -> bool:
         if condition.get("type") in ("Succeeded", "Failed") and condition.get("status") == "True":
             return True
     return False
+
+
+def worker_gpus_problem(obj: dict, resource: str) -> str:
+    """Why the actuator cannot manage a PyTorchJob whose worker pods do not each request one
+    GPU ("" when they do): its model, the simulator's, is a worker per GPU, so the free-GPU
+    guardrail and every policy would count an 8-GPU worker as one and place it where it cannot
+    fit (the pod would stay Pending, the job restarted for nothing)."""
+    worker = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+    containers = ((worker.get("template") or {}).get("spec") or {}).get("containers") or []
+    gpus = 0
+    for container in containers:
+        resources = container.get("resources") or {}
+        gpus += _quantity(resources.get("limits") or resources.get("requests") or {}, resource)
+    if gpus == 1:
+        return ""
+    return (f"its worker pods request {gpus} {resource} each; rlalloc manages jobs of one GPU "
+            "per worker (run one worker per GPU, as the trainer jobs do), so it leaves this "
+            "one alone")
 
 
 def _worker_replicas(obj: dict) -> int:

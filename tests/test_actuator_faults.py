@@ -32,6 +32,7 @@ from actuator.loop import Controller
 from actuator.observe import MetricsSnapshot, ObserveError, PrometheusSource, RecordedMetrics
 from actuator.server import StatusServer
 from actuator.state_builder import Ledger, Observation, build_state
+from actuator.twin.exporter import NodeTelemetry, PodTelemetry, TelemetryFrame, TwinExporter
 from actuator.twin.kube_api import (
     EVENTS,
     LEASES,
@@ -204,6 +205,44 @@ def test_a_query_of_a_result_type_the_actuator_cannot_read_is_named(tmp_path):
             source(xid_errors="scalar(vector(3))").fetch(None, 0)
     finally:
         prometheus.stop()
+
+
+@needs_prometheus
+def test_the_default_demand_query_counts_no_finished_pod(tmp_path):
+    """kube-state-metrics exports a Succeeded pod's GPU request as long as the pod is kept:
+    counted, a finished job read as demand."""
+    exporter = TwinExporter()
+    pods = [PodTelemetry("default", f"p{i}", "node-0000", phase)
+            for i, phase in enumerate(("Running", "Pending", "Succeeded"))]
+    node = NodeTelemetry("node-0000", 4, 1, 40.0, 0, 0.0, True, True, False)
+    exporter.publish(TelemetryFrame(time.time(), nodes=(node,), pods=tuple(pods)))
+    port = exporter.serve(0)
+    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{port}").start()
+    try:
+        prometheus.wait_for("kube_pod_status_phase")
+        source = PrometheusSource(ActuatorConfig(prometheus_url=prometheus.url))
+        [sample] = source._client.custom_query(Queries().demand_history)
+        assert float(sample["value"][1]) == 2 / 4  # the running and the pending pod's GPUs
+    finally:
+        prometheus.stop()
+        exporter.stop()
+
+
+def test_a_job_of_multi_gpu_workers_is_left_alone_with_its_gpus_counted(caplog):
+    """One 8-GPU worker read as one worker of one GPU: the free-GPU guardrail then accepted a
+    placement that could not fit, and the job was restarted into a Pending pod."""
+    state = _state()
+    names = {j: j for j in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "default", names)
+    big = next(job for job in jobs if job["metadata"]["name"] == "j")
+    [container] = big["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    container["resources"] = {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}}
+    results = query_results(state, "default", names, state.time_s)
+    built = build_state(Observation(state.time_s, nodes, pods, jobs, results), ActuatorConfig(),
+                        Ledger())
+    assert list(built.state.jobs.job_id) == ["default/q"]
+    assert "request 2 nvidia.com/gpu each" in built.unmanageable["default/j"]
+    assert built.state.nodes.gpus_free.tolist() == [2, 4]  # j's pods still hold their GPUs
 
 
 def test_stale_metrics_are_missing():
