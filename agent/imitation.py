@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -63,24 +64,28 @@ class Demonstrations:
     masks: np.ndarray
     actions: np.ndarray
     returns: np.ndarray
-    """Discounted return from each step (rewards scaled as in training; discounted by gamma
-    per step, times the step's ``info["discount"]`` under a semi-MDP time discount)."""
+    """Discounted return from each step (of the rewards the environment gave: in training,
+    those RL trains on; discounted by gamma per step, times the step's ``info["discount"]``
+    under a semi-MDP time discount)."""
     unexpressible: int
     """Heuristic actions with no discrete index (replaced by no-ops)."""
 
 
-def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, seed: int,
-                           gamma: float, reward_scale: float,
+def collect_demonstrations(env: gym.Env, policy: Policy, episodes: int, seed: int,
+                           gamma: float,
                            driver: Callable[[np.ndarray, np.ndarray], int] | None = None,
                            max_steps: int = 50_000) -> Demonstrations:
     """Roll out `episodes` episodes of `env`, labelling every state with `policy`'s action.
 
-    Without `driver` the teacher's own actions are taken (behaviour cloning); with one, the
-    driver (the student: observation, mask -> index) chooses and the teacher only labels the
-    states the student visits (DAgger), which corrects the student where its own mistakes
-    take it. Episodes stop after `max_steps` steps.
+    `env` is a `ClusterAllocEnv`, possibly wrapped: the returns are of the rewards it gives,
+    so pass the environment RL trains in (`agent.training.make_training_env`) and the value
+    targets are those of the reward RL trains on. Without `driver` the teacher's own actions
+    are taken (behaviour cloning); with one, the driver (the student: observation, mask ->
+    index) chooses and the teacher only labels the states the student visits (DAgger), which
+    corrects the student where its own mistakes take it. Episodes stop after `max_steps` steps.
     """
-    featurizer = env.featurizer
+    cluster_env: ClusterAllocEnv = env.unwrapped
+    featurizer = cluster_env.featurizer
     obs_rows, mask_rows, actions, returns = [], [], [], []
     unexpressible = 0
     for episode in range(episodes):
@@ -88,7 +93,7 @@ def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, 
         rewards, discounts = [], []
         done = False
         while not done and len(rewards) < max_steps:
-            state = env.sim.state()
+            state = cluster_env.sim.state()
             mask = featurizer.action_mask(state)
             index = encode_action(featurizer, state, policy.act(state))
             if index is None or not mask[index]:
@@ -99,7 +104,7 @@ def collect_demonstrations(env: ClusterAllocEnv, policy: Policy, episodes: int, 
             actions.append(index)
             taken = index if driver is None else driver(obs, mask)
             obs, reward, terminated, truncated, info = env.step(taken)
-            rewards.append(reward * reward_scale)
+            rewards.append(reward)
             discounts.append(gamma * info.get("discount", 1.0))
             done = terminated or truncated
         running = 0.0

@@ -5,7 +5,8 @@ take no simulated time, so a per-step gamma pays a policy for extra actions (eac
 the negative rewards further away; docs/agent.md, "A reward flaw"). With
 `RewardWeights.time_discount_s` set, each step reports ``info["discount"]`` = exp(-elapsed/T);
 `RecordDiscounts` copies it into `SemiMdpRolloutBuffer`, whose GAE uses gamma x that discount
-in place of gamma, so a zero-time step is not discounted at all.
+in place of gamma, so a zero-time step is not discounted at all, and discounts the value that
+SB3 adds to the last reward of an episode cut off by its time limit the same way.
 """
 
 from __future__ import annotations
@@ -44,9 +45,29 @@ class SemiMdpRolloutBuffer(MaskableRolloutBuffer):
 
 
 class RecordDiscounts(BaseCallback):
-    """Feeds each step's ``info["discount"]`` to the model's `SemiMdpRolloutBuffer` (SB3 calls
-    callbacks after ``env.step`` and before ``rollout_buffer.add``)."""
+    """Feeds each step's ``info["discount"]`` to the model's `SemiMdpRolloutBuffer` and into
+    the bootstrap of a time-limited episode (SB3 calls callbacks after ``env.step`` and before
+    it bootstraps and calls ``rollout_buffer.add``)."""
 
     def _on_step(self) -> bool:
-        self.model.rollout_buffer.record_discounts(self.locals["infos"])
+        infos = self.locals["infos"]
+        self.model.rollout_buffer.record_discounts(infos)
+        self._discount_timeout_bootstraps(infos)
         return True
+
+    def _discount_timeout_bootstraps(self, infos: list[dict]) -> None:
+        """Where a time limit cut an episode off, MaskablePPO's ``collect_rollouts`` adds
+        gamma x V(terminal observation) to the step's reward, in place, after this callback;
+        the semi-MDP bootstrap is gamma x discount x V. Take gamma x (1 - discount) x V off
+        that reward now, so that the sum is the latter (the buffer's GAE cannot: the episode
+        ends there, so the bootstrap lives in the reward alone)."""
+        rewards = self.locals["rewards"]
+        policy = self.model.policy
+        for index, (done, info) in enumerate(zip(self.locals["dones"], infos, strict=True)):
+            discount = info.get("discount", 1.0)
+            if (done and discount != 1.0 and info.get("TimeLimit.truncated", False)
+                    and info.get("terminal_observation") is not None):
+                with torch.no_grad():
+                    value = policy.predict_values(
+                        policy.obs_to_tensor(info["terminal_observation"])[0])[0].item()
+                rewards[index] -= self.model.gamma * (1.0 - discount) * value

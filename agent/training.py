@@ -235,6 +235,16 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
     return make_residual(env, config.residual, sizes, speedups) if config.residual else env
 
 
+def make_training_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
+                      sizes: JobSizeHistory | None = None,
+                      speedups: Speedups | None = None) -> ScaledReward:
+    """`make_env` with the reward RL trains on (`ScaledReward`: scaled, actions charged): the
+    environments RL steps and those the warm start's demonstrations are collected in, so that
+    the critic (or a residual DQN's Q-values) starts fitted to the returns RL then sees."""
+    return ScaledReward(make_env(config, workloads, sizes, speedups), config.reward_scale,
+                        config.action_cost)
+
+
 def training_sizes(config: TrainConfig,
                    scenarios: dict[str, Scenario]) -> JobSizeHistory | None:
     """The job-size table of a `learn_sizes` run, fitted on its training workloads (built
@@ -325,12 +335,39 @@ def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
 
 
 DQN_LEARNING_STARTS = 1000
-"""Steps a DQN collects into its replay buffer before its first update (again on a resume)."""
+"""Steps a DQN collects into its replay buffer before its first update (again on a resume),
+acting epsilon-greedily as after them (`_dqn_class`)."""
+
+
+def _dqn_class() -> type:
+    """SB3's `DQN`, acting epsilon-greedily with its own Q-network from its first step.
+
+    SB3's DQN acts uniformly at random until `learning_starts` (the warm-up of
+    `OffPolicyAlgorithm._sample_action`), which throws a warm start away: 1,000 random steps
+    at the start and after every resume, and a replay buffer full of them. This one takes the
+    action `DQN.predict` samples after the warm-up (the greedy one, or at the exploration rate
+    a uniform one, unmasked as ever) from the first step; `learning_starts` still says when
+    the gradient updates begin. (Built on call: SB3 is imported only where it is used.)"""
+    from stable_baselines3 import DQN
+
+    class WarmStartedDQN(DQN):
+        def _sample_action(self, learning_starts: int, action_noise: object = None,
+                           n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+            return super()._sample_action(0, action_noise, n_envs)  # no random warm-up
+
+    return WarmStartedDQN
+
+
+def resumed_seed(seed: int, step: int) -> int:
+    """The seed a run of `seed` resumed from its checkpoint at `step` seeds its environments,
+    numpy and torch with. SB3's load seeds them with the run's own seed again, so every resume
+    replayed the run's first episodes and random numbers; a fresh run keeps `seed` itself, and
+    a resume from the same checkpoint is as reproducible as the run."""
+    return int(np.random.SeedSequence((seed, step)).generate_state(1)[0])
 
 
 def _build_model(config: TrainConfig, vec_env: object) -> object:
     from sb3_contrib import MaskablePPO
-    from stable_baselines3 import DQN
 
     if config.algo == "ppo":
         return MaskablePPO(
@@ -343,28 +380,29 @@ def _build_model(config: TrainConfig, vec_env: object) -> object:
                                         "vf": list(config.net_arch)}},
             device="cpu", verbose=0)
     start_eps, end_eps = config.dqn_exploration
-    return DQN("MlpPolicy", vec_env, learning_rate=config.learning_rate,
-               buffer_size=config.dqn_buffer_size, learning_starts=DQN_LEARNING_STARTS,
-               batch_size=64,
-               gamma=config.gamma, train_freq=4, target_update_interval=2000,
-               exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
-               exploration_fraction=0.3, seed=config.seed,
-               policy_kwargs={"net_arch": list(config.net_arch)},
-               device="cpu", verbose=0)
+    return _dqn_class()(
+        "MlpPolicy", vec_env, learning_rate=config.learning_rate,
+        buffer_size=config.dqn_buffer_size, learning_starts=DQN_LEARNING_STARTS, batch_size=64,
+        gamma=config.gamma, train_freq=4, target_update_interval=2000,
+        exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
+        exploration_fraction=0.3, seed=config.seed,
+        policy_kwargs={"net_arch": list(config.net_arch)}, device="cpu", verbose=0)
 
 
 def _load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
-    """The model saved at `path`, to go on training in `vec_env`. A DQN's replay buffer is not
-    in its checkpoint (100k transitions would make each one hundreds of MB): it starts empty
-    and, as at the start, is filled with `DQN_LEARNING_STARTS` steps before the first update,
-    instead of updating on batches drawn from the first few transitions."""
+    """The model saved at `path`, to go on training in `vec_env`, its random streams and
+    environments seeded by `resumed_seed`. A DQN's replay buffer is not in its checkpoint
+    (100k transitions would make each one hundreds of MB): it starts empty and, as at the
+    start, is filled with `DQN_LEARNING_STARTS` steps before the first update, instead of
+    updating on batches drawn from the first few transitions."""
     from sb3_contrib import MaskablePPO
-    from stable_baselines3 import DQN
 
     if config.algo == "ppo":
-        return MaskablePPO.load(path, env=vec_env, device="cpu")
-    model = DQN.load(path, env=vec_env, device="cpu")
-    model.learning_starts = model.num_timesteps + DQN_LEARNING_STARTS
+        model = MaskablePPO.load(path, env=vec_env, device="cpu")
+    else:
+        model = _dqn_class().load(path, env=vec_env, device="cpu")
+        model.learning_starts = model.num_timesteps + DQN_LEARNING_STARTS
+    model.set_random_seed(resumed_seed(config.seed, model.num_timesteps))
     return model
 
 
@@ -403,10 +441,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         models = read_copied_profiles(out, list(resumed), sizes, RETRAIN_TOLD)
         speedups = speedups_of(models)
     vec_env = VecMonitor(DummyVecEnv([
-        (lambda: ScaledReward(make_env(config, sizes=sizes, speedups=speedups),
-                              config.reward_scale, config.action_cost))
+        (lambda: make_training_env(config, sizes=sizes, speedups=speedups))
         for _ in range(config.n_envs)]))
-    vec_env.seed(config.seed)
+    vec_env.seed(config.seed)  # a resume seeds it anew (`_load_model`)
     spec = vec_env.envs[0].unwrapped.featurizer.spec
     if recordings is not None and recordings.obs.shape[1] != vec_env.observation_space.shape[0]:
         raise UserError(f"--imitate: the recordings' observations have {recordings.obs.shape[1]}"
@@ -989,11 +1026,10 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
     """Behaviour-clone `config.warm_start` into `model`'s policy, then `dagger_rounds` rounds
     of DAgger (see `agent.imitation`); `step` is called after each rollout and each fit."""
     teacher = load_policy(config.warm_start)
-    envs = [make_env(config, (workload,)) for workload in config.workloads]
+    envs = [make_training_env(config, (workload,)) for workload in config.workloads]
     demos = concatenate([
         _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
-                                              config.seed + 1000 * i, config.gamma,
-                                              config.reward_scale))
+                                              config.seed + 1000 * i, config.gamma))
         for i, env in enumerate(envs)])
     teacher_steps = len(demos.actions)
     history = []
@@ -1007,12 +1043,12 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
         if round_ == config.dagger_rounds:
             break
         net, _ = deployed_net(model, config.algo)
-        student = in_memory_policy(net, config.algo, envs[0].featurizer.spec)
+        student = in_memory_policy(net, config.algo, envs[0].unwrapped.featurizer.spec)
         cap = 3 * teacher_steps // max(len(envs), 1)
         demos = concatenate([demos] + [
             _stepped(step, collect_demonstrations(env, teacher, 1,
                                                   config.seed + 1000 * i + round_, config.gamma,
-                                                  config.reward_scale, student.choose, cap))
+                                                  student.choose, cap))
             for i, env in enumerate(envs)])
     if config.algo == "dqn":
         model.q_net_target.load_state_dict(model.q_net.state_dict())
@@ -1034,12 +1070,12 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     the advantages its forks measured instead (`agent.distill`). `sizes` and `speedups`: what
     the heuristics are told (`training_sizes`, `training_speedups`; `profiles` the applications
     behind the latter). `step` is called after each rollout and each fit."""
-    envs = [make_env(config, (workload,), sizes, speedups) for workload in config.workloads]
-    teacher = envs[0].featurizer.teachers[0]  # labels only: the driver follows it
+    envs = [make_training_env(config, (workload,), sizes, speedups)
+            for workload in config.workloads]
+    teacher = envs[0].unwrapped.featurizer.teachers[0]  # labels only: the driver follows it
     demos = concatenate([
         _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
                                               config.seed + 1000 * i, config.gamma,
-                                              config.reward_scale,
                                               follow_first(len(config.residual))))
         for i, env in enumerate(envs)])
     stats = _stepped(step, fit_policy(model.policy, demos, config.bc_epochs, 256,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -102,6 +103,99 @@ def test_resume_adds_to_the_wall_time_and_keeps_the_evaluations(tmp_path):
     assert [e["timesteps"] for e in resumed["evaluations"]] == [0, 128, 256]
     assert resumed["wall_s"] > first["wall_s"]
     assert resumed["evaluations"][-1]["wall_s"] > first["wall_s"]
+
+
+def _tiny_vec_env(config: TrainConfig):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agent.training import make_training_env
+
+    return DummyVecEnv([lambda: make_training_env(config)] * config.n_envs)
+
+
+def _acted_greedily(model, steps: int) -> bool:
+    """Whether the first `steps` (per env) transitions in a DQN's replay buffer took the
+    greedy action of its Q-network (which no update has changed before `learning_starts`)."""
+    buffer = model.replay_buffer
+    obs = torch.as_tensor(buffer.observations[:steps]).flatten(0, 1)
+    with torch.no_grad():
+        greedy = model.q_net(obs).argmax(-1).numpy()
+    return bool((buffer.actions[:steps].flatten() == greedy).all())
+
+
+def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_path):
+    """SB3's DQN acts uniformly at random until `learning_starts` (1,000 steps), and a resume
+    sets that 1,000 steps on: the warm start was thrown away twice over. Ours acts
+    epsilon-greedily from the first step (epsilon 0 here, so greedily), and a resume too."""
+    from agent.training import _build_model, _load_model, save_checkpoint
+
+    config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=2, net_arch=(32,),
+                         dqn_buffer_size=500, dqn_exploration=(0.0, 0.0))
+    model = _build_model(config, _tiny_vec_env(config))
+    model.learn(120)
+    assert model.num_timesteps < model.learning_starts and _acted_greedily(model, 60)
+    save_checkpoint(model, tmp_path / "dqn.zip")
+    resumed = _load_model(config, tmp_path / "dqn.zip", _tiny_vec_env(config))
+    resumed.learn(120, reset_num_timesteps=False)
+    assert resumed.num_timesteps < resumed.learning_starts and _acted_greedily(resumed, 60)
+
+
+def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
+    """SB3's load seeds the envs and torch with the run's seed again, so every resume replayed
+    the run's first episodes. A resume seeds them by `resumed_seed` (the same for the same
+    checkpoint, so it is reproducible); a fresh run keeps the config's seed as before."""
+    from agent.training import _build_model, _load_model, save_checkpoint
+
+    config = TrainConfig(workloads=TINY, cluster="2x4", n_envs=2, n_steps=32, batch_size=32,
+                         n_epochs=1, net_arch=(32,), seed=3)
+    drawn: list[int] = []
+    scenario = ClusterAllocEnv._scenario
+    monkeypatch.setattr(ClusterAllocEnv, "_scenario",
+                        lambda env, index, seed: drawn.append(seed) or scenario(env, index, seed))
+
+    def first_episodes(model) -> tuple[list[int], torch.Tensor]:
+        """The episode seeds the model's envs draw at its next reset, and torch's next draw."""
+        drawn.clear()
+        model.env.reset()
+        return list(drawn), torch.rand(4)
+
+    fresh = _build_model(config, _tiny_vec_env(config))
+    fresh_episodes, fresh_torch = first_episodes(fresh)
+    drawn.clear()
+    ClusterAllocEnv(TINY, "2x4").reset(seed=config.seed)
+    assert fresh_episodes[0] == drawn[0]  # the fresh run's streams are the config seed's
+    fresh.learn(64)
+    save_checkpoint(fresh, tmp_path / "ppo.zip")
+    resumed_episodes, resumed_torch = first_episodes(
+        _load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
+    assert not set(resumed_episodes) & set(fresh_episodes)
+    assert not torch.equal(resumed_torch, fresh_torch)
+    again_episodes, again_torch = first_episodes(
+        _load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
+    assert again_episodes == resumed_episodes and torch.equal(again_torch, resumed_torch)
+
+
+def test_warm_start_value_targets_are_the_rewards_rl_trains_on(monkeypatch):
+    """The critic's warm start was fitted to returns without --action-cost, while PPO trains
+    on the charged reward. At gamma 0 a demonstration's return is its step's reward, which
+    must be the training environment's (`ScaledReward`), charge included."""
+    from agent import training
+
+    config = TrainConfig(workloads=TINY, cluster="2x4", gamma=0.0, action_cost=0.05,
+                         dagger_rounds=0, bc_epochs=1)
+    fitted = []
+    monkeypatch.setattr(training, "fit_policy", lambda policy, demos, *args, **kwargs:
+                        fitted.append(demos) or {"accuracy": 1.0, "loss": 0.0})
+    training._warm_start(config, SimpleNamespace(policy=None), lambda _: None, lambda _: None)
+    (demos,) = fitted
+
+    def replayed(action_cost: float) -> np.ndarray:
+        env = ScaledReward(training.make_env(config), config.reward_scale, action_cost)
+        env.reset(seed=config.seed)
+        return np.array([env.step(int(action))[1] for action in demos.actions])
+
+    np.testing.assert_allclose(demos.returns, replayed(config.action_cost), rtol=1e-5, atol=1e-7)
+    assert (replayed(config.action_cost) < replayed(0.0)).any()  # actions were charged
 
 
 @pytest.mark.parametrize("name", SHIPPED_MODELS)

@@ -105,3 +105,45 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     discounts = model.rollout_buffer.discounts
     assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
     assert (discounts == 1.0).any() and (discounts < 1.0).any() and (discounts > 0.0).all()
+
+
+def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
+    """MaskablePPO adds gamma x V(terminal observation) to the last reward of an episode cut
+    off by its time limit; under a semi-MDP discount the bootstrap is gamma x discount x V.
+    Every episode here is cut off after one step, and V is held at 100."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agent.training import _build_model, _discount_callbacks, make_training_env
+
+    config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="4x4", n_envs=1, n_steps=8,
+                         batch_size=8, n_epochs=1, time_discount_s=600.0, gamma=0.9,
+                         reward_scale=1.0, net_arch=(16,))
+
+    def one_step_episodes() -> gym.Env:
+        env = make_training_env(config)
+        env.unwrapped.max_episode_steps = 1
+        return env
+
+    class Seen(BaseCallback):
+        """The step's reward, discount and truncation, before any bootstrap is added."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps: list[tuple[float, float, bool]] = []
+
+        def _on_step(self) -> bool:
+            info = self.locals["infos"][0]
+            self.steps.append((float(self.locals["rewards"][0]), info["discount"],
+                               info["TimeLimit.truncated"]))
+            return True
+
+    model = _build_model(config, DummyVecEnv([one_step_episodes]))
+    value = 100.0
+    model.policy.predict_values = lambda obs: torch.full((obs.shape[0], 1), value)
+    seen = Seen()
+    model.learn(8, callback=[seen, *_discount_callbacks(config)])
+    rewards, discounts, truncated = map(np.array, zip(*seen.steps, strict=True))
+    assert truncated.all() and (discounts < 1.0).any()
+    np.testing.assert_allclose(model.rollout_buffer.rewards[:, 0],
+                               rewards + config.gamma * discounts * value, rtol=1e-5)
