@@ -3,7 +3,8 @@
 ``baselines.json`` keeps the Holt-Winters parameters fitted on the training series, so
 evaluation judges every model on the same footing; ``card.json`` says what the model was
 trained on and with which command. `staged_model_dir` writes a model's files so that a
-directory never holds half of one run's files and half of another's.
+directory never holds half of one run's files and half of another's. Every JSON file here is
+strict JSON: a NaN is an error when written, never a bare ``NaN`` other readers reject.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ CARD_FILE = "card.json"
 def save_baselines(directory: Path, holt_winters: HoltWintersParams) -> None:
     """Write the fitted baseline parameters."""
     data = {"holt_winters": holt_winters.to_json()}
-    (directory / BASELINES_FILE).write_text(json.dumps(data, indent=2) + "\n")
+    (directory / BASELINES_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
 def load_baselines(directory: Path) -> HoltWintersParams:
@@ -36,7 +37,7 @@ def load_baselines(directory: Path) -> HoltWintersParams:
 
 def write_card(directory: Path, card: dict[str, Any]) -> None:
     """Write the machine-readable model card."""
-    (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    (directory / CARD_FILE).write_text(json.dumps(card, indent=2, allow_nan=False) + "\n")
 
 
 def file_sha256(path: Path) -> str:

@@ -11,34 +11,20 @@ Results already in the directory are replaced only with ``--force``.
 from __future__ import annotations
 
 import argparse
-import pickle
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from env.argtypes import out_path
 from env.errors import UserError
 from env.output import out_dir_for_run, write_atomic, write_json
-from forecaster.artifacts import (
-    BASELINES_FILE,
-    CARD_FILE,
-    file_sha256,
-    load_baselines,
-    read_card,
-)
-from forecaster.baselines import HoltWintersParams
-from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, evaluate_series
-from forecaster.model import (
-    CONFIG_FILE,
-    SHIPPED_MODEL_DIR,
-    WEIGHTS_FILE,
-    LSTMForecaster,
-    load_demand_forecaster,
-)
-from forecaster.plot import plot_sample_day
-from forecaster.risk import RISK_MODEL_FILE
-from forecaster.series import load_demand_series
-from forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
+from forecaster.artifacts import CARD_FILE, file_sha256, read_card
+from forecaster.evaluate import FIRST_ORIGIN_MIN, MAPE_MIN_DEMAND, Evaluation, evaluate_series
+from forecaster.model import SHIPPED_MODEL_DIR
+from forecaster.model_dir import RETRAIN, load_model_dir
+from forecaster.plot import PLOT_HORIZON_MIN, plot_sample_day
+from forecaster.series import check_filled_share, load_demand_series
 from forecaster.train_cmd import TORCH_THREADS
 
 RESULT_FILE = "forecast.json"
@@ -65,12 +51,14 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(TORCH_THREADS)
     if args.origin_stride < 1:
         raise UserError(f"--origin-stride {args.origin_stride}: must be at least 1 minute")
-    lstm, standin, holt_winters = _load_models(args.model)
+    lstm, standin, holt_winters = load_model_dir(args.model, PLOT_HORIZON_MIN)
     _refuse_training_series(args.series, args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
     series = load_demand_series(args.series, min_points=needed)
+    print(check_filled_share(series))
     with out_dir_for_run(args.out, [RESULT_FILE, PLOT_FILE], args.force):
         evaluation = evaluate_series(series, lstm, standin, holt_winters, args.origin_stride)
+        _refuse_non_finite(evaluation, args.model)
         result = {
             "horizons_min": list(evaluation.horizons_min),
             "models": evaluation.scores(),
@@ -90,30 +78,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_models(model: Path) -> tuple[LSTMForecaster, EWMAForecaster, HoltWintersParams]:
-    """The LSTM, its stand-in and the fitted baselines of a trained model directory, loaded
-    before anything is written: a directory missing one of them (a run that was copied in part,
-    or the output of another command) is one line naming the file, not a traceback."""
-    if (model / RISK_MODEL_FILE).is_file():  # whose fix is not to train over it
-        raise UserError(f"--model {model}: holds a node-failure risk model (`forecast train "
-                        "--model risk`), not a demand forecaster; pass a `forecast train "
-                        "--model demand` directory (the shipped one: models/forecaster)")
-    for name in (CONFIG_FILE, WEIGHTS_FILE, STANDIN_FILE, BASELINES_FILE):
-        if not (model / name).is_file():
-            raise UserError(f"--model {model}: no {name}; pass a complete `forecast train "
-                            "--out` directory, or train one again into it with --force")
-    try:
-        return load_demand_forecaster(model), load_standin(model), load_baselines(model)
-    except pickle.UnpicklingError as err:
-        raise UserError(f"--model {model}: {WEIGHTS_FILE} is not a torch state_dict; train it "
-                        "again with `forecast train --out DIR --force`") from err
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
-        cause = (f"no {err} entry" if isinstance(err, KeyError)
-                 else str(err).splitlines()[0] if str(err) else type(err).__name__)
-        raise UserError(f"--model {model}: cannot load the model ({cause[:200]}); train it "
-                        "again with `forecast train --out DIR --force`") from err
-
-
 def _refuse_training_series(series: Path, model: Path) -> None:
     """A model scored on a series it was trained on looks better than it will forecast, and
     beats the baselines for the wrong reason; refuse it rather than print such a table."""
@@ -124,14 +88,24 @@ def _refuse_training_series(series: Path, model: Path) -> None:
     except (OSError, ValueError):  # not JSON: one line below, not the parser's traceback
         card = None
     if not isinstance(card, dict):
-        raise UserError(f"--model {model}: {CARD_FILE} is not a readable model card; train it "
-                        "again with `forecast train --out DIR --force`")
+        raise UserError(f"--model {model}: {CARD_FILE} is not a readable model card; {RETRAIN}")
     trained_on = card.get("trained_on", [])
     if (any(Path(path).is_file() and Path(path).samefile(series) for path in trained_on)
             or file_sha256(series) in card.get("trained_on_sha256", [])):
         raise UserError(f"--series {series}: --model {model} was trained on it (its "
                         f"{CARD_FILE}), so its errors there would flatter it; pass a series "
                         "it was not trained on")
+
+
+def _refuse_non_finite(evaluation: Evaluation, model: Path) -> None:
+    """A NaN or infinite forecast (weights or parameters damaged in a way loading cannot see)
+    would make a NaN score: bare NaN in forecast.json, which strict JSON readers reject, and a
+    table that ranks nothing. Say which model it was instead."""
+    broken = [name for name, forecast in evaluation.forecasts.items()
+              if not np.isfinite(forecast).all()]
+    if broken:
+        raise UserError(f"--model {model}: the {', '.join(broken)} forecasts are not all finite "
+                        f"numbers (a damaged file in it); {RETRAIN}")
 
 
 def format_table(result: dict) -> str:

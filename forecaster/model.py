@@ -106,7 +106,8 @@ class LSTMForecaster:
             "n_seq_features": self.n_seq_features,
             "n_scalar_features": self.n_scalar_features,
         }
-        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        text = json.dumps(meta, indent=2, allow_nan=False)
+        (directory / CONFIG_FILE).write_text(text + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> LSTMForecaster:

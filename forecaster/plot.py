@@ -16,10 +16,12 @@ from forecaster.series import MINUTES_PER_DAY
 PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
 MODEL_COLORS = {name: f"C{i}" for i, name in enumerate(PLOTTED_MODELS)}
 """One colour per model, whichever of them an evaluation has."""
+PLOT_HORIZON_MIN = 60
+"""The horizon drawn by default: the longest the allocator plans over."""
 
 
 def plot_sample_day(
-    evaluation: Evaluation, horizon_min: int = 60, day: int | None = None,
+    evaluation: Evaluation, horizon_min: int = PLOT_HORIZON_MIN, day: int | None = None,
     series: str | None = None,
 ) -> bytes:
     """PNG of the ``horizon_min`` forecasts made during one day against what happened; the

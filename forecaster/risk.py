@@ -105,7 +105,8 @@ class RiskModel:
             "bias": self.bias,
             "threshold": self.threshold,
         }
-        (directory / RISK_MODEL_FILE).write_text(json.dumps(data, indent=2) + "\n")
+        text = json.dumps(data, indent=2, allow_nan=False)
+        (directory / RISK_MODEL_FILE).write_text(text + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> RiskModel:

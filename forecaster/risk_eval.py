@@ -9,10 +9,13 @@ something only if it comes at least that long before the failure. Reported:
   rest are moves wasted on healthy nodes). An alarm is a node's score crossing the threshold
   with no alarm on that node in the preceding `ALARM_COOLDOWN_S`, as the actuator's per-job
   cooldown would act on it;
-* sample-level precision/recall of "fails within the horizon" and the ROC AUC of the scores.
+* sample-level precision/recall of "fails within the horizon" and the ROC AUC of the scores
+  (``None`` where the sample lacks failing or healthy node-minutes, so it has none).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -62,6 +65,7 @@ def score_risk(
             caught += int(np.sum(alarm[index[index >= 0], node]))
         recall_at_lead[f"{lead:g}"] = caught / max(n_failures, 1)
     rising = _alarm_onsets(alarm, sample.times_s)
+    auc = roc_auc(scores[up], labels[up])
     return {
         "threshold": threshold,
         "failures": n_failures,
@@ -69,7 +73,7 @@ def score_risk(
         "alarm_precision": float(np.sum(rising & labels) / max(rising.sum(), 1)),
         "sample_precision": true_pos / max(int(alarm.sum()), 1),
         "sample_recall": true_pos / max(int(np.sum(labels & up)), 1),
-        "roc_auc": roc_auc(scores[up], labels[up]),
+        "roc_auc": None if math.isnan(auc) else auc,  # strict JSON: no bare NaN in the card
         "recall_at_lead_s": recall_at_lead,
     }
 

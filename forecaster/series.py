@@ -15,14 +15,16 @@ layouts are understood (header names decide which):
 
 Bad input ends in a `UserError` naming the file, the line and the fix, never in a NaN forecast:
 no data rows, unparsable times, times in more than one zone, non-numeric, empty or negative
-cells, duplicated or decreasing timestamps, non-positive totals. Missing minutes are repaired:
-gaps of up to ``max_gap_min`` minutes are forward-filled (the cluster most likely kept its last
-state); longer gaps split the series into segments, and a forecast window never spans two
-segments.
+cells, duplicated or decreasing timestamps, non-positive totals. Line numbers are the file's
+own, blank lines and quoted cells spanning lines included, so an editor finds the row. Missing
+minutes are repaired: gaps of up to ``max_gap_min`` minutes are forward-filled (the cluster most
+likely kept its last state); longer gaps split the series into segments, and a forecast window
+never spans two segments. `check_filled_share` refuses a series mostly made of such repairs.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,9 @@ from env.errors import UserError
 MINUTES_PER_DAY = 1440
 DEFAULT_MAX_GAP_MIN = 10
 """Longest run of missing minutes that is forward-filled rather than splitting the series."""
+MAX_FILLED_SHARE = 0.10
+"""Largest share of a series' minutes that may be forward-filled: beyond it a model would be
+trained (or scored) on flat spells the repair invented, as with a file of 5-minute samples."""
 
 _LAYOUTS: list[tuple[tuple[str, ...], str]] = [
     (("running_gpu_num", "pending_gpu_num", "total_gpu_num"), "helios"),
@@ -68,7 +73,13 @@ class DemandSeries:
     source: str
     segments: tuple[DemandSegment, ...]
     filled_minutes: int
-    """How many minutes were forward-filled (repaired), reported so a repair is never silent."""
+    """How many minutes of `segments` were forward-filled (repaired), reported so a repair is
+    never silent."""
+
+    @property
+    def minutes(self) -> int:
+        """Minutes in all segments, the filled ones included."""
+        return sum(len(segment.demand) for segment in self.segments)
 
 
 def load_demand_series(
@@ -82,24 +93,59 @@ def load_demand_series(
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file; pass --series a per-minute cluster CSV")
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not a readable CSV ({err}); pass a per-minute CSV") from err
+    frame = _read_rows(path)
     if frame.empty:
         raise UserError(f"{path}: no data rows below the header; pass a per-minute CSV with at "
                         f"least {min_points} rows")
     demand = _demand_column(path, frame)
     times = _parse_times(path, frame)
-    segments, filled = _segments(path, times, demand, max_gap_min)
-    usable = tuple(s for s in segments if len(s.demand) >= min_points)
+    segments = _segments(times, demand, max_gap_min)
+    usable = [(s, filled) for s, filled in segments if len(s.demand) >= min_points]
     if not usable:
-        longest = max((len(s.demand) for s in segments), default=0)
+        longest = max((len(s.demand) for s, _ in segments), default=0)
         raise UserError(
             f"{path}: longest gap-free run is {longest} minutes but the forecaster needs at least "
             f"{min_points} (input window + horizon); supply a longer per-minute series"
         )
-    return DemandSeries(source=str(path), segments=usable, filled_minutes=filled)
+    return DemandSeries(source=str(path), segments=tuple(s for s, _ in usable),
+                        filled_minutes=sum(filled for _, filled in usable))
+
+
+def check_filled_share(series: DemandSeries) -> str:
+    """The one line a command prints about how much of ``series`` was forward-filled, or a
+    `UserError` when more than `MAX_FILLED_SHARE` of its minutes were: a model trained or scored
+    on them would learn or be judged on demand nobody measured."""
+    share = series.filled_minutes / series.minutes
+    if share > MAX_FILLED_SHARE:
+        raise UserError(
+            f"{series.source}: {series.filled_minutes} of {series.minutes} minutes "
+            f"({share:.0%}) would be forward-filled, more than {MAX_FILLED_SHARE:.0%}; its "
+            "samples are sparser than one a minute: resample the file to 1-minute samples"
+        )
+    return (f"{series.source}: {series.filled_minutes} of {series.minutes} minutes "
+            f"forward-filled ({share:.1%})")
+
+
+def _read_rows(path: Path) -> pd.DataFrame:
+    """The file's data rows as strings, indexed by the line of the file each starts on.
+
+    pandas' own skipping of blank lines, and quoted cells spanning lines, would shift every
+    later line number an error names; so blank lines are read as rows, counted, and dropped
+    here (with rows of only empty cells, which hold no more).
+    """
+    with path.open("rb") as handle:  # before the header: pandas would take a blank one for it
+        leading = sum(1 for _ in itertools.takewhile(lambda line: not line.strip(), handle))
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False,
+                            skiprows=leading)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path}: not a readable CSV ({cause}); pass a per-minute CSV") from err
+    header_lines = 1 + sum(str(name).count("\n") for name in frame.columns)
+    lines_per_row = 1 + sum(frame[name].str.count("\n").to_numpy() for name in frame.columns)
+    frame.index = leading + header_lines + 1 + np.cumsum(lines_per_row) - lines_per_row
+    blank = frame.apply(lambda column: column.str.strip() == "").all(axis=1)
+    return frame[~blank]
 
 
 def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
@@ -114,8 +160,8 @@ def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
             bad = np.flatnonzero(total <= 0)
             if bad.size:
                 raise UserError(
-                    f"{path}, line {bad[0] + 2}: column '{total_name}' is {total[bad[0]]:g}; "
-                    "the cluster size must be positive, fix or drop that row"
+                    f"{path}, line {frame.index[bad[0]]}: column '{total_name}' is "
+                    f"{total[bad[0]]:g}; the cluster size must be positive, fix or drop that row"
                 )
             if layout == "helios":
                 return (values["running_gpu_num"] + values["pending_gpu_num"]) / total
@@ -136,15 +182,15 @@ def _numeric(path: Path, frame: pd.DataFrame, column: str) -> np.ndarray:
     if bad.size:
         row = bad[0]
         raise UserError(
-            f"{path}, line {row + 2}: column '{column}' has {raw.iloc[row]!r}, not a number; "
-            "fix the value or delete the row (short gaps are forward-filled)"
+            f"{path}, line {raw.index[row]}: column '{column}' has {raw.iloc[row]!r}, not a "
+            "number; fix the value or delete the row (short gaps are forward-filled)"
         )
     negative = np.flatnonzero(values < 0)
     if negative.size:
         row = negative[0]
         raise UserError(
-            f"{path}, line {row + 2}: column '{column}' is {values[row]:g}; it counts GPUs (or a "
-            "share of them) and cannot be negative, fix the value or delete the row"
+            f"{path}, line {raw.index[row]}: column '{column}' is {values[row]:g}; it counts "
+            "GPUs (or a share of them) and cannot be negative, fix the value or delete the row"
         )
     return values
 
@@ -158,8 +204,8 @@ def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
     bad = np.flatnonzero(times.isna().to_numpy())
     if bad.size:
         raise UserError(
-            f"{path}, line {bad[0] + 2}: time {frame['time'].iloc[bad[0]]!r} is not a timestamp; "
-            "use e.g. 2020-05-01 00:00:00"
+            f"{path}, line {frame.index[bad[0]]}: time {frame['time'].iloc[bad[0]]!r} is not a "
+            "timestamp; use e.g. 2020-05-01 00:00:00"
         )
     minutes = pd.DatetimeIndex(times).floor("min")
     # Timedelta arithmetic rather than numpy datetime64, which has no time zones.
@@ -167,14 +213,14 @@ def _parse_times(path: Path, frame: pd.DataFrame) -> pd.DatetimeIndex:
     if (step == 0).any():
         row = int(np.flatnonzero(step == 0)[0]) + 1
         raise UserError(
-            f"{path}, line {row + 2}: timestamp {minutes[row]} repeats the previous row's minute; "
-            "keep one row per minute (drop or average the duplicates)"
+            f"{path}, line {frame.index[row]}: timestamp {minutes[row]} repeats the previous "
+            "row's minute; keep one row per minute (drop or average the duplicates)"
         )
     if (step < 0).any():
         row = int(np.flatnonzero(step < 0)[0]) + 1
         raise UserError(
-            f"{path}, line {row + 2}: timestamp {minutes[row]} is earlier than the row before; "
-            "sort the file by time"
+            f"{path}, line {frame.index[row]}: timestamp {minutes[row]} is earlier than the row "
+            "before; sort the file by time"
         )
     return minutes
 
@@ -191,14 +237,14 @@ def _to_datetimes(path: Path, column: pd.Series) -> pd.Series:
             raise  # not a zone problem: a bug worth its traceback
         first, other = column.iloc[0], column.iloc[row]
         raise UserError(
-            f"{path}, line {row + 2}: time {other!r} ({_zone(other)}) is in another zone than "
-            f"line 2's {first!r} ({_zone(first)}); write every time in one zone (all with the "
-            "same UTC offset, or all without one)"
+            f"{path}, line {column.index[row]}: time {other!r} ({_zone(other)}) is in another "
+            f"zone than line {column.index[0]}'s {first!r} ({_zone(first)}); write every time in "
+            "one zone (all with the same UTC offset, or all without one)"
         ) from err
 
 
 def _first_other_zone(column: pd.Series) -> int | None:
-    """Row of the first time whose zone differs from the first row's, if any."""
+    """Position of the first time whose zone differs from the first row's, if any."""
     zones = [_zone(text) for text in column]
     return next((i for i, zone in enumerate(zones) if zone != zones[0]), None)
 
@@ -213,24 +259,22 @@ def _zone(text: str) -> str:
 
 
 def _segments(
-    path: Path, minutes: pd.DatetimeIndex, demand: np.ndarray, max_gap_min: int
-) -> tuple[list[DemandSegment], int]:
-    """Split at gaps longer than ``max_gap_min`` and forward-fill the shorter ones."""
+    minutes: pd.DatetimeIndex, demand: np.ndarray, max_gap_min: int
+) -> list[tuple[DemandSegment, int]]:
+    """Split at gaps longer than ``max_gap_min`` and forward-fill the shorter ones; every
+    segment comes with how many of its minutes were filled."""
     offsets = np.asarray((minutes - minutes[0]) // pd.Timedelta(minutes=1), dtype=np.int64)
     missing = np.diff(offsets) - 1
     breaks = np.flatnonzero(missing > max_gap_min) + 1
-    segments: list[DemandSegment] = []
-    filled = 0
+    segments: list[tuple[DemandSegment, int]] = []
     for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(offsets)], strict=True):
         local = offsets[lo:hi] - offsets[lo]
         # Index of the last observed row at or before every minute: a forward fill.
         grid_source = np.searchsorted(local, np.arange(local[-1] + 1), side="right") - 1
-        filled += int(local[-1] + 1 - len(local))
         start = minutes[lo]
-        segments.append(
-            DemandSegment(
-                demand=demand[lo:hi][grid_source].astype(np.float32),
-                start_minute_of_day=start.hour * 60 + start.minute,
-            )
+        segment = DemandSegment(
+            demand=demand[lo:hi][grid_source].astype(np.float32),
+            start_minute_of_day=start.hour * 60 + start.minute,
         )
-    return segments, filled
+        segments.append((segment, int(local[-1] + 1 - len(local))))
+    return segments

@@ -8,6 +8,7 @@ matter for the decision at hand; docs/forecaster.md compares the two (error and 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,10 @@ class EWMAForecaster:
         if len(half_lives_min) != len(horizons_min):
             raise ValueError("one half-life per horizon")
         self.half_lives_min = tuple(float(h) for h in half_lives_min)
+        if not all(0 < h < math.inf for h in self.half_lives_min):  # NaN fails both
+            # 0 divides by zero and NaN spreads: the weights, and every forecast, would be NaN
+            raise ValueError(f"half-lives {list(self.half_lives_min)} min: each must be a "
+                             "positive finite number of minutes")
         self.horizons_min = tuple(horizons_min)
         ages = np.arange(TAIL_MIN)[::-1]  # oldest first, like the history
         weights = np.stack([0.5 ** (ages / h) for h in self.half_lives_min])
@@ -60,7 +65,7 @@ class EWMAForecaster:
 
     def save(self, path: str | Path) -> None:
         """Write the half-lives as JSON."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> EWMAForecaster:

@@ -31,7 +31,7 @@ from forecaster.baselines import HOLT_WINTERS_MIN_HISTORY_MIN, fit_holt_winters
 from forecaster.config import ForecasterConfig
 from forecaster.model import CONFIG_FILE, WEIGHTS_FILE
 from forecaster.risk import RISK_MODEL_FILE, RiskConfig
-from forecaster.series import DemandSeries, load_demand_series
+from forecaster.series import DemandSeries, check_filled_share, load_demand_series
 from forecaster.standin import STANDIN_FILE, fit_ewma
 
 TORCH_THREADS = 2
@@ -84,6 +84,9 @@ def _train_demand(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("epochs", args.epochs), ("seed", args.seed)) if v is not None}
     config = replace(config, **overrides)
     series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in args.series]
+    digests = _refuse_repeated_series(args.series)
+    for one in series:
+        print(check_filled_share(one))
     segments = [segment for one in series for segment in one.segments]
     holt_winters_run = _holt_winters_run(series)
     with staged_model_dir(args.out, DEMAND_MODEL_FILES, args.force) as staging:
@@ -101,7 +104,8 @@ def _train_demand(args: argparse.Namespace) -> int:
             # `forecast evaluate` refuses these files from any working directory, and copies
             # of them anywhere (by content: a shipped card cannot name this machine's paths)
             "trained_on": [str(p.resolve()) for p in args.series],
-            "trained_on_sha256": [file_sha256(p) for p in args.series],
+            "trained_on_sha256": digests,
+            "filled_minutes": [one.filled_minutes for one in series],
             "command": _command_line(),
             "config": config.to_json(),
             "training": asdict(report),
@@ -110,6 +114,20 @@ def _train_demand(args: argparse.Namespace) -> int:
     print(f"trained in {report.wall_time_s:.0f} s (best epoch {report.best_epoch}); "
           f"wrote {args.out}")
     return 0
+
+
+def _refuse_repeated_series(paths: list[Path]) -> list[str]:
+    """The SHA-256 of every path, or a `UserError` when two name the same bytes: the same
+    file typed twice or reached by two paths (``a.csv``, ``dir/../a.csv``, a link), or a copy
+    of it. Each would double that series' training windows."""
+    digests = [file_sha256(p) for p in paths]
+    for index, digest in enumerate(digests):
+        if digest in digests[:index]:
+            first = paths[digests.index(digest)]
+            raise UserError(f"--series {paths[index]}: the same file or a copy of {first} "
+                            "(same SHA-256), which would be trained on twice; give each "
+                            "series once")
+    return digests
 
 
 def _holt_winters_run(series: list[DemandSeries]) -> np.ndarray:

@@ -24,9 +24,10 @@ from forecaster.model import LSTMForecaster
 from forecaster.train import TrainingReport
 
 
-def write_cycle(path, days, seed):
-    """A Helios-layout CSV with a daily cycle in running GPUs and a little queue noise."""
-    minutes = np.arange(round(days * 1440))
+def write_cycle(path, days, seed, every_min=1):
+    """A Helios-layout CSV with a daily cycle in running GPUs and a little queue noise, one row
+    every ``every_min`` minutes."""
+    minutes = np.arange(0, round(days * 1440), every_min)
     rng = np.random.default_rng(seed)
     cycle = 40 + 20 * np.sin(2 * np.pi * minutes / 1440)
     running = np.round(cycle + rng.normal(0, 1, len(minutes)))
@@ -120,6 +121,14 @@ def one_line_error(capsys, *fragments):
         assert fragment in err, err
 
 
+def fast_training(monkeypatch, trained_dir):
+    """`forecast train` with the fits replaced by instant stand-ins (the files are real)."""
+    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
+        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
+    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
+        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+
+
 def test_too_short_for_holt_winters_refused_before_training_model_kept(
         trained_dir, tmp_path, capsys):
     short = write_cycle(tmp_path / "s1700.csv", days=1700 / 1440, seed=3)
@@ -150,10 +159,7 @@ def test_run_failing_at_its_last_file_leaves_the_old_model_whole(
         raise RuntimeError("disk full")
 
     # Fast stand-ins for the fits; the new baselines differ from the old, so a mix would show.
-    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
-        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
-    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
-        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    fast_training(monkeypatch, trained_dir)
     monkeypatch.setattr(train_cmd, "write_card", no_card)
     with pytest.raises(RuntimeError, match="disk full"):
         main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
@@ -174,10 +180,7 @@ def test_train_removes_what_a_killed_run_staged_not_what_a_running_one_stages(
     for staging in (killed, running, older):
         staging.mkdir()
         (staging / "weights.pt").write_bytes(b"half")
-    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
-        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
-    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
-        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    fast_training(monkeypatch, trained_dir)
     assert main(["forecast", "train", "--series", str(trained_dir.parent / "train.csv"),
                  "--out", str(out), "--force", "--no-progress"]) == 0
     hidden = {p.name for p in out.iterdir() if p.name.startswith(".")}
@@ -314,27 +317,102 @@ def test_mape_without_large_enough_targets_is_null_and_explained():
     assert "MAPE n/a at 5 min, 15 min: no actual demand reached 0.05" in table
 
 
-@pytest.mark.parametrize("damage", ["no weights", "bad weights", "bad standin", "no config key",
-                                    "bad card"])
+DAMAGES = {  # what is written where; None removes the file
+    "no weights": ("weights.pt", None),
+    "empty weights": ("weights.pt", b""),
+    "bad weights": ("weights.pt", b"not a state dict"),
+    "bad standin": ("standin.json", "{"),
+    "zero half-life": ("standin.json", '{"half_lives_min": [0, 1, 2], '
+                                       '"horizons_min": [5, 15, 60]}'),
+    "NaN half-life": ("standin.json", '{"half_lives_min": [NaN, 1, 2], '
+                                      '"horizons_min": [5, 15, 60]}'),
+    "standin horizons": ("standin.json", '{"half_lives_min": [1, 1], "horizons_min": [5, 15]}'),
+    "NaN baselines": ("baselines.json", '{"holt_winters": {"smoothing_level": NaN, '
+                                        '"smoothing_trend": 0.1, "smoothing_seasonal": 0.1, '
+                                        '"damping_trend": 0.9}}'),
+    "no config key": ("config.json", '{"format_version": 1}'),
+    "bad card": ("card.json", "{"),
+}
+NAMED = {"zero half-life": "half-lives [0.0, 1.0, 2.0]", "NaN baselines": "holt_winters",
+         "standin horizons": "[5, 15] minutes ahead but config.json [5, 15, 60]"}
+"""What the error names for a damage, where more than the file."""
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
 def test_evaluate_model_dir_with_missing_or_broken_files_is_one_line_error(
         trained_dir, tmp_path, capsys, damage):
     model = tmp_path / "model"
     shutil.copytree(trained_dir, model)
-    if damage == "no weights":
-        (model / "weights.pt").unlink()
-    elif damage == "bad weights":
-        (model / "weights.pt").write_bytes(b"not a state dict")
-    elif damage == "bad standin":
-        (model / "standin.json").write_text("{")
-    elif damage == "bad card":
-        (model / "card.json").write_text("{")
+    name, content = DAMAGES[damage]
+    if content is None:
+        (model / name).unlink()
+    elif isinstance(content, bytes):
+        (model / name).write_bytes(content)
     else:
-        (model / "config.json").write_text('{"format_version": 1}')
+        (model / name).write_text(content)
     held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
     out = tmp_path / "eval"
     assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(model),
                  "--out", str(out)]) == 2
-    one_line_error(capsys, f"--model {model}", "forecast train")
+    named = "forecasts" if damage == "NaN baselines" else name  # found only by forecasting
+    one_line_error(capsys, f"--model {model}", named, NAMED.get(damage, ""), "forecast train")
+    assert not out.exists()
+
+
+def test_evaluate_model_without_the_plotted_horizon_is_one_line_error(
+        trained_dir, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(trained_dir, model)
+    for name, key in (("config.json", "config"), ("standin.json", None)):
+        data = json.loads((model / name).read_text())
+        (data[key] if key else data)["horizons_min"] = [5, 15, 30]
+        (model / name).write_text(json.dumps(data))
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    out = tmp_path / "eval"
+    assert main(["forecast", "evaluate", "--series", str(held_out), "--model", str(model),
+                 "--out", str(out)]) == 2
+    one_line_error(capsys, "config.json forecasts [5, 15, 30]", "without the 60 minutes")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("second", ["other path", "copy"])
+def test_train_refuses_the_same_series_twice_by_content(
+        trained_dir, tmp_path, monkeypatch, capsys, second):
+    fast_training(monkeypatch, trained_dir)
+    train = trained_dir.parent / "train.csv"
+    again = trained_dir / ".." / "train.csv"
+    if second == "copy":
+        again = tmp_path / "copy.csv"
+        shutil.copy(train, again)
+    out = tmp_path / "model"
+    assert main(["forecast", "train", "--series", str(train), str(again), "--out", str(out),
+                 "--no-progress"]) == 2
+    one_line_error(capsys, f"--series {again}", f"copy of {train}", "SHA-256", "once")
+    assert not out.exists()
+
+
+def test_train_reports_and_records_the_filled_minutes_of_every_series(
+        trained_dir, tmp_path, monkeypatch, capsys):
+    fast_training(monkeypatch, trained_dir)
+    series = tmp_path / "gappy.csv"
+    lines = write_cycle(series, days=4, seed=4).read_text().splitlines(keepends=True)
+    series.write_text("".join(lines[:100] + lines[103:]))  # 3 minutes missing
+    out = tmp_path / "model"
+    assert main(["forecast", "train", "--series", str(series), "--out", str(out),
+                 "--no-progress"]) == 0
+    assert f"{series}: 3 of 5760 minutes forward-filled (0.1%)\n" in capsys.readouterr().out
+    assert json.loads((out / "card.json").read_text())["filled_minutes"] == [3]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_series_mostly_forward_filled_is_refused(trained_dir, tmp_path, capsys, command):
+    sparse = write_cycle(tmp_path / "five.csv", days=4, seed=5, every_min=5)
+    out = tmp_path / "out"
+    argv = (["train", "--no-progress"] if command == "train"
+            else ["evaluate", "--model", str(trained_dir)])
+    assert main(["forecast", *argv, "--series", str(sparse), "--out", str(out)]) == 2
+    one_line_error(capsys, "five.csv: 4604 of 5756 minutes (80%) would be forward-filled",
+                   "resample the file to 1-minute samples")
     assert not out.exists()
 
 
@@ -342,10 +420,7 @@ def test_card_names_training_series_absolutely_so_evaluate_refuses_them_anywhere
         trained_dir, tmp_path, monkeypatch, capsys):
     (tmp_path / "data").mkdir()
     shutil.copy(trained_dir.parent / "train.csv", tmp_path / "data" / "train.csv")
-    monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
-        smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
-    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
-        LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
+    fast_training(monkeypatch, trained_dir)
     monkeypatch.chdir(tmp_path / "data")
     assert main(["forecast", "train", "--series", "train.csv", "--out", str(tmp_path / "model"),
                  "--no-progress"]) == 0

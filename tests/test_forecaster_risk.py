@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from env.failures import NodeTelemetrySample
 from forecaster.risk import RiskConfig, RiskModel, lagged
 from forecaster.risk_eval import any_xid_rule, roc_auc, score_risk
 from forecaster.risk_train import simulate, train_risk_model
@@ -60,3 +62,13 @@ def test_lagged_shifts_by_the_lag_and_pads_with_zeros():
     assert earlier[:, :, 0].tolist() == [[0.0, 0.0], [1.0, 2.0], [3.0, 4.0]]
     assert lagged(features, 0)[1].tolist() == features.tolist()  # no lag: the same readings
     assert not lagged(features, 5)[1].any()  # a lag longer than the sample: all zeros
+
+
+def test_scores_of_a_sample_without_failures_are_strict_json():
+    """Its ROC AUC is undefined: null in the card, not a bare NaN."""
+    sample = NodeTelemetrySample(times_s=np.arange(10) * 60.0, features=np.zeros((10, 2, 1)),
+                                 feature_names=("xid_30m",), fail_times_s=(np.array([]),) * 2,
+                                 down=np.zeros((10, 2), dtype=bool))
+    scores = score_risk(np.full((10, 2), 0.1), sample, 3600.0, 0.5)
+    assert scores["roc_auc"] is None
+    json.dumps(scores, allow_nan=False)

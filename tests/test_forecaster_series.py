@@ -8,7 +8,7 @@ import pytest
 
 from env.errors import UserError
 from forecaster.history import check_history
-from forecaster.series import load_demand_series
+from forecaster.series import check_filled_share, load_demand_series
 
 
 def write_series(path, minutes, active, total=100, time_format="%Y-%m-%d %H:%M:%S"):
@@ -37,6 +37,16 @@ def test_short_gap_is_forward_filled_and_counted(tmp_path):
     series = load_demand_series(path, max_gap_min=2)
     np.testing.assert_allclose(series.segments[0].demand, [0.1, 0.2, 0.3, 0.3, 0.3, 0.4, 0.5])
     assert series.filled_minutes == 2
+
+
+def test_more_than_a_tenth_forward_filled_is_refused_naming_the_series(tmp_path):
+    one_filled = write_series(tmp_path / "ok.csv", [*range(5), *range(6, 11)], np.full(10, 5))
+    assert check_filled_share(load_demand_series(one_filled)) == (
+        f"{one_filled}: 1 of 11 minutes forward-filled (9.1%)")
+    two_filled = write_series(tmp_path / "s.csv", [0, 1, 2, 5, 6], np.full(5, 5))
+    with pytest.raises(UserError, match=r"s\.csv: 2 of 7 minutes \(29%\) would be forward-filled, "
+                                        r"more than 10%.*resample the file to 1-minute samples"):
+        check_filled_share(load_demand_series(two_filled))
 
 
 def test_long_gap_splits_segments_and_short_ones_are_dropped(tmp_path):
@@ -98,6 +108,34 @@ def test_unparsable_time_and_unknown_columns_and_bad_total(tmp_path):
         load_demand_series(zero_total)
     with pytest.raises(UserError, match="no such file"):
         load_demand_series(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("time,demand\n\n\n2020-05-01 00:00:00,0.5\n2020-05-01 00:01:00,abc\n", 5),
+    ('time,demand\n"2020-05-01\n00:00:00",0.5\n2020-05-01 00:01:00,abc\n', 4),
+    ("\n \ntime,demand\r\n\r\n2020-05-01 00:00:00,0.5\r\n2020-05-01 00:01:00,abc\r\n", 6),
+])
+def test_line_numbers_count_blank_lines_and_cells_spanning_lines(tmp_path, text, line):
+    path = tmp_path / "s.csv"
+    path.write_bytes(text.encode())
+    with pytest.raises(UserError, match=rf"s\.csv, line {line}: column 'demand' has 'abc'"):
+        load_demand_series(path)
+
+
+def test_blank_lines_anywhere_are_skipped(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("\ntime,demand\n\n2020-05-01 00:00:00,0.5\n \n2020-05-01 00:01:00,0.6\n\n")
+    series = load_demand_series(path)
+    np.testing.assert_allclose(series.segments[0].demand, [0.5, 0.6])
+
+
+def test_unreadable_csv_error_is_one_line(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("time,demand\n2020-05-01 00:00:00,0.5\n2020-05-01 00:01:00,0.5,7\n")
+    with pytest.raises(UserError) as info:
+        load_demand_series(path)
+    assert "Expected 2 fields in line 3, saw 3); pass a per-minute CSV" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_header_only_file_is_a_user_error(tmp_path):
