@@ -70,13 +70,12 @@ class RiskModel:
         std: np.ndarray,
         weights: np.ndarray,
         bias: float,
-        threshold: float = 0.5,
     ) -> None:
+        """No alarm threshold here: the policies that read the risk decide where a node is at
+        risk (`env.featurizer.RISKY_NODE_SCORE`), and the card scores the model there."""
         self.config = config
         self.feature_names = feature_names
         self.mean, self.std, self.weights, self.bias = mean, std, weights, bias
-        self.threshold = threshold
-        """Risk at which to alarm (chosen for the best F1 on the training telemetry)."""
 
     def predict_proba(self, now: np.ndarray, earlier: np.ndarray) -> np.ndarray:
         """P(fail within horizon) per node from features now and `lag_steps` earlier.
@@ -103,7 +102,6 @@ class RiskModel:
             "std": self.std.tolist(),
             "weights": self.weights.tolist(),
             "bias": self.bias,
-            "threshold": self.threshold,
         }
         text = json.dumps(data, indent=2, allow_nan=False)
         (directory / RISK_MODEL_FILE).write_text(text + "\n")
@@ -119,7 +117,6 @@ class RiskModel:
             np.asarray(data["std"]),
             np.asarray(data["weights"]),
             float(data["bias"]),
-            float(data["threshold"]),
         )
 
 

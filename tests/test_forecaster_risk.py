@@ -72,3 +72,17 @@ def test_scores_of_a_sample_without_failures_are_strict_json():
     scores = score_risk(np.full((10, 2), 0.1), sample, 3600.0, 0.5)
     assert scores["roc_auc"] is None
     json.dumps(scores, allow_nan=False)
+
+
+def test_the_shipped_card_scores_the_model_where_the_policies_act_on_it():
+    """The card reported its scores at a best-F1 cut (0.048) that no policy applied; a node is
+    at risk from `RISKY_NODE_SCORE` on, so that is where the shipped model must be scored."""
+    from pathlib import Path
+
+    from env.featurizer import RISKY_NODE_SCORE
+
+    risk = Path(__file__).resolve().parents[1] / "models" / "risk"
+    card = json.loads((risk / "card.json").read_text())
+    assert card["alarm_threshold"] == card["test_scores"]["logistic"]["threshold"]
+    assert card["alarm_threshold"] == RISKY_NODE_SCORE
+    assert "threshold" not in json.loads((risk / "risk_model.json").read_text())
