@@ -3,10 +3,11 @@
 A node fails as a Poisson process at `failures_per_gpu_day` x its GPU count; after a failure it
 is down for `repair_s`. A share `warned_share` of failures announce themselves: a *warning
 episode* starts a lead time before the failure, during which the node's GPUs log XID errors,
-uncorrectable (double-bit) ECC errors and readiness flaps at the given rates, and run hotter by
-up to `temp_rise_c`. False alarms are warning episodes that end without a failure, at
-`false_warnings_per_warned_failure` times the rate of warned failures. Everything is a named
-parameter below; the defaults and where they come from are in docs/simulator.md.
+uncorrectable (double-bit) ECC errors and readiness flaps at the given rates, and run hotter,
+by `temp_rise_c` over `temp_ramp_s` at most. False alarms are warning episodes that end
+without a failure, at `false_warnings_per_warned_failure` times the rate of warned failures.
+Everything is a named parameter below; the defaults and where they come from are in
+docs/simulator.md.
 
 The process depends only on its seed, not on the jobs, so the same timeline can drive the
 simulator, the digital twin and the training data of the failure-risk model.
@@ -74,7 +75,12 @@ class FailureParams:
     flaps_per_hour: float = 2.0
     """Event rates during a warning episode (XID errors, double-bit ECC errors, NotReady flaps)."""
     temp_rise_c: float = 10.0
-    """Extra GPU temperature at the end of a warning episode (ramps up linearly)."""
+    """Extra GPU temperature a warning episode ramps up to (linearly, over `temp_ramp_s`)."""
+    temp_ramp_s: float = 3600.0
+    """Time the excess takes to reach `temp_rise_c`, the same in every episode. A ramp that
+    reached it at the episode's end gave the failure time away: t + (rise - excess) x 1800 s /
+    its 30-min change, exactly, a label that real telemetry does not carry and that a model
+    trained on the simulator's would learn."""
     telemetry_window_s: float = 300.0
     """Window for 'recent' event counts, as the actuator's `changes(...[5m])` queries."""
 
@@ -83,6 +89,7 @@ class FailureParams:
         assert 0.0 <= self.warned_share <= 1.0, self.warned_share
         assert 0 < self.warning_lead_min_s <= self.warning_lead_max_s
         assert self.repair_s > 0
+        assert self.temp_ramp_s > 0, self.temp_ramp_s
 
 
 @dataclass(slots=True)
@@ -97,11 +104,12 @@ class WarningEpisode:
     ecc_s: list[float] = field(default_factory=list)
     flap_s: list[float] = field(default_factory=list)
 
-    def temp_offset_c(self, t: float, rise_c: float) -> float:
-        """Temperature excess at time t: ramps from 0 at start to `rise_c` at end."""
+    def temp_offset_c(self, t: float, rise_c: float, ramp_s: float) -> float:
+        """Temperature excess at time t: ramps from 0 at the start by `rise_c` per `ramp_s`,
+        up to `rise_c`, whenever the episode ends."""
         if not self.start_s <= t < self.end_s:
             return 0.0
-        return rise_c * (t - self.start_s) / max(self.end_s - self.start_s, 1.0)
+        return min(rise_c * (t - self.start_s) / ramp_s, rise_c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,14 +205,14 @@ def node_features(episode: WarningEpisode | None, t: float, params: FailureParam
     """Feature vector of `NODE_FEATURE_NAMES` for one node at time t (zeros when healthy)."""
     if episode is None:
         return [0.0] * len(NODE_FEATURE_NAMES)
-    rise = params.temp_rise_c
+    rise, ramp = params.temp_rise_c, params.temp_ramp_s
     return [
         float(count_in_window(episode.xid_s, t, 300.0)),
         float(count_in_window(episode.xid_s, t, 1800.0)),
         float(count_in_window(episode.ecc_s, t, 1800.0)),
         float(count_in_window(episode.flap_s, t, 3600.0)),
-        episode.temp_offset_c(t, rise),
-        episode.temp_offset_c(t, rise) - episode.temp_offset_c(t - 1800.0, rise),
+        episode.temp_offset_c(t, rise, ramp),
+        episode.temp_offset_c(t, rise, ramp) - episode.temp_offset_c(t - 1800.0, rise, ramp),
     ]
 
 

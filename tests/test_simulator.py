@@ -697,3 +697,16 @@ def test_the_failure_process_has_its_documented_rates_and_warnings():
     calms = {(e.node, e.time_s) for e in events if e.kind == "calm"}
     assert all((e.node, e.time_s + params.false_warning_duration_s) in calms
                for e in false_alarms if e.time_s + params.false_warning_duration_s < end_s)
+
+
+def test_a_warning_episodes_temperature_does_not_tell_when_it_ends():
+    """The excess ramped to `temp_rise_c` exactly at the episode's end, so the excess and its
+    30-min change gave the failure time away (t + (rise - excess) x 1800 / change): episodes
+    of different lengths must look alike until the shorter one ends."""
+    params = FailureParams()
+    short = WarningEpisode(0, 1000.0, 1000.0 + 900.0, 1900.0)
+    long = WarningEpisode(0, 1000.0, 1000.0 + 4000.0, 5000.0)
+    for t in (1100.0, 1500.0, 1899.0):
+        assert node_features(short, t, params) == node_features(long, t, params)
+    assert 0 < node_features(long, 1899.0, params)[4] < params.temp_rise_c
+    assert node_features(long, 4999.0, params)[4] == params.temp_rise_c  # capped
