@@ -22,7 +22,7 @@ def _wait_until_exited(pid: int, timeout_s: float = 20.0) -> None:
         try:
             if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
             return
         time.sleep(0.05)
     raise AssertionError(f"worker {pid} still runs {timeout_s} s after SIGINT")
