@@ -115,7 +115,9 @@ def policy_view(state: ClusterState, config: ActuatorConfig,
     """`state` as the policy is shown it: nodes the telemetry guardrail refuses new workers on
     appear cordoned, as the guardrail treats them. Shown as usable, a deterministic policy
     proposed the same refused placement every cycle, and the refusal, which ends the cycle,
-    held up every other move (failovers included) for as long as one exporter was down."""
+    held up every other move (failovers included) for as long as one exporter was down. A job
+    with workers on such a node is then not shown its own GPUs there either, so a policy cannot
+    shrink it in place on it (the guardrail would allow that); it can still move it off."""
     if not (config.require_node_telemetry and nodes_without_telemetry):
         return state
     blind = np.isin(np.asarray(state.nodes.name), list(nodes_without_telemetry))

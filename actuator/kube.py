@@ -45,6 +45,7 @@ from env.errors import UserError
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+_MIN_TIMEOUT_S = 0.001
 _TERMINAL = ("Succeeded", "Failed")
 
 
@@ -134,11 +135,11 @@ class KubeClient:
     def within(self, seconds_left: Callable[[], float] | None) -> Iterator[None]:
         """Bound every call in the block by a deadline (`seconds_left()`; None: no bound): the
         leader's lease margin, so no move is written, nor retried, after a standby may lead."""
-        self._seconds_left = seconds_left
+        outer, self._seconds_left = self._seconds_left, seconds_left
         try:
             yield
         finally:
-            self._seconds_left = None
+            self._seconds_left = outer
 
     def stop_retrying(self) -> None:
         """Give every call from now on (and the one under way) one attempt more at most, so a
@@ -271,8 +272,10 @@ class KubeClient:
         return float("inf") if self._seconds_left is None else self._seconds_left()
 
     def _timeout(self) -> float:
-        """A request's timeout: the configured one, cut to the deadline of `within`."""
-        return min(self._config.api_timeout_s, self._left())
+        """A request's timeout: the configured one, cut to the deadline of `within`, and never
+        0, which the client takes for no timeout at all (a deadline that passed since the
+        attempt began then times the request out at once)."""
+        return max(min(self._config.api_timeout_s, self._left()), _MIN_TIMEOUT_S)
 
     def _items(self, fn: Callable[[], Any], what: str) -> list[dict]:
         return json.loads(self._call(fn, what).data).get("items") or []

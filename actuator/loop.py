@@ -150,7 +150,7 @@ class Controller:
             if outcome in (APPLIED, DRY_RUN) or detail.startswith(PARTLY_APPLIED):
                 history = history.record(decision.action.job_id, built.state.time_s,
                                          decision.disruptive)
-            elif outcome == FAILED:
+            if outcome == FAILED:
                 break  # later actions were decided assuming this one happened
         self._history = history
         if report.outcomes or report.contested:

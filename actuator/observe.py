@@ -116,13 +116,20 @@ class PrometheusSource:
         return result
 
     def _scalar(self, query: str, at_s: float) -> float:
+        """The clock: a scalar or a one-series vector, finite (``scalar()`` of an absent
+        series is NaN, and a NaN clock turned every cooldown off)."""
         result = self._query("clock", query, at_s, scalar=True)
         if _result_kind(result) == "scalar":
-            return float(result[1])
-        if not result:
-            raise ObserveError(f"the clock query {query!r} returned no series; is the exporter "
-                               "that serves it (the twin's) up, and is Prometheus scraping it?")
-        return float(result[0]["value"][1])
+            value = float(result[1])
+        elif result:
+            value = float(result[0]["value"][1])
+        else:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ObserveError(f"the clock query {query!r} returned no series (or {value}); is "
+                               "the exporter that serves it (the twin's) up, and is Prometheus "
+                               "scraping it?")
+        return value
 
     def _demand_history(self, at_s: float, clock_s: float, minutes: int) -> np.ndarray:
         """`minutes` samples, one per minute of cluster time, the last at the start of the

@@ -178,9 +178,11 @@ def confidence(values: list[float], copies: list[int] | None = None) -> dict[str
 
     `copies`: how many runs each value stands for (`distinct_runs`: a run every seed repeated
     stands for all of them), so that the mean weighs every (workload, seed) alike, as the runs
-    were asked for, while the half-width counts only the distinct runs (Kish's effective
-    sample size of those weights). Without weights a workload whose seeds repeated weighed
-    1/(seeds+1) of two workloads instead of 1/2, and could reverse a comparison."""
+    were asked for, while the half-width takes Kish's effective sample size of those weights
+    ((sum w)^2 / sum w^2: the distinct runs' count when they all stand for as many, fewer when
+    some stand for more), never the copies as independent runs. Without weights a workload
+    whose seeds repeated weighed 1/(seeds+1) of two workloads instead of 1/2, and could
+    reverse a comparison."""
     from scipy import stats
 
     array = np.asarray(values, dtype=float)
@@ -686,8 +688,9 @@ def _seeds_repeat_note(report: dict) -> str | None:
         where = "; ".join(f"`{name}` on {', '.join(Path(w).name for w in on)}"
                           for name, on in repeated.items())
     counted = ("so there is one run and no ±" if len(workloads) == 1 and everywhere else
-               "so the ± and the paired counts take each such run once, not as "
-               f"{copies} independent copies (the means weigh it as {copies} runs)")
+               "so the paired counts take each such run once, not as "
+               f"{copies} independent copies, and the ± counts the runs no more than they "
+               f"spread (Kish's effective number; the means weigh it as {copies} runs)")
     return (f"Note: all {copies} seeds gave the same run for {where}: nothing in these runs "
             "depended on the seed (from a workload file only failures do, and none happened), "
             f"{counted}. Use --failures or a synthetic workload for runs that vary.")
@@ -698,7 +701,8 @@ def _cell_legend(report: dict) -> str:
     the change against `table_reference` only where it was evaluated with others."""
     workloads = len(report["workloads"])
     runs = workloads * len(report["seeds"])
-    repeat = ("; a run that every seed repeated counts once in the ±, below"
+    repeat = ("; a run that every seed repeated is not counted as independent copies in "
+              "the ±, below"
               if report.get("seeds_repeat") else "")
     legend = (f"Each cell: mean ± 95% CI (t-distribution over {runs} runs = seeds × workloads"
               f"{repeat})" if runs > 1 else

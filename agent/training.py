@@ -340,20 +340,26 @@ acting epsilon-greedily as after them (`_dqn_class`)."""
 
 
 def _dqn_class() -> type:
-    """SB3's `DQN`, acting epsilon-greedily with its own Q-network from its first step.
+    """SB3's `DQN`, acting epsilon-greedily with its own Q-network from its first step once it
+    has one worth acting on (`acts_from_start`: warm-started, residual or resumed).
 
     SB3's DQN acts uniformly at random until `learning_starts` (the warm-up of
     `OffPolicyAlgorithm._sample_action`), which throws a warm start away: 1,000 random steps
-    at the start and after every resume, and a replay buffer full of them. This one takes the
-    action `DQN.predict` samples after the warm-up (the greedy one, or at the exploration rate
-    a uniform one, unmasked as ever) from the first step; `learning_starts` still says when
-    the gradient updates begin. (Built on call: SB3 is imported only where it is used.)"""
+    at the start and after every resume, and a replay buffer full of them. With
+    `acts_from_start` this one takes the action `DQN.predict` samples after the warm-up (the
+    greedy one, or at the exploration rate a uniform one, unmasked as ever) from the first
+    step; `learning_starts` still says when the gradient updates begin. A DQN started from
+    SB3's random initialisation keeps SB3's uniform warm-up, its exploration. (Built on call:
+    SB3 is imported only where it is used.)"""
     from stable_baselines3 import DQN
 
     class WarmStartedDQN(DQN):
+        acts_from_start = False
+
         def _sample_action(self, learning_starts: int, action_noise: object = None,
                            n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
-            return super()._sample_action(0, action_noise, n_envs)  # no random warm-up
+            return super()._sample_action(0 if self.acts_from_start else learning_starts,
+                                          action_noise, n_envs)
 
     return WarmStartedDQN
 
@@ -401,6 +407,8 @@ def _load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
         model = MaskablePPO.load(path, env=vec_env, device="cpu")
     else:
         model = _dqn_class().load(path, env=vec_env, device="cpu")
+        model.acts_from_start = bool(config.warm_start or config.residual
+                                     or model.num_timesteps >= model.learning_starts)
         model.learning_starts = model.num_timesteps + DQN_LEARNING_STARTS
     model.set_random_seed(resumed_seed(config.seed, model.num_timesteps))
     return model
@@ -469,6 +477,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             model.set_logger(tensorboard_logger(out, config.algo))
             summary["warm_start"] = _start(config, model, log, progress, recordings, sizes,
                                            speedups, profiles)
+            model.acts_from_start = summary["warm_start"] is not None  # read by a DQN only
         best = min(map(_jct_read, summary["evaluations"]), default=math.inf)
         with _task(progress, "evaluate static (the bound to give up at)", eval_jobs) as advance:
             give_up = give_up_bounds(config, eval_workloads, on_progress=advance)

@@ -203,6 +203,9 @@ def test_a_query_of_a_result_type_the_actuator_cannot_read_is_named(tmp_path):
             source(xid_errors="up[5m]").fetch(None, 0)
         with pytest.raises(ObserveError, match="returned a scalar, not an instant vector;"):
             source(xid_errors="scalar(vector(3))").fetch(None, 0)
+        # scalar() of a series that is not there is NaN: a NaN clock turned cooldowns off
+        with pytest.raises(ObserveError, match=r"returned no series \(or nan\)"):
+            source(clock="scalar(rlalloc_twin_clock_seconds)").fetch(None, 0)
     finally:
         prometheus.stop()
 
@@ -312,6 +315,23 @@ def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tm
         second = ctl.run_cycle()
         [(decision, outcome)] = second.outcomes
         assert outcome == "refused" and decision.reason.startswith("cooldown")
+    finally:
+        server.stop()
+
+
+def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
+    """Recording it as a change skipped the `break`: q was then started onto the GPUs j's
+    undeleted pods still held, as if j's move had happened."""
+    state = _state()
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        move = _rename(Action(ActionKind.SCALE, "j", 2, ("node-0001", "node-0001")))
+        start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0000", "node-0000")))
+        ctl = Controller(config, kube, metrics, Scripted(move, start), "a-0")
+        server.api.inject_fault("DELETE", "/pods/", *[403] * 4)
+        report = ctl.run_cycle()
+        assert [(d.action.job_id, o) for d, o in report.outcomes] == [("default/j", "failed")]
+        assert not any("/pytorchjobs/q" in write for write in _writes(server.api))
     finally:
         server.stop()
 
@@ -548,6 +568,10 @@ def test_no_move_is_retried_past_the_lease_margin(tmp_path):
         assert not server.call(server.api.get, NODES, None, "node-0001")["spec"].get(
             "unschedulable")
         kube.cordon("node-0001")  # outside `within` calls are not bounded
+        # a deadline that passes between the check and the request: a timeout of 0 was sent,
+        # which the client takes for none at all
+        with kube.within(lambda: 0.0):
+            assert 0 < kube._timeout() <= 0.01
     finally:
         server.stop()
 

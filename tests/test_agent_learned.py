@@ -126,12 +126,18 @@ def _acted_greedily(model, steps: int) -> bool:
 def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_path):
     """SB3's DQN acts uniformly at random until `learning_starts` (1,000 steps), and a resume
     sets that 1,000 steps on: the warm start was thrown away twice over. Ours acts
-    epsilon-greedily from the first step (epsilon 0 here, so greedily), and a resume too."""
+    epsilon-greedily from the first step (epsilon 0 here, so greedily) once started (as
+    `train` marks a warm-started one), and a resume too; one from SB3's random initialisation
+    keeps SB3's uniform warm-up, its exploration."""
     from agent.training import _build_model, _load_model, save_checkpoint
 
     config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=2, net_arch=(32,),
                          dqn_buffer_size=500, dqn_exploration=(0.0, 0.0))
+    unstarted = _build_model(replace(config, warm_start=""), _tiny_vec_env(config))
+    unstarted.learn(120)
+    assert not _acted_greedily(unstarted, 60)
     model = _build_model(config, _tiny_vec_env(config))
+    model.acts_from_start = True  # what `train` sets once its warm start has run
     model.learn(120)
     assert model.num_timesteps < model.learning_starts and _acted_greedily(model, 60)
     save_checkpoint(model, tmp_path / "dqn.zip")

@@ -95,8 +95,9 @@ def test_repeated_seeds_count_each_distinct_run_once():
                                     "runs_with_change": 2, "better_runs": 2, "runs": 2})
     md = results_markdown(report, with_paired=True)
     assert "take each such run once, not as 3 independent copies" in md
+    assert "Kish's effective number" in md
     assert ("(t-distribution over 6 runs = seeds × workloads; a run that every seed repeated "
-            "counts once in the ±, below)") in md
+            "is not counted as independent copies in the ±, below)") in md
     assert "(2/2 better)" in md
 
 

@@ -272,6 +272,22 @@ def test_philly_timestamps_with_different_utc_offsets_are_one_clock(tmp_path):
         ("philly-1", 0.0), ("philly-3", 0.0), ("philly-2", 600.0)]
 
 
+def test_philly_timestamps_of_one_offset_are_in_utc_too(tmp_path):
+    """Mixed offsets came out in UTC, one offset in local time: the same instants read other
+    hours of the day (as the workload sampler takes them) by how many offsets a file held."""
+    from env.workload.philly import PHILLY_COLUMNS, submit_timestamps
+    from env.workload.table import read_table
+
+    one = write_csv(tmp_path, PHILLY_HEADER + "2017-10-01 10:00:00+02:00,10,1,10,a\n"
+                    "2017-10-01 11:00:00+02:00,10,1,10,a\n")
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text(PHILLY_HEADER + "2017-10-01 10:00:00+02:00,10,1,10,a\n"
+                     "2017-10-01 09:00:00+00:00,10,1,10,a\n")
+    hours = [submit_timestamps(p, read_table(p, PHILLY_COLUMNS, "Philly")).dt.hour.tolist()
+             for p in (one, mixed)]
+    assert hours == [[8, 9], [8, 9]]
+
+
 def test_job_ids_are_text_so_leading_zeros_make_other_ids(tmp_path):
     path = write_csv(tmp_path, CANONICAL_HEADER + "1,0,1,100\n01,0,1,100\n007,5,1,10\n")
     assert [j.job_id for j in load_workload(str(path), CLUSTER).jobs] == ["1", "01", "007"]

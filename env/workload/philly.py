@@ -38,14 +38,16 @@ PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
 
 
 def submit_timestamps(path: Path, df: pd.DataFrame) -> pd.Series:
-    """The ``timestamp`` column as date-times (one-line `UserError` naming a bad row)."""
+    """The ``timestamp`` column as date-times (one-line `UserError` naming a bad row); with UTC
+    offsets, in UTC whether they are all one offset or several (a time of day read off them,
+    as the workload sampler does, must not depend on which)."""
     try:
         stamps = pd.to_datetime(df["timestamp"], format="ISO8601", errors="coerce")
     except ValueError:  # pandas raises on mixed time zones even with errors="coerce"
         stamps = _mixed_zone_timestamps(path, df["timestamp"])
     reject_rows(path, stamps.isna().to_numpy(), "timestamp is not a date-time",
                 "write it as YYYY-MM-DD HH:MM:SS")
-    return stamps
+    return stamps.dt.tz_convert("UTC") if stamps.dt.tz is not None else stamps
 
 
 def _mixed_zone_timestamps(path: Path, cells: pd.Series) -> pd.Series:
