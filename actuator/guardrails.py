@@ -1,9 +1,12 @@
 """The decide step: state + policy + guardrail settings + history -> decisions. Pure, no I/O.
 
 The policy is asked as in the simulator: again after every accepted action (on the state as it
-will be once that action is carried out), until it answers no-op, an action is refused, or
-`max_actions_per_cycle` is reached. Every proposal passes the guardrails below, which are the
-actuator's promises to the cluster's owner whatever the policy does:
+will be once that action is carried out), until it answers no-op or `max_actions_per_cycle` is
+reached. After a refused action it is asked again without that job in the state it is shown
+(`policy_view`): shown the same state, it would propose the same action, and one job in its
+cooldown or over the disruption cap held up every other job's start for up to an hour. Every
+proposal passes the guardrails below, which are the actuator's promises to the cluster's owner
+whatever the policy does:
 
 - only managed (opted-in) jobs, only within their elasticPolicy min..max;
 - never more GPUs than are free: per node, counting the job's own GPUs and the actions already
@@ -23,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from actuator.config import ActuatorConfig
-from env.state import Action, ActionKind, ClusterState, JobStatus
+from env.state import Action, ActionKind, ClusterState, Jobs, JobStatus
 
 _HOUR_S = 3600.0
 
@@ -87,10 +90,11 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
                               tuple(t for t in history.disruptions_s if now - t < _HOUR_S))
     decisions: list[Decision] = []
     cycle_disruptions = 0
+    refused_jobs: frozenset[str] = frozenset()
     for _ in range(config.max_actions_per_cycle):
-        action = policy.act(policy_view(state, config, nodes_without_telemetry))
-        if action.kind == ActionKind.NOOP:
-            break
+        action = policy.act(policy_view(state, config, nodes_without_telemetry, refused_jobs))
+        if action.kind == ActionKind.NOOP or action.job_id in refused_jobs:
+            break  # (a policy that proposes for a job it was not shown is not asked again)
         disruptive = is_disruptive(state, action)
         reason = check(state, action, config, history, nodes_without_telemetry)
         if not reason and disruptive and cycle_disruptions >= config.max_disruptions_per_cycle:
@@ -103,7 +107,10 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
         decisions.append(Decision(action, not reason, reason, disruptive,
                                   current_nodes(state, action.job_id)))
         if reason:
-            break
+            if action.job_id not in state.jobs.job_id:
+                break  # an unmanaged job: hiding it would change nothing
+            refused_jobs |= {action.job_id}
+            continue
         cycle_disruptions += int(disruptive)
         history = history.record(action.job_id, now, disruptive)
         state = project(state, action)
@@ -111,13 +118,20 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
 
 
 def policy_view(state: ClusterState, config: ActuatorConfig,
-                nodes_without_telemetry: frozenset[str]) -> ClusterState:
-    """`state` as the policy is shown it: nodes the telemetry guardrail refuses new workers on
-    appear cordoned, as the guardrail treats them. Shown as usable, a deterministic policy
-    proposed the same refused placement every cycle, and the refusal, which ends the cycle,
-    held up every other move (failovers included) for as long as one exporter was down. A job
+                nodes_without_telemetry: frozenset[str],
+                refused_jobs: frozenset[str] = frozenset()) -> ClusterState:
+    """`state` as the policy is shown it: without the jobs whose proposal was refused this
+    cycle (their GPUs stay taken, as another tenant's are), and with the nodes the telemetry
+    guardrail refuses new workers on cordoned, as the guardrail treats them. Shown as usable,
+    a deterministic policy proposed the same refused placement every cycle, and the refusal
+    (which then ended the cycle) held up every other move, failovers included, for as long as
+    one exporter was down. A job
     with workers on such a node is then not shown its own GPUs there either, so a policy cannot
     shrink it in place on it (the guardrail would allow that); it can still move it off."""
+    if refused_jobs:
+        jobs = state.jobs
+        state = replace(state, jobs=Jobs.from_records(
+            [jobs.record(i) for i in range(jobs.count) if jobs.job_id[i] not in refused_jobs]))
     if not (config.require_node_telemetry and nodes_without_telemetry):
         return state
     blind = np.isin(np.asarray(state.nodes.name), list(nodes_without_telemetry))

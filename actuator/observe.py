@@ -126,9 +126,11 @@ class PrometheusSource:
         else:
             value = math.nan
         if not math.isfinite(value):
-            raise ObserveError(f"the clock query {query!r} returned no series (or {value}); is "
-                               "the exporter that serves it (the twin's) up, and is Prometheus "
-                               "scraping it?")
+            raise ObserveError(f"the clock query {query!r} returned "
+                               + ("no series" if math.isnan(value) and not result
+                                  else f"{value}, not a time")
+                               + "; is the exporter that serves it (the twin's) up, and is "
+                               "Prometheus scraping it?")
         return value
 
     def _demand_history(self, at_s: float, clock_s: float, minutes: int) -> np.ndarray:

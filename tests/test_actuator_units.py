@@ -41,6 +41,7 @@ from env.failures import NODE_FEATURE_NAMES
 from env.params import SimParams
 from env.signals import load_signals
 from env.state import (
+    NOOP,
     Action,
     ActionKind,
     ClusterState,
@@ -143,6 +144,30 @@ def test_disruption_caps_per_cycle_and_per_hour():
     # starting a queued job disrupts nobody and is not capped
     start = scale("wait", "node-b", "node-b")
     assert _decide(start, config=config, history=busy_hour).decisions[0].accepted
+
+
+def test_a_refused_job_is_hidden_and_the_policy_asked_again():
+    """A refusal ended the cycle, and a policy shown the same state next cycle proposed the same
+    thing: one job in its cooldown (or over the hour's disruption cap) held every other job's
+    start up for as long. The refused job leaves the policy's view for the rest of the cycle."""
+    shown: list[tuple[str, ...]] = []
+
+    class GrowFirst:  # grows "run" while it sees it, else starts "wait"
+        def act(self, state: ClusterState) -> Action:
+            shown.append(tuple(state.jobs.job_id))
+            if "run" in state.jobs.job_id:
+                return scale("run", "node-a", "node-a", "node-a")
+            if state.jobs.workers[state.job_index("wait")] == 0:
+                return scale("wait", "node-b", "node-b")
+            return NOOP
+
+    cycle = decide(_world(), GrowFirst(), ActuatorConfig(cooldown_s=300.0),
+                   DecisionHistory({"run": 900.0}))
+    assert [(d.action.job_id, d.accepted) for d in cycle.decisions] == [
+        ("run", False), ("wait", True)]
+    assert cycle.decisions[0].reason.startswith("cooldown")
+    assert shown == [("run", "wait"), ("wait",), ("wait",)]
+    assert cycle.projected.jobs.workers.tolist() == [2, 2]  # "run" untouched, still there
 
 
 # -------------------------------------------------------------------------- state building
