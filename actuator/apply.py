@@ -7,8 +7,13 @@
   not at all. Existing workers on nodes the new placement does not use are then deleted, so the
   training operator recreates them where the affinity says.
 - Scale with node affinity off, and every suspend (n = 0): the `/scale` subresource, after
-  a merge patch recording the requested workers where rlalloc has not yet (the request is
-  otherwise read from `Worker.replicas`, which the scale overwrites).
+  a merge patch of the annotations below and, where rlalloc has not yet recorded it, the
+  requested workers (the request is otherwise read from `Worker.replicas`, which the scale
+  overwrites).
+- Every change's first write also records it in the job's annotations (`rlalloc.io/last-change`,
+  `rlalloc.io/disruptions`: `guardrails.history_annotations`), read back each cycle, so that the
+  cooldown and the hourly disruption cap hold across a restart or a new leader; a change counts
+  from that write on, even if a later step fails.
 - Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
   delete the job's pods there and on any other node the new placement leaves — with grace 0
   when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
@@ -29,6 +34,7 @@ import copy
 from collections.abc import Callable
 
 from actuator.config import ActuatorConfig
+from actuator.guardrails import history_annotations
 from actuator.k8s_names import (
     HOSTNAME_LABEL,
     PLACEMENT_ANNOTATION,
@@ -52,24 +58,32 @@ class Applier:
         self.changed = False
         """Whether the last `apply` wrote anything to the cluster, also when it then failed."""
 
-    def apply(self, action: Action, built: BuiltState) -> None:
-        """Carry out `action`; raises `KubeError` (or a validation error) when it could not
-        (`changed` says whether a write had landed by then)."""
+    def apply(self, action: Action, built: BuiltState, disruptive: bool = False) -> None:
+        """Carry out `action` (`disruptive`: it restarts running workers); raises `KubeError`
+        (or a validation error) when it could not (`changed` says whether a write had landed by
+        then). Its first write records the change in the job's annotations
+        (`guardrails.history_annotations`), so the cooldown and the disruption cap outlive this
+        process: a change whose first write failed changed nothing, and records nothing."""
         self.changed = False
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
         requested = int(built.state.jobs.requested_gpus[row])
+        recorded = history_annotations(ref.obj["metadata"].get("annotations") or {},
+                                       built.state.time_s, disruptive)
         if action.kind == ActionKind.SCALE and (action.workers == 0
                                                 or not self._config.node_affinity):
-            if first := request_annotation(ref, requested):
-                # before the first /scale: read back from `Worker.replicas` afterwards, the
-                # request would be the size rlalloc chose (0 after a suspend), not the user's
-                self._patch(ref, {"metadata": {"annotations": first}})
+            # before the first /scale, the request too: read back from `Worker.replicas`
+            # afterwards, it would be the size rlalloc chose (0 after a suspend), not the user's
+            self._patch(ref, {"metadata": {"annotations": {
+                **request_annotation(ref, requested), **recorded}}})
             self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
-            self.changed = True
             return
         if self._config.node_affinity:
-            self._patch(ref, placement_patch(ref, action, requested))
+            patch = placement_patch(ref, action, requested)
+            patch["metadata"]["annotations"].update(recorded)
+            self._patch(ref, patch)
+        else:
+            self._patch(ref, {"metadata": {"annotations": recorded}})
         if action.kind == ActionKind.MIGRATE and (
                 action.from_node not in built.state.nodes.name
                 or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):

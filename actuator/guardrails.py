@@ -20,12 +20,14 @@ A refused action comes back with its reason, for the log line and the Kubernetes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from actuator.config import ActuatorConfig
+from actuator.k8s_names import DISRUPTIONS_ANNOTATION, LAST_CHANGE_ANNOTATION
 from env.state import Action, ActionKind, ClusterState, Jobs, JobStatus
 
 _HOUR_S = 3600.0
@@ -53,6 +55,54 @@ class DecisionHistory:
         recent = tuple(t for t in self.disruptions_s if time_s - t < _HOUR_S)
         return DecisionHistory({**self.last_change_s, job_id: time_s},
                                recent + ((time_s,) if disruptive else ()))
+
+    def merge(self, other: DecisionHistory) -> DecisionHistory:
+        """Both histories: each job's later change, every disruption once (the one recorded in
+        memory and the same one read back from the job's annotations are equal times)."""
+        last = dict(self.last_change_s)
+        for job_id, time_s in other.last_change_s.items():
+            last[job_id] = max(time_s, last.get(job_id, time_s))
+        return DecisionHistory(last, tuple(sorted(set(self.disruptions_s)
+                                                  | set(other.disruptions_s))))
+
+
+def history_annotations(current: dict, time_s: float, disruptive: bool) -> dict[str, str]:
+    """The annotations that record a change of a job at `time_s` in the cluster (its cooldown,
+    and its disruptions of the last hour), given the job's `current` annotations; written with
+    the change's first write (`Applier`), read back by `recorded_history`."""
+    recent = [t for t in _times(current.get(DISRUPTIONS_ANNOTATION, ""))
+              if time_s - t < _HOUR_S]
+    if disruptive:
+        recent.append(time_s)
+    return {LAST_CHANGE_ANNOTATION: repr(float(time_s)),
+            DISRUPTIONS_ANNOTATION: ",".join(repr(t) for t in recent)}
+
+
+def recorded_history(annotations_by_job: dict[str, dict]) -> DecisionHistory:
+    """The guardrails' history as the jobs' annotations record it (`history_annotations`): what
+    a restarted actuator, or a new leader, starts from instead of nothing."""
+    last: dict[str, float] = {}
+    disruptions: set[float] = set()
+    for job_id, recorded in annotations_by_job.items():
+        changed = _times(recorded.get(LAST_CHANGE_ANNOTATION, ""))
+        if changed:
+            last[job_id] = changed[0]
+        disruptions.update(_times(recorded.get(DISRUPTIONS_ANNOTATION, "")))
+    return DecisionHistory(last, tuple(sorted(disruptions)))
+
+
+def _times(text: str) -> list[float]:
+    """The finite numbers of a comma-separated annotation (anything else is skipped: a user's
+    edit must not stop the actuator)."""
+    times = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            times.append(value)
+    return times
 
 
 @dataclass(frozen=True)

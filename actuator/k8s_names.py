@@ -35,6 +35,12 @@ BETA_ANNOTATION = "rlalloc.io/scaling-beta"
 """Scaling-curve coefficients (see env.state.Jobs.scaling_alpha), optional."""
 RESTORE_ANNOTATION = "rlalloc.io/restore-seconds"
 """Checkpoint-restore time of the job, optional."""
+LAST_CHANGE_ANNOTATION = "rlalloc.io/last-change"
+"""Cluster time (Unix seconds) of rlalloc's last change of the job: its cooldown, kept in the
+cluster so that a restarted or new leader honours it."""
+DISRUPTIONS_ANNOTATION = "rlalloc.io/disruptions"
+"""Cluster times of rlalloc's disruptive changes of the job in the last hour, comma-separated:
+the hourly disruption cap, kept in the cluster likewise."""
 
 
 NAMESPACE_RULE = ("lowercase letters, digits and '-', at most 63, starting and ending with a "

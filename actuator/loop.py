@@ -25,7 +25,14 @@ from typing import Protocol, runtime_checkable
 from actuator.apply import Applier
 from actuator.config import ActuatorConfig
 from actuator.events import EventRecorder
-from actuator.guardrails import Decision, DecisionHistory, Policy, decide, rule_of
+from actuator.guardrails import (
+    Decision,
+    DecisionHistory,
+    Policy,
+    decide,
+    recorded_history,
+    rule_of,
+)
 from actuator.k8s_names import format_placement
 from actuator.kube import KubeClient, KubeError, involved_pytorchjob
 from actuator.leader import LeaderElector
@@ -131,6 +138,10 @@ class Controller:
             return self._blind(report, err)
         report.observed, report.built = True, built
         self._ledger = built.ledger
+        # what the jobs' annotations record too: a restarted or new leader's memory is empty
+        self._history = self._history.merge(recorded_history(
+            {job_id: ref.obj["metadata"].get("annotations") or {}
+             for job_id, ref in built.jobs.items()}))
         for job_id in built.unmanageable.keys() - self._told_unmanageable:
             log.warning("job %s is opted in but not managed: %s", job_id,
                         built.unmanageable[job_id], extra={"event": {"job": job_id}})
@@ -202,7 +213,7 @@ class Controller:
             return FAILED, "lost the lease before acting"
         try:
             with self._kube.within(self._elector.seconds_left if self._elector else None):
-                self._applier.apply(decision.action, built)
+                self._applier.apply(decision.action, built, decision.disruptive)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
             return FAILED, (PARTLY_APPLIED if self._applier.changed else "") + str(err)

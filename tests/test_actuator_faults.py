@@ -319,6 +319,33 @@ def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tm
         server.stop()
 
 
+def test_a_new_leader_keeps_the_cooldown_and_the_hours_disruptions(tmp_path):
+    """The guardrails' history lived in the leader's memory only: after a restart or a
+    handover (the shipped Deployment runs 2 replicas) the same job could be resized at once,
+    cooldown and hourly cap bypassed. The jobs' annotations carry it across."""
+    server, config, kube, metrics = _world(tmp_path, _state(), cooldown_s=300.0,
+                                           max_disruptions_per_hour=1)
+    try:
+        grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0000",) * 3))
+        again = _rename(Action(ActionKind.SCALE, "j", 4, ("node-0000",) * 4))
+        first = Controller(config, kube, metrics, Scripted(grow), "replica-a").run_cycle()
+        assert [o for _, o in first.outcomes] == ["applied"]
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert (annotations["rlalloc.io/last-change"],
+                annotations["rlalloc.io/disruptions"]) == ("100.0", "100.0")
+        successor = Controller(config, kube, metrics, Scripted(again), "replica-b").run_cycle()
+        [(decision, outcome)] = successor.outcomes
+        assert outcome == "refused" and decision.reason.startswith("cooldown: changed 0s ago")
+        no_cooldown = replace(config, cooldown_s=0.0)
+        capped = Controller(no_cooldown, kube, metrics, Scripted(again), "replica-c").run_cycle()
+        [(decision, outcome)] = capped.outcomes
+        assert outcome == "refused" and decision.reason.startswith(
+            "disruption cap: 1 disruptive moves in the last hour")
+    finally:
+        server.stop()
+
+
 def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
     """Recording it as a change skipped the `break`: q was then started onto the GPUs j's
     undeleted pods still held, as if j's move had happened."""

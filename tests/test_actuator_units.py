@@ -23,7 +23,13 @@ from actuator.config import (
     ActuatorConfig,
     load_config,
 )
-from actuator.guardrails import DecisionHistory, decide, rule_of
+from actuator.guardrails import (
+    DecisionHistory,
+    decide,
+    history_annotations,
+    recorded_history,
+    rule_of,
+)
 from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REQUESTED_WORKERS_ANNOTATION
 from actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
 from actuator.twin.harness import actuator_settings, prometheus_config, prometheus_duration
@@ -168,6 +174,18 @@ def test_a_refused_job_is_hidden_and_the_policy_asked_again():
     assert cycle.decisions[0].reason.startswith("cooldown")
     assert shown == [("run", "wait"), ("wait",), ("wait",)]
     assert cycle.projected.jobs.workers.tolist() == [2, 2]  # "run" untouched, still there
+
+
+def test_the_history_annotations_keep_the_hour_and_survive_a_users_edit():
+    current = {"rlalloc.io/disruptions": "100.0,soon,nan,3000.5"}
+    written = history_annotations(current, 4000.0, disruptive=True)
+    assert written == {"rlalloc.io/last-change": "4000.0",
+                       "rlalloc.io/disruptions": "3000.5,4000.0"}  # 100 s is over an hour ago
+    assert history_annotations({}, 50.0, disruptive=False)["rlalloc.io/disruptions"] == ""
+    history = recorded_history({"a": written, "b": {"rlalloc.io/last-change": "x"}, "c": {}})
+    assert history == DecisionHistory({"a": 4000.0}, (3000.5, 4000.0))
+    merged = DecisionHistory({"a": 4100.0, "d": 10.0}, (4000.0, 4050.0)).merge(history)
+    assert merged == DecisionHistory({"a": 4100.0, "d": 10.0}, (3000.5, 4000.0, 4050.0))
 
 
 # -------------------------------------------------------------------------- state building
