@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=within(0, 1_000_000, int), default=1000,
                         help="jobs in the system, at most 1,000,000 (default: %(default)s)")
     parser.add_argument("--policy", default="elastic",
-                        help="policy name (agent.registry) (default: %(default)s)")
+                        help="a policy name or a saved policy directory, as `evaluate --policies` "
+                             "takes (default: %(default)s)")
     parser.add_argument("--repeats", type=POSITIVE_INT, default=5,
                         help="cycles timed (median reported) (default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0,

@@ -5,9 +5,10 @@ controller — and runs until SIGTERM/SIGINT, when it finishes the current cycle
 lease over, promptly: from the signal on, Kubernetes calls are not retried (an API that has gone
 would otherwise hold the exit for every call's backoff). `--once` prints what the cycle decided
 on stdout, a move per line and a summary, so a `--dry-run --once` shows what the policy would
-do. Everything that can be wrong with the setup (config, kubeconfig, policy, CRD file,
-status port) is checked before the first cycle and reported as one line, and so is a `--once`
-cycle that cannot reach Prometheus or the API server.
+do; it starts no status server (its port may be the running actuator's). Everything that can
+be wrong with the setup (config, kubeconfig, policy, CRD file, status port) is checked before
+the first cycle and reported as one line, and so is a `--once` cycle that cannot reach
+Prometheus or the API server.
 """
 
 from __future__ import annotations
@@ -99,19 +100,17 @@ def run(args: argparse.Namespace) -> int:
     kube = KubeClient(config, api_client_from(config))
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     metrics, health = ActuatorMetrics(), Health(stale_after_s=5 * config.interval_s + 60.0)
-    try:
-        server = StatusServer(config.listen_host, config.listen_port, metrics, health)
-    except OSError as err:
-        raise listen_error("/metrics, /healthz and /livez", config.listen_host,
-                           config.listen_port, err, "--listen-port", "listen_host") from err
-    server.start()
+    # one cycle serves no probes: a `--once` smoke test beside the running actuator found its
+    # port taken
+    server = None if args.once else _status_server(config, metrics, health)
     source = PrometheusSource(config)
     controller = Controller(config, kube, source, policy, identity, signals=signals,
                             metrics=metrics, health=health)
     log.info("actuator started", extra={"event": {
         "identity": identity, "policy": config.policy, "signals": config.signals,
         "dry_run": config.dry_run,
-        "status_port": server.port, "prometheus": config.prometheus_url}})
+        "status_port": server.port if server else None,
+        "prometheus": config.prometheus_url}})
     try:
         if args.once:
             return _run_once(controller, kube)
@@ -132,8 +131,21 @@ def run(args: argparse.Namespace) -> int:
                  extra={"event": {"identity": identity, **planner}})
         return 0
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         source.close()
+
+
+def _status_server(config: ActuatorConfig, metrics: ActuatorMetrics,
+                   health: Health) -> StatusServer:
+    """/metrics, /healthz and /livez, started (a port in use is one line)."""
+    try:
+        server = StatusServer(config.listen_host, config.listen_port, metrics, health)
+    except OSError as err:
+        raise listen_error("/metrics, /healthz and /livez", config.listen_host,
+                           config.listen_port, err, "--listen-port", "listen_host") from err
+    server.start()
+    return server
 
 
 def _run_once(controller: Controller, kube: KubeClient) -> int:

@@ -86,12 +86,25 @@ class AppendOnce(argparse.Action):
     and `planner fit` --workload): a workload repeated would count its identical runs as
     independent samples and narrow the confidence intervals for nothing, or count its jobs
     twice as past jobs. (Training takes a repeat as a weighting, so its --workload appends
-    plainly.)"""
+    plainly.) A file named by two paths (``w.csv``, ``../here/w.csv``, a link) is the same
+    value too."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
         """Append `values`, or raise argparse's error if it was given before."""
         given = list(getattr(namespace, self.dest, None) or [])
-        if values in given:
-            raise argparse.ArgumentError(self, f"{values} is given twice; give each once")
+        same = next((g for g in given if _same_value(g, values)), None)
+        if same is not None:
+            again = "" if same == values else f" (as {same}: the same file)"
+            raise argparse.ArgumentError(self, f"{values} is given twice{again}; give each once")
         setattr(namespace, self.dest, [*given, values])
+
+
+def _same_value(first: object, second: object) -> bool:
+    """Equal, or two paths of one existing file."""
+    if first == second:
+        return True
+    try:
+        return Path(str(first)).is_file() and Path(str(first)).samefile(Path(str(second)))
+    except OSError:  # the second is no file (a spec like synthetic:8)
+        return False

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from env.cluster import ClusterSpec, parse_cluster
 from env.efficiency import goodput_speeds
+from env.errors import UserError
 from env.params import SimParams
 from env.profiles import GENERIC_SCALING, AppProfile, cached_profiles, default_profiles_root
 from env.signals import NO_SIGNALS, Signals, load_signals
@@ -67,10 +68,17 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
                    signals: str | Signals = DEFAULT_SIGNALS, efficiency: str = "none") -> Scenario:
     """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`,
     with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones) and
-    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`)."""
+    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`): a
+    mode other than "none" on a workload none of whose jobs names an application is a
+    `UserError`, as it would change nothing (a run labelled adaptive would be the plain one)."""
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
+    if efficiency != "none" and not needs_profiles:
+        raise UserError(f"--efficiency {efficiency}: no job of {workload} names an application, "
+                        "and statistical efficiency is modelled from an application's profile, "
+                        "so nothing would change; use a workload with application and "
+                        "batch_size columns (e.g. the Pollux workloads) or --efficiency none")
     root = profiles_root or default_profiles_root()
     profiles = cached_profiles(root) if needs_profiles and root else None
     loaded = _signals(signals) if isinstance(signals, str) else signals

@@ -54,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
     lstm, standin, holt_winters = load_model_dir(args.model, PLOT_HORIZON_MIN)
     _refuse_training_series(args.series, args.model)
     needed = max(FIRST_ORIGIN_MIN + 1, lstm.min_history_min) + max(lstm.horizons_min)
-    series = load_demand_series(args.series, min_points=needed)
-    print(check_filled_share(series))
+    # --out first: an --out that holds results is refused before the series is read (a
+    # refused series then leaves no new directory behind)
     with out_dir_for_run(args.out, [RESULT_FILE, PLOT_FILE], args.force):
+        series = load_demand_series(args.series, min_points=needed)
+        print(check_filled_share(series))
         evaluation = evaluate_series(series, lstm, standin, holt_winters, args.origin_stride)
         _refuse_non_finite(evaluation, args.model)
         result = {

@@ -85,11 +85,11 @@ def _train_demand(args: argparse.Namespace) -> int:
     config = replace(config, **overrides)
     series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in args.series]
     digests = _refuse_repeated_series(args.series)
-    for one in series:
-        print(check_filled_share(one))
+    filled = [check_filled_share(one) for one in series]
     segments = [segment for one in series for segment in one.segments]
     holt_winters_run = _holt_winters_run(series)
     with staged_model_dir(args.out, DEMAND_MODEL_FILES, args.force) as staging:
+        print("\n".join(filled))  # once --out is known to take the model
         # Baselines are fitted on the same training data, never on the evaluated series.
         save_baselines(staging, fit_holt_winters(holt_winters_run))
         standin = fit_ewma([s.demand for s in segments], config.horizons_min)

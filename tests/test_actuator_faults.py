@@ -871,11 +871,12 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
 
 # ----------------------------------------------------------------- set-up and --once errors
 def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
-             policy: object | None = None,
-             stdout: list[str] | None = None) -> tuple[int, list[str], list[dict]]:
-    """`rlalloc actuate --once` in-process with `policy` (default: the tiny one), no look-ahead
-    signals, any status port, no API retries and `settings`; its exit code, the stderr lines
-    that are not JSON log lines, and the JSON log lines (its stdout lines into `stdout`)."""
+             policy: object | None = None, stdout: list[str] | None = None,
+             once: bool = True) -> tuple[int, list[str], list[dict]]:
+    """`rlalloc actuate --once` (`once`; else the loop, for a test that must stop at start-up)
+    in-process with `policy` (default: the tiny one), no look-ahead signals, any status port,
+    no API retries and `settings`; its exit code, the stderr lines that are not JSON log lines,
+    and the JSON log lines (its stdout lines into `stdout`)."""
     registry = types.ModuleType("agent.registry")
     registry.load_policy = lambda name: policy or TinyElastic()
     monkeypatch.setitem(sys.modules, "agent.registry", registry)
@@ -887,7 +888,7 @@ def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
     path = tmp_path / "actuator.yaml"
     path.write_text(yaml.safe_dump({"signals": "none", "listen_port": 0, "api_retries": 0,
                                     "lease_namespace": "default", **settings}))
-    code = cli_main(["actuate", "--config", str(path), "--once", *flags])
+    code = cli_main(["actuate", "--config", str(path), *(["--once"] if once else []), *flags])
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     if stdout is not None:
@@ -944,21 +945,29 @@ def test_a_wrong_crd_file_is_one_line_at_start_up(tmp_path, monkeypatch, capsys,
     assert expected in err[0] and str(crd) in err[0] and "RLALLOC_CRD_PATH" in err[0]
 
 
-def test_a_status_port_in_use_is_one_line(tmp_path, monkeypatch, capsys):
+def test_a_status_port_in_use_is_one_line_but_no_matter_for_once(tmp_path, monkeypatch, capsys):
+    """The loop refuses a busy port before its first cycle; `--once` serves no probes, so the
+    smoke test runs beside the actuator whose port it is (it failed on it)."""
+    api = f"http://127.0.0.1:{free_port()}"
     with _busy_port() as port:
-        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
-            "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"),
-            "listen_host": "127.0.0.1", "listen_port": port}, "--dry-run")
-    assert code == 2 and err == [
-        f"rlalloc: error: cannot serve /metrics, /healthz and /livez on 127.0.0.1:{port} "
-        "(Address already in use); choose another --listen-port (0 = any free port)"]
+        settings = {"kubeconfig": _kubeconfig(tmp_path, api), "listen_host": "127.0.0.1",
+                    "listen_port": port}
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, settings, "--dry-run",
+                                once=False)
+        assert code == 2 and err == [
+            f"rlalloc: error: cannot serve /metrics, /healthz and /livez on 127.0.0.1:{port} "
+            "(Address already in use); choose another --listen-port (0 = any free port)"]
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, settings, "--dry-run")
+    # the cycle ran: it ends at the (absent) Prometheus, not at the port
+    assert code == 2 and len(err) == 1 and err[0].startswith(
+        "rlalloc: error: --once: cannot read Prometheus at")
 
 
 def test_a_status_host_that_does_not_resolve_is_one_line_naming_why(tmp_path, monkeypatch,
                                                                      capsys):
     code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
         "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}"),
-        "listen_host": "nohost.invalid", "listen_port": 0}, "--dry-run")
+        "listen_host": "nohost.invalid", "listen_port": 0}, "--dry-run", once=False)
     assert code == 2 and len(err) == 1
     assert "(Name or service not known); check listen_host and --listen-port" in err[0]
 

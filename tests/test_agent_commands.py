@@ -355,6 +355,11 @@ def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, ca
     (["sizes", "fit", "--workload", "a.csv", "--workload", "a.csv"],
      "--workload: a.csv is given twice"),
     (["forecast", "train", "--series", "a.csv", "a.csv"], "--series a.csv is given twice"),
+    # a run labelled adaptive on jobs without an application was the plain run
+    ([*EVALUATE, "--policies", "static,elastic@adaptive"],
+     "--efficiency adaptive: no job of synthetic:8:1.0 names an application"),
+    (["simulate", "--workload", "synthetic:8", "--efficiency", "fixed"],
+     "--efficiency fixed: no job of synthetic:8 names an application"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, argv, named):
     out = tmp_path / "out"
@@ -617,3 +622,17 @@ def test_train_says_which_step_it_exported_and_what_the_heuristics_scored(tmp_pa
     assert f"the policy of step {card['exported_timesteps']:,}" in last
     assert f"elastic: {card['heuristic_avg_jct_s']['elastic']:,.0f} s;" in last
     assert f"static: {card['heuristic_avg_jct_s']['static']:,.0f} s" in last
+
+
+def test_one_workload_file_by_two_paths_is_given_twice(tmp_path, capsys):
+    """Two paths of one file ran its runs twice as independent ones ("2/2 better")."""
+    (tmp_path / "sub").mkdir()
+    workload = tmp_path / "w.csv"
+    workload.write_text("job_id,submit_s,num_gpus,duration_s\na,0,1,60\n")
+    other = tmp_path / "sub" / ".." / "w.csv"
+    code = main(["evaluate", "--workload", str(workload), "--workload", str(other),
+                 "--cluster", "2x4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert f"{other} is given twice (as {workload}: the same file)" in err[0]
+    assert not (tmp_path / "out").exists()

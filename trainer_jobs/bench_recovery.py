@@ -50,12 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench recovery`."""
     add_bench_out_flags(parser)
     parser.add_argument("--workers", type=int, default=2,
-                        help="torchrun workers in the recovery phase (one of them is killed)")
+                        help="torchrun workers in the recovery phase (one of them is killed; "
+                             "default: %(default)s)")
     parser.add_argument("--kill-at-step", type=int, default=60,
-                        help="SIGKILL a worker once the job has completed this many steps")
+                        help="SIGKILL a worker once the job has completed this many steps "
+                             "(default: %(default)s)")
     parser.add_argument("--checkpoints", type=int, default=10,
                         help="periodic checkpoints per mode in the stall phase (the first is "
-                             "reported apart)")
+                             "reported apart; default: %(default)s)")
     parser.add_argument("--work-dir", type=out_path, default=None,
                         help="keep checkpoints and logs here; must be new or empty (default: "
                              "a temporary directory, removed at the end)")
