@@ -10,10 +10,10 @@
   a merge patch of the annotations below and, where rlalloc has not yet recorded it, the
   requested workers (the request is otherwise read from `Worker.replicas`, which the scale
   overwrites).
-- Every change's first write also records it in the job's annotations (`rlalloc.io/last-change`,
+- Every change is also recorded in the job's annotations (`rlalloc.io/last-change`,
   `rlalloc.io/disruptions`: `guardrails.history_annotations`), read back each cycle, so that the
-  cooldown and the hourly disruption cap hold across a restart or a new leader; a change counts
-  from that write on, even if a later step fails.
+  cooldown and the hourly disruption cap hold across a restart or a new leader: in the placement
+  patch, or after the `/scale` or the move's deletions.
 - Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
   delete the job's pods there and on any other node the new placement leaves — with grace 0
   when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
@@ -61,9 +61,11 @@ class Applier:
     def apply(self, action: Action, built: BuiltState, disruptive: bool = False) -> None:
         """Carry out `action` (`disruptive`: it restarts running workers); raises `KubeError`
         (or a validation error) when it could not (`changed` says whether a write had landed by
-        then). Its first write records the change in the job's annotations
+        then). The change is recorded in the job's annotations
         (`guardrails.history_annotations`), so the cooldown and the disruption cap outlive this
-        process: a change whose first write failed changed nothing, and records nothing."""
+        process: in the placement patch that is the change, or, for `/scale` and a move without
+        node affinity, once the change is made (an annotation written before a `/scale` that
+        then failed held a job in cooldown for a change that never happened)."""
         self.changed = False
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
@@ -72,18 +74,18 @@ class Applier:
                                        built.state.time_s, disruptive)
         if action.kind == ActionKind.SCALE and (action.workers == 0
                                                 or not self._config.node_affinity):
-            # before the first /scale, the request too: read back from `Worker.replicas`
-            # afterwards, it would be the size rlalloc chose (0 after a suspend), not the user's
-            self._patch(ref, {"metadata": {"annotations": {
-                **request_annotation(ref, requested), **recorded}}})
+            if first := request_annotation(ref, requested):
+                # before the first /scale: read back from `Worker.replicas` afterwards, the
+                # request would be the size rlalloc chose (0 after a suspend), not the user's
+                self._patch(ref, {"metadata": {"annotations": first}}, changes_job=False)
             self._kube.scale_pytorchjob(ref.namespace, ref.name, action.workers)
+            self.changed = True
+            self._patch(ref, {"metadata": {"annotations": recorded}}, changes_job=False)
             return
         if self._config.node_affinity:
             patch = placement_patch(ref, action, requested)
             patch["metadata"]["annotations"].update(recorded)
             self._patch(ref, patch)
-        else:
-            self._patch(ref, {"metadata": {"annotations": recorded}})
         if action.kind == ActionKind.MIGRATE and (
                 action.from_node not in built.state.nodes.name
                 or not built.state.nodes.cordoned[built.state.nodes.name.index(action.from_node)]):
@@ -100,12 +102,15 @@ class Applier:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             self._kube.delete_pod(pod.namespace, pod.name, grace, pod.uid)
             self.changed = True
+        if not self._config.node_affinity:
+            self._patch(ref, {"metadata": {"annotations": recorded}}, changes_job=False)
 
-    def _patch(self, ref: JobRef, patch: dict) -> None:
-        """Merge-patch the PyTorchJob, validated as it would be stored."""
+    def _patch(self, ref: JobRef, patch: dict, changes_job: bool = True) -> None:
+        """Merge-patch the PyTorchJob, validated as it would be stored (`changes_job`: False
+        for annotations alone, which change nothing that runs)."""
         self._validate(merge_patch(ref.obj, patch))
         self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
-        self.changed = True
+        self.changed |= changes_job
 
 
 def request_annotation(ref: JobRef, requested_workers: int) -> dict[str, str]:

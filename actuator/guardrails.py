@@ -21,6 +21,7 @@ A refused action comes back with its reason, for the log line and the Kubernetes
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -57,38 +58,65 @@ class DecisionHistory:
                                recent + ((time_s,) if disruptive else ()))
 
     def merge(self, other: DecisionHistory) -> DecisionHistory:
-        """Both histories: each job's later change, every disruption once (the one recorded in
-        memory and the same one read back from the job's annotations are equal times)."""
+        """Both histories: each job's later change, and each disruption time as often as the
+        history that holds it more often has it (the one recorded in memory and the same one
+        read back from the job's annotations are equal times, while two moves of one cycle
+        share their time and must count twice: a set of times let the hourly cap through at
+        twice its number)."""
         last = dict(self.last_change_s)
         for job_id, time_s in other.last_change_s.items():
             last[job_id] = max(time_s, last.get(job_id, time_s))
-        return DecisionHistory(last, tuple(sorted(set(self.disruptions_s)
-                                                  | set(other.disruptions_s))))
+        counts = Counter(self.disruptions_s) | Counter(other.disruptions_s)
+        return DecisionHistory(last, tuple(sorted(counts.elements())))
+
+    def as_of(self, now_s: float) -> DecisionHistory:
+        """This history at `now_s`: disruptions of the last hour only, and times ahead of now
+        taken as now, or dropped beyond `CLOCK_SKEW_S` (`_as_of`)."""
+        last = {job_id: seen for job_id, time_s in self.last_change_s.items()
+                if (seen := _as_of(time_s, now_s)) is not None}
+        recent = [seen for time_s in self.disruptions_s
+                  if (seen := _as_of(time_s, now_s)) is not None and now_s - seen < _HOUR_S]
+        return DecisionHistory(last, tuple(sorted(recent)))
+
+
+CLOCK_SKEW_S = 300.0
+"""How far ahead of the cluster's now a recorded time may lie and still be taken (as now):
+replicas' clocks differ by seconds, but a time further ahead is no record of a change (a hand
+edit, a clock set back) and, taken as it is, held a job in cooldown, or filled the hour's
+disruption cap, for ever."""
+
+
+def _as_of(time_s: float, now_s: float) -> float | None:
+    """`time_s` as a time of a change seen at `now_s` (see `CLOCK_SKEW_S`), None if none."""
+    return None if time_s > now_s + CLOCK_SKEW_S else min(time_s, now_s)
 
 
 def history_annotations(current: dict, time_s: float, disruptive: bool) -> dict[str, str]:
     """The annotations that record a change of a job at `time_s` in the cluster (its cooldown,
     and its disruptions of the last hour), given the job's `current` annotations; written with
     the change's first write (`Applier`), read back by `recorded_history`."""
-    recent = [t for t in _times(current.get(DISRUPTIONS_ANNOTATION, ""))
-              if time_s - t < _HOUR_S]
+    recent = [seen for t in _times(current.get(DISRUPTIONS_ANNOTATION, ""))
+              if (seen := _as_of(t, time_s)) is not None and time_s - seen < _HOUR_S]
     if disruptive:
         recent.append(time_s)
     return {LAST_CHANGE_ANNOTATION: repr(float(time_s)),
             DISRUPTIONS_ANNOTATION: ",".join(repr(t) for t in recent)}
 
 
-def recorded_history(annotations_by_job: dict[str, dict]) -> DecisionHistory:
-    """The guardrails' history as the jobs' annotations record it (`history_annotations`): what
-    a restarted actuator, or a new leader, starts from instead of nothing."""
+def recorded_history(annotations_by_job: dict[str, dict], now_s: float) -> DecisionHistory:
+    """The guardrails' history at `now_s` as the jobs' annotations record it
+    (`history_annotations`): what a restarted actuator, or a new leader, starts from instead of
+    nothing. Every job's disruptions count, two jobs' at one time twice. Anyone who may edit a
+    managed job's annotations can spend the hour's disruption budget with them (for an hour at
+    most: times ahead of now are not taken, `DecisionHistory.as_of`)."""
     last: dict[str, float] = {}
-    disruptions: set[float] = set()
+    disruptions: list[float] = []
     for job_id, recorded in annotations_by_job.items():
         changed = _times(recorded.get(LAST_CHANGE_ANNOTATION, ""))
         if changed:
             last[job_id] = changed[0]
-        disruptions.update(_times(recorded.get(DISRUPTIONS_ANNOTATION, "")))
-    return DecisionHistory(last, tuple(sorted(disruptions)))
+        disruptions += _times(recorded.get(DISRUPTIONS_ANNOTATION, ""))
+    return DecisionHistory(last, tuple(disruptions)).as_of(now_s)
 
 
 def _times(text: str) -> list[float]:
@@ -136,8 +164,7 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
            nodes_without_telemetry: frozenset[str] = frozenset()) -> CycleDecisions:
     """Ask `policy` for actions on `state` and pass each through the guardrails."""
     now = state.time_s
-    history = DecisionHistory(history.last_change_s,
-                              tuple(t for t in history.disruptions_s if now - t < _HOUR_S))
+    history = history.as_of(now)
     decisions: list[Decision] = []
     cycle_disruptions = 0
     refused_jobs: frozenset[str] = frozenset()
@@ -180,8 +207,13 @@ def policy_view(state: ClusterState, config: ActuatorConfig,
     shrink it in place on it (the guardrail would allow that); it can still move it off."""
     if refused_jobs:
         jobs = state.jobs
-        state = replace(state, jobs=Jobs.from_records(
-            [jobs.record(i) for i in range(jobs.count) if jobs.job_id[i] not in refused_jobs]))
+        hidden = np.isin(np.asarray(jobs.job_id), list(refused_jobs))
+        queued = hidden & (jobs.workers == 0)  # no queue left behind them in the demand either
+        state = replace(
+            state,
+            jobs=Jobs.from_records([jobs.record(i) for i in np.flatnonzero(~hidden).tolist()]),
+            demand=replace(state.demand, pending_gpus=max(
+                int(state.demand.pending_gpus) - int(jobs.requested_gpus[queued].sum()), 0)))
     if not (config.require_node_telemetry and nodes_without_telemetry):
         return state
     blind = np.isin(np.asarray(state.nodes.name), list(nodes_without_telemetry))

@@ -141,7 +141,7 @@ class Controller:
         # what the jobs' annotations record too: a restarted or new leader's memory is empty
         self._history = self._history.merge(recorded_history(
             {job_id: ref.obj["metadata"].get("annotations") or {}
-             for job_id, ref in built.jobs.items()}))
+             for job_id, ref in built.jobs.items()}, built.state.time_s))
         for job_id in built.unmanageable.keys() - self._told_unmanageable:
             log.warning("job %s is opted in but not managed: %s", job_id,
                         built.unmanageable[job_id], extra={"event": {"job": job_id}})

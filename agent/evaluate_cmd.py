@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from env.failures import parse_failure_rate
-    from env.scenario import build_scenario
+    from env.scenario import build_scenario, require_applications
 
     policies = args.policies
     if not policies:
@@ -215,9 +215,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
                         "name one of them")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    for workload in workloads:  # fails fast on a bad workload, cluster or profile
-        for mode in modes:
-            build_scenario(workload, args.cluster, seed=0, efficiency=mode)
+    for mode in modes:  # fails fast on a bad workload, cluster, profile or efficiency mode
+        require_applications([build_scenario(workload, args.cluster, seed=0, efficiency=mode)
+                              for workload in workloads], mode, workloads)
     cluster_file = cluster_record(args.cluster)  # the path alone dangles once the file moves
     rate = parse_failure_rate(args.failures)
     # after the checks (a refused run leaves no directory), before hours of runs; a stopped

@@ -8,6 +8,7 @@ scaling model fitted to the profiles otherwise.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,17 +69,10 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
                    signals: str | Signals = DEFAULT_SIGNALS, efficiency: str = "none") -> Scenario:
     """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`,
     with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones) and
-    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`): a
-    mode other than "none" on a workload none of whose jobs names an application is a
-    `UserError`, as it would change nothing (a run labelled adaptive would be the plain one)."""
+    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`)."""
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
-    if efficiency != "none" and not needs_profiles:
-        raise UserError(f"--efficiency {efficiency}: no job of {workload} names an application, "
-                        "and statistical efficiency is modelled from an application's profile, "
-                        "so nothing would change; use a workload with application and "
-                        "batch_size columns (e.g. the Pollux workloads) or --efficiency none")
     root = profiles_root or default_profiles_root()
     profiles = cached_profiles(root) if needs_profiles and root else None
     loaded = _signals(signals) if isinstance(signals, str) else signals
@@ -86,6 +80,22 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
     if profiles:
         jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus)
     return Scenario(spec, jobs, speeds, loaded)
+
+
+def require_applications(scenarios: Sequence[Scenario], efficiency: str,
+                         workloads: Sequence[str]) -> None:
+    """A one-line `UserError` when `efficiency` models something (not "none") but no job of
+    any of the command's `scenarios` (of its `workloads`, as given) names an application:
+    statistical efficiency comes from an application's profile, so nothing would change, and a
+    run labelled adaptive would be the plain one. (A workload without applications beside one
+    with them is fine: its jobs stay generic.)"""
+    if efficiency != "none" and not any(job.application for scenario in scenarios
+                                        for job in scenario.workload.jobs):
+        raise UserError(f"--efficiency {efficiency}: no job of {', '.join(workloads)} names an "
+                        "application, "
+                        "and statistical efficiency is modelled from an application's profile, "
+                        "so nothing would change; use a workload with application and "
+                        "batch_size columns (e.g. the Pollux workloads) or --efficiency none")
 
 
 @functools.cache

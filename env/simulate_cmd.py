@@ -28,7 +28,7 @@ from env.metrics import METRIC_KEYS
 from env.output import out_dir_for_run, write_json
 from env.params import SimParams
 from env.progress import progress_bar
-from env.scenario import build_scenario
+from env.scenario import build_scenario, require_applications
 from env.simulator import time_limit_s
 from env.workload.loader import EMBEDDED_DEFAULT
 
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
                               efficiency=args.efficiency)
+    require_applications([scenario], args.efficiency, [args.workload])
     # refused input makes no directory, a stopped replay leaves none behind
     with out_dir_for_run(args.out, ["metrics.json"], args.force) as out:
         sim = scenario.simulator(params, seed=args.seed)

@@ -346,6 +346,30 @@ def test_a_new_leader_keeps_the_cooldown_and_the_hours_disruptions(tmp_path):
         server.stop()
 
 
+def test_a_scale_that_fails_records_no_change(tmp_path):
+    """The history annotations written before a `/scale` that then failed held the job in
+    cooldown (and counted a disruption) for a change that never happened."""
+    server, config, kube, metrics = _world(tmp_path, _state(), cooldown_s=300.0,
+                                           api_retries=0, max_actions_per_cycle=1)
+    try:
+        suspend = _rename(Action(ActionKind.SCALE, "j", 0, ()))
+        server.api.inject_fault("PATCH", "/pytorchjobs/j/scale", 503)
+        ctl = Controller(config, kube, metrics, Scripted(suspend, suspend), "a-0")
+        [(_, outcome)] = ctl.run_cycle().outcomes
+        assert outcome == "failed"
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert "rlalloc.io/requested-workers" in annotations  # the request, before any /scale
+        assert "rlalloc.io/last-change" not in annotations
+        [(_, outcome)] = ctl.run_cycle().outcomes  # no cooldown: tried again, and done
+        assert outcome == "applied"
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert annotations["rlalloc.io/disruptions"] == "100.0"
+    finally:
+        server.stop()
+
+
 def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
     """Recording it as a change skipped the `break`: q was then started onto the GPUs j's
     undeleted pods still held, as if j's move had happened."""

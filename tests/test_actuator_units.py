@@ -27,6 +27,7 @@ from actuator.guardrails import (
     DecisionHistory,
     decide,
     history_annotations,
+    policy_view,
     recorded_history,
     rule_of,
 )
@@ -174,18 +175,43 @@ def test_a_refused_job_is_hidden_and_the_policy_asked_again():
     assert cycle.decisions[0].reason.startswith("cooldown")
     assert shown == [("run", "wait"), ("wait",), ("wait",)]
     assert cycle.projected.jobs.workers.tolist() == [2, 2]  # "run" untouched, still there
+    # a hidden queued job leaves no queue behind in the demand the policy sees
+    view = policy_view(_world(), ActuatorConfig(), frozenset(), frozenset({"wait"}))
+    assert (list(view.jobs.job_id), view.demand.pending_gpus) == (["run"], 0)
 
 
 def test_the_history_annotations_keep_the_hour_and_survive_a_users_edit():
-    current = {"rlalloc.io/disruptions": "100.0,soon,nan,3000.5"}
+    current = {"rlalloc.io/disruptions": "100.0,soon,nan,3000.5,1e12"}
     written = history_annotations(current, 4000.0, disruptive=True)
+    # 100 s is over an hour ago, 1e12 no time of a change (a hand edit): neither is kept
     assert written == {"rlalloc.io/last-change": "4000.0",
-                       "rlalloc.io/disruptions": "3000.5,4000.0"}  # 100 s is over an hour ago
+                       "rlalloc.io/disruptions": "3000.5,4000.0"}
     assert history_annotations({}, 50.0, disruptive=False)["rlalloc.io/disruptions"] == ""
-    history = recorded_history({"a": written, "b": {"rlalloc.io/last-change": "x"}, "c": {}})
+    history = recorded_history({"a": written, "b": {"rlalloc.io/last-change": "x"}, "c": {}},
+                               4000.0)
     assert history == DecisionHistory({"a": 4000.0}, (3000.5, 4000.0))
     merged = DecisionHistory({"a": 4100.0, "d": 10.0}, (4000.0, 4050.0)).merge(history)
     assert merged == DecisionHistory({"a": 4100.0, "d": 10.0}, (3000.5, 4000.0, 4050.0))
+    # a far-future cooldown or disruption (a hand edit, a clock set back) held a job in
+    # cooldown, or filled the hour's cap, for ever; a few seconds ahead (clock skew) is now
+    edited = recorded_history({"a": {"rlalloc.io/last-change": "1e12",
+                                     "rlalloc.io/disruptions": ",".join(["1e12"] * 20)},
+                               "b": {"rlalloc.io/last-change": "4010.0"}}, 4000.0)
+    assert edited == DecisionHistory({"b": 4000.0}, ())
+
+
+def test_two_disruptions_of_one_cycle_count_twice():
+    """Moves of one cycle share its time: kept as a set, the two counted once after the next
+    merge, and the hourly cap let twice its number through."""
+    two = DecisionHistory().record("a", 1000.0, True).record("b", 1000.0, True)
+    read_back = recorded_history({"a": history_annotations({}, 1000.0, True),
+                                  "b": history_annotations({}, 1000.0, True)}, 1030.0)
+    assert two.merge(read_back).disruptions_s == (1000.0, 1000.0)
+    assert read_back.merge(DecisionHistory()).disruptions_s == (1000.0, 1000.0)
+    config = ActuatorConfig(cooldown_s=0.0, max_disruptions_per_hour=2)
+    shrink = scale("run", "node-a")
+    assert _decide(shrink, config=config, history=two.merge(read_back)).decisions[0].reason \
+        .startswith("disruption cap: 2 disruptive moves in the last hour")
 
 
 # -------------------------------------------------------------------------- state building

@@ -636,3 +636,18 @@ def test_one_workload_file_by_two_paths_is_given_twice(tmp_path, capsys):
     assert code == 2 and len(err) == 1
     assert f"{other} is given twice (as {workload}: the same file)" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_efficiency_takes_a_workload_without_applications_beside_one_with_them(tmp_path):
+    """Refused only where it would change nothing at all: beside a workload whose jobs name an
+    application, a generic workload's jobs simply stay generic."""
+    from env.scenario import build_scenario, require_applications
+
+    pollux = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "pollux"
+                 / "workloads" / "workload-1.csv")
+    if not Path(pollux).is_file():
+        pytest.skip("needs the shared Pollux workloads")
+    both = [build_scenario(w, "16x4", efficiency="adaptive") for w in (pollux, "synthetic:8")]
+    require_applications(both, "adaptive", [pollux, "synthetic:8"])
+    with pytest.raises(UserError, match="no job of synthetic:8 names an application"):
+        require_applications(both[1:], "adaptive", ["synthetic:8"])
