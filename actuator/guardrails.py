@@ -94,7 +94,7 @@ def _as_of(time_s: float, now_s: float) -> float | None:
 def history_annotations(current: dict, time_s: float, disruptive: bool) -> dict[str, str]:
     """The annotations that record a change of a job at `time_s` in the cluster (its cooldown,
     and its disruptions of the last hour), given the job's `current` annotations; written with
-    the change's first write (`Applier`), read back by `recorded_history`."""
+    the change (`Applier`), read back by `recorded_history`."""
     recent = [seen for t in _times(current.get(DISRUPTIONS_ANNOTATION, ""))
               if (seen := _as_of(t, time_s)) is not None and time_s - seen < _HOUR_S]
     if disruptive:
