@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agent.registry import load_policy
-    from env.scenario import build_scenario
+    from env.scenario import build_scenario, require_applications
 
     alternatives = tuple(args.alternatives)
     if not alternatives:
@@ -205,9 +205,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--sizes learned predicts sizes from past jobs; give the workloads "
                         "to learn from with --history W (repeatable)")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    for workload in (*workloads, *args.history):
-        build_scenario(workload, args.cluster, seed=args.seed,
-                       efficiency=args.efficiency)  # fails fast on bad input
+    built = [build_scenario(workload, args.cluster, seed=args.seed, efficiency=args.efficiency)
+             for workload in (*workloads, *args.history)]  # fails fast on bad input
+    require_applications(built[:len(workloads)], args.efficiency, workloads)
     if "learned" in sizes or any(parse_future(f).sampled for f in futures):
         for workload in workloads:
             if not history_for(workload, args.history):

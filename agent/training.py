@@ -69,7 +69,7 @@ from env.output import (
 from env.params import SimParams
 from env.profiles import PROFILES_ENV_VAR, cached_profiles, default_profiles_root
 from env.progress import progress_bar
-from env.scenario import Scenario, build_scenario
+from env.scenario import Scenario, build_scenario, require_applications
 from env.simulator import GiveUp
 
 T = TypeVar("T")
@@ -717,9 +717,12 @@ def _check_workloads(config: TrainConfig,
     """Build every training and evaluation workload on the cluster, so that a bad path,
     workload spec or cluster fails now rather than after the warm start; return them by
     name (the job counts size the evaluations' progress bars, the training ones the size
-    table of `training_sizes`)."""
-    return {workload: build_scenario(workload, config.cluster, efficiency=config.efficiency)
-            for workload in dict.fromkeys((*config.workloads, *eval_workloads))}
+    table of `training_sizes`); `require_applications` of the training workloads."""
+    scenarios = {workload: build_scenario(workload, config.cluster, efficiency=config.efficiency)
+                 for workload in dict.fromkeys((*config.workloads, *eval_workloads))}
+    require_applications([scenarios[w] for w in config.workloads], config.efficiency,
+                         list(config.workloads))
+    return scenarios
 
 
 def _start_run_dir(config: TrainConfig, out: Path, force: bool,

@@ -360,6 +360,9 @@ def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, ca
      "--efficiency adaptive: no job of synthetic:8:1.0 names an application"),
     (["simulate", "--workload", "synthetic:8", "--efficiency", "fixed"],
      "--efficiency fixed: no job of synthetic:8 names an application"),
+    ([*TRAIN, "--efficiency", "adaptive"], "--efficiency adaptive: no job of"),
+    (["headroom", "--workload", "synthetic:8", "--efficiency", "adaptive"],
+     "--efficiency adaptive: no job of synthetic:8 names an application"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, argv, named):
     out = tmp_path / "out"
