@@ -26,8 +26,8 @@ lint: setup
 test: setup prometheus lint  ## the one gate: lint, then every test (CI runs exactly this)
 	$(BIN)/python -m pytest -q
 
-bench: setup  ## the benchmarks whose figures are in the README
-	$(BIN)/rlalloc bench sim --out runs/bench/sim.json
-	$(BIN)/rlalloc bench recovery --out runs/bench/recovery.json
-	$(BIN)/rlalloc bench forecast --out runs/bench/forecast.json
-	$(BIN)/rlalloc bench actuator --out runs/bench/actuator.json
+bench: setup  ## the benchmarks whose figures are in the README (replacing an earlier run's)
+	$(BIN)/rlalloc bench sim --out runs/bench/sim.json --force
+	$(BIN)/rlalloc bench recovery --out runs/bench/recovery.json --force
+	$(BIN)/rlalloc bench forecast --out runs/bench/forecast.json --force
+	$(BIN)/rlalloc bench actuator --out runs/bench/actuator.json --force

@@ -47,8 +47,14 @@ def load_signals(kind: str = "standin") -> Signals:
         return NO_SIGNALS
     import forecaster
 
-    model = forecaster.load_standin() if kind == "standin" else forecaster.load_demand_forecaster()
-    risk = forecaster.load_risk_model()
+    try:
+        model = (forecaster.load_standin() if kind == "standin"
+                 else forecaster.load_demand_forecaster())
+        risk = forecaster.load_risk_model()
+    except FileNotFoundError as err:  # an install without the checkout's models/ directory
+        raise UserError(f"signals {kind!r}: the shipped model file {err.filename} is missing; "
+                        "install rlalloc from its checkout with `pip install -e .`, which keeps "
+                        "models/ beside the code") from err
     needed = int(model.min_history_min)
 
     def demand_forecast(history: np.ndarray, minute_of_day: int) -> np.ndarray:

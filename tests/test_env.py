@@ -278,3 +278,16 @@ def test_each_action_index_decodes_to_its_action_on_a_hand_made_cluster():
     for index, action in expected.items():
         assert featurizer.decode(state, index) == (action or NOOP), index
         assert mask[index] == (action is not None), index
+
+
+def test_signals_without_the_shipped_models_are_one_line(monkeypatch, tmp_path):
+    """A non-editable install has no models/ beside its code: a FileNotFoundError traceback
+    from deep in the forecaster, where every command promises one line."""
+    import forecaster.standin
+    from env.errors import UserError
+    from env.signals import load_signals
+
+    monkeypatch.setattr(forecaster, "load_standin",
+                        lambda: forecaster.standin.load_standin(tmp_path / "absent"))
+    with pytest.raises(UserError, match="the shipped model file .*absent.* is missing"):
+        load_signals("standin")

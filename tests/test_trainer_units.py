@@ -363,3 +363,25 @@ def test_layout_marker_records_checksums(tmp_path):
 def test_parameter_counts_read_well_at_every_size():
     assert [format_count(n) for n in (830, 17_088, 999_960, 21_037_056, 1_230_000_000)] == [
         "830", "17.1k", "1.0M", "21.0M", "1.2B"]
+
+
+def test_bench_recovery_removes_its_temporary_work_dir_on_sigterm():
+    """SIGTERM (`timeout`, a cancelled CI job) ended the process where it stood and left the
+    benchmark's ~2 GB of checkpoints in /tmp. (In a child process: without the fix the signal
+    would end the test session itself.)"""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import os, signal\n"
+              "from trainer_jobs.bench_recovery import _work_dir\n"
+              "with _work_dir(None) as work_dir:\n"
+              "    (work_dir / 'checkpoint').write_bytes(b'x' * 1024)\n"
+              "    print(work_dir, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    signal.pause()\n")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60, cwd=Path(__file__).resolve().parents[1])
+    work_dir = Path(child.stdout.strip())
+    assert child.returncode == 128 + signal.SIGTERM, child.stderr
+    assert work_dir.name.startswith("rlalloc-bench-recovery-") and not work_dir.exists()

@@ -84,11 +84,16 @@ def _validate(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def _work_dir(given: Path | None) -> Iterator[Path]:
     """The user's --work-dir (created, kept), or a temporary directory removed afterwards, also
-    after a failure: the benchmark's checkpoints take about 2 GB."""
+    after a failure or a SIGTERM (`timeout`, a CI job's cancel), which would otherwise end the
+    process where it stands: the benchmark's checkpoints take about 2 GB."""
     if given is None:
-        with tempfile.TemporaryDirectory(prefix="rlalloc-bench-recovery-",
-                                         ignore_cleanup_errors=True) as temporary:
-            yield Path(temporary)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            with tempfile.TemporaryDirectory(prefix="rlalloc-bench-recovery-",
+                                             ignore_cleanup_errors=True) as temporary:
+                yield Path(temporary)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return
     try:
         given.mkdir(parents=True, exist_ok=True)
@@ -96,6 +101,10 @@ def _work_dir(given: Path | None) -> Iterator[Path]:
         raise UserError(f"--work-dir {given}: cannot create it ({err.strerror}); "
                         "pass a writable path") from err
     yield given
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _stall_phase(work_dir: Path, mode: str, checkpoints: int, progress: Progress) -> list[Event]:
