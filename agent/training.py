@@ -372,7 +372,9 @@ def resumed_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence((seed, step)).generate_state(1)[0])
 
 
-def _build_model(config: TrainConfig, vec_env: object) -> object:
+def build_model(config: TrainConfig, vec_env: object) -> object:
+    """The SB3 model `rlalloc train` starts from, untrained: MaskablePPO or DQN (`_dqn_class`)
+    with `config`'s hyperparameters, in `vec_env` (also what `rlalloc bench sim` times)."""
     from sb3_contrib import MaskablePPO
 
     if config.algo == "ppo":
@@ -473,7 +475,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
             started -= _resume_summary(summary, out, model.num_timesteps)
             model.set_logger(tensorboard_logger(out, config.algo, model.num_timesteps + 1))
         else:
-            model = _build_model(config, vec_env)
+            model = build_model(config, vec_env)
             model.set_logger(tensorboard_logger(out, config.algo))
             summary["warm_start"] = _start(config, model, log, progress, recordings, sizes,
                                            speedups, profiles)

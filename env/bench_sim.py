@@ -15,6 +15,7 @@ import platform
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -130,23 +131,19 @@ class _TimedEnv(gym.Wrapper):
 
 
 def bench_ppo_share(cluster: str, steps: int, seed: int = 0) -> dict[str, float]:
-    """MaskablePPO steps per second over the raw actions with the `TrainConfig` defaults
-    (2 lock-step environments, 1,024 steps each per update, 128x128 MLP, 1 torch
-    thread), and the share of that wall time spent inside the environment."""
+    """MaskablePPO steps per second over the raw actions as `rlalloc train` builds it with the
+    `TrainConfig` defaults on `cluster` (its environments, workload and reward, its model and
+    hyperparameters: 2 lock-step environments, 1,024 steps each per update, 128x128 MLP; 1
+    torch thread), and the share of that wall time spent inside the environment."""
     import torch
-    from sb3_contrib import MaskablePPO
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import TrainConfig
-    from env.gym_env import ClusterAllocEnv
+    from agent.training import TrainConfig, build_model, make_training_env
 
     torch.set_num_threads(1)
-    config = TrainConfig()
-    envs = [_TimedEnv(ClusterAllocEnv(cluster=cluster)) for _ in range(config.n_envs)]
-    model = MaskablePPO(
-        "MlpPolicy", DummyVecEnv([lambda env=env: env for env in envs]),
-        n_steps=config.n_steps, batch_size=config.batch_size, n_epochs=config.n_epochs,
-        policy_kwargs={"net_arch": list(config.net_arch)}, seed=seed, device="cpu", verbose=0)
+    config = replace(TrainConfig(), cluster=cluster, seed=seed)
+    envs = [_TimedEnv(make_training_env(config)) for _ in range(config.n_envs)]
+    model = build_model(config, DummyVecEnv([lambda env=env: env for env in envs]))
     start = time.perf_counter()
     model.learn(steps)
     elapsed = time.perf_counter() - start

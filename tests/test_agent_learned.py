@@ -129,14 +129,14 @@ def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_
     epsilon-greedily from the first step (epsilon 0 here, so greedily) once started (as
     `train` marks a warm-started one), and a resume too; one from SB3's random initialisation
     keeps SB3's uniform warm-up, its exploration."""
-    from agent.training import _build_model, _load_model, save_checkpoint
+    from agent.training import _load_model, build_model, save_checkpoint
 
     config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=2, net_arch=(32,),
                          dqn_buffer_size=500, dqn_exploration=(0.0, 0.0))
-    unstarted = _build_model(replace(config, warm_start=""), _tiny_vec_env(config))
+    unstarted = build_model(replace(config, warm_start=""), _tiny_vec_env(config))
     unstarted.learn(120)
     assert not _acted_greedily(unstarted, 60)
-    model = _build_model(config, _tiny_vec_env(config))
+    model = build_model(config, _tiny_vec_env(config))
     model.acts_from_start = True  # what `train` sets once its warm start has run
     model.learn(120)
     assert model.num_timesteps < model.learning_starts and _acted_greedily(model, 60)
@@ -150,7 +150,7 @@ def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
     """SB3's load seeds the envs and torch with the run's seed again, so every resume replayed
     the run's first episodes. A resume seeds them by `resumed_seed` (the same for the same
     checkpoint, so it is reproducible); a fresh run keeps the config's seed as before."""
-    from agent.training import _build_model, _load_model, save_checkpoint
+    from agent.training import _load_model, build_model, save_checkpoint
 
     config = TrainConfig(workloads=TINY, cluster="2x4", n_envs=2, n_steps=32, batch_size=32,
                          n_epochs=1, net_arch=(32,), seed=3)
@@ -165,7 +165,7 @@ def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
         model.env.reset()
         return list(drawn), torch.rand(4)
 
-    fresh = _build_model(config, _tiny_vec_env(config))
+    fresh = build_model(config, _tiny_vec_env(config))
     fresh_episodes, fresh_torch = first_episodes(fresh)
     drawn.clear()
     ClusterAllocEnv(TINY, "2x4").reset(seed=config.seed)

@@ -95,12 +95,12 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     at a decision point, below 1 for steps that advanced the clock."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import ScaledReward, _build_model, _discount_callbacks, make_env
+    from agent.training import ScaledReward, _discount_callbacks, build_model, make_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
                          batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
     vec_env = DummyVecEnv([lambda: ScaledReward(make_env(config), config.reward_scale)])
-    model = _build_model(config, vec_env)
+    model = build_model(config, vec_env)
     model.learn(256, callback=_discount_callbacks(config))
     discounts = model.rollout_buffer.discounts
     assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
@@ -114,7 +114,7 @@ def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import _build_model, _discount_callbacks, make_training_env
+    from agent.training import _discount_callbacks, build_model, make_training_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="4x4", n_envs=1, n_steps=8,
                          batch_size=8, n_epochs=1, time_discount_s=600.0, gamma=0.9,
@@ -138,7 +138,7 @@ def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
                                info["TimeLimit.truncated"]))
             return True
 
-    model = _build_model(config, DummyVecEnv([one_step_episodes]))
+    model = build_model(config, DummyVecEnv([one_step_episodes]))
     value = 100.0
     model.policy.predict_values = lambda obs: torch.full((obs.shape[0], 1), value)
     seen = Seen()
