@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate inputs, run the base and the lookaheads on every workload, write the report."""
     from tqdm import tqdm
 
+    from agent.lookahead import refuse_more_samples_than_days
     from agent.registry import load_policy
     from env.scenario import build_scenario, require_applications
 
@@ -214,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--history has no workload but {workload} itself, which is "
                                 "never learnt or drawn from when measured; add another "
                                 "--history")
+            if any(parse_future(f).sampled for f in futures):
+                refuse_more_samples_than_days(
+                    args.samples, [build_scenario(w, args.cluster, seed=args.seed)
+                                   for w in history_for(workload, args.history)],
+                    f"--history (less {workload}, which is measured)")
     # after the checks (a refused run leaves no directory), before the runs
     prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
                     args.force)

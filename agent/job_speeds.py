@@ -182,4 +182,12 @@ def read_copied_profiles(directory: Path, applications: list[str], sizes: JobSiz
         raise UserError(f"{folder}: the profiles of {', '.join(missing)} were not there when "
                         f"this process first read the folder; fit it again with `{refit}` "
                         "and start the command again")
-    return profile_models(sizes, profiles)
+    models = profile_models(sizes, profiles)
+    try:  # the profiles build their models on first use: a damaged cell shows here, not mid-run
+        for model in models.values():
+            model((1,))
+    except (ValueError, KeyError, TypeError, ArithmeticError) as err:  # a 0 step time too
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise UserError(f"{folder}: the copied profiles cannot be read ({reason}); fit it "
+                        f"again with `{refit}`") from None
+    return models

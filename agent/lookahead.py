@@ -38,8 +38,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agent.policy import Policy
+from env.errors import UserError
 from env.scenario import Scenario
-from env.simulator import JobSpeed, Simulator
+from env.simulator import JobSpeed, Simulator, time_limit_s
 from env.state import NOOP, Action, ActionKind, ClusterState
 from env.workload.spec import JobSpec
 
@@ -101,7 +102,9 @@ class HistoryArrivals:
                                 for row in rows)
                 self._pool.append(([job.submit_s for job in renamed], renamed,
                                    tuple(speeds[row] for row in rows)))
-        self.samples = min(samples, len(self._pool))
+        self.days = len(self._pool)
+        """Past days to draw from (one per workload and day of it)."""
+        self.samples = min(samples, self.days)
 
     @staticmethod
     def of_scenarios(history: Sequence[Scenario], horizon_s: float, samples: int,
@@ -131,17 +134,34 @@ class HistoryArrivals:
         return futures
 
 
+def refuse_more_samples_than_days(samples: int, history: Sequence[Scenario], what: str) -> None:
+    """A one-line `UserError` when `history` (`what`, as the user gave it) holds fewer past days
+    than `samples`: each decision draws distinct days, so the sampling was capped there without
+    a word, and 2 draws where 5 were asked let noise pick the deviations."""
+    days = HistoryArrivals.of_scenarios(history, 3600.0, samples, 0).days
+    if days < samples:
+        raise UserError(f"--samples {samples}: {what} holds {days} past day"
+                        f"{'' if days == 1 else 's'} to draw futures from, and each decision "
+                        f"draws distinct ones; pass --samples {days} or more history")
+
+
 def cost_to_go(sim: Simulator, policy: Policy, stop_deciding: bool = False) -> float:
     """Job-seconds still to be spent in the system when `policy` runs `sim` to the end (the
     end of the known jobs, for a fork without future arrivals), from the current instant.
 
     `stop_deciding` first ends the current decision point without further actions: the
     continuation of a veto. The simulator stops at every event, so the number of jobs in the
-    system is constant over each `advance` and the integral is exact.
+    system is constant over each `advance` and the integral is exact. Infinite where the jobs
+    are still in the system after `time_limit_s` from now: in a copy rebuilt from a state a job
+    may never start (a node that is down stays down, another tenant's GPUs stay taken), and
+    the loop ran for ever, freezing the planner's every contested decision.
     """
     cost = 0.0
     ask = not stop_deciding
+    deadline_s = sim.time_s + time_limit_s(sim)
     while not sim.done and (sim.jobs_in_system or sim.has_pending_arrivals):
+        if sim.time_s > deadline_s:
+            return math.inf
         if ask:
             for _ in range(sim.params.max_actions_per_decision):
                 action = policy.act(sim.state())

@@ -67,6 +67,7 @@ def _horizon(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Check the heuristics, fit the sizes, save the planner directory."""
     from agent.job_sizes import learn_sizes, told_sizes
+    from agent.lookahead import refuse_more_samples_than_days
     from agent.planner import PlannerConfig, save_planner
     from env.profiles import default_profiles_root
     from env.scenario import build_scenario
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
                         "each future from a different one")
     history = {w: build_scenario(w, args.cluster) for w in args.workloads}
     sizes = learn_sizes(list(history.values()), f"--workload {' '.join(history)}")
+    refuse_more_samples_than_days(args.samples, list(history.values()), "--workload")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])
     config = PlannerConfig(args.base, tuple(args.alternatives), args.horizon, args.samples,

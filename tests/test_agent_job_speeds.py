@@ -133,6 +133,27 @@ def test_sizes_fit_tells_the_heuristic_each_jobs_measured_speed(tmp_path):
 
 
 @needs_pollux
+@pytest.mark.parametrize("damage", ["abc", "0"])
+def test_a_copied_profile_whose_step_time_is_damaged_is_one_line_at_load(tmp_path, damage):
+    """The profiles build their throughput models on first use: a step time that is not a
+    number, or 0, loaded fine and ended the run in a pandas TypeError or a ZeroDivisionError
+    at its first resize."""
+    copies = tmp_path / "policy" / PROFILES_DIR / "ncf"
+    shutil.copytree(DEFAULT_PROFILES_ROOT / "ncf", copies)
+    placements = copies / "placements.csv"
+    header, *rows = placements.read_text().splitlines()
+    step = header.split(",").index("step_time")
+    damaged = [",".join(value if i != step else damage for i, value in enumerate(row.split(",")))
+               for row in rows]
+    placements.write_text("\n".join([header, *damaged]) + "\n")
+    key = (1.0, 0.0, 0.0)
+    sizes = JobSizeHistory({key: 100.0}, {key: 1}, {key: (("ncf", 256),)})
+    with pytest.raises(UserError, match=r"copied profiles cannot be read \(.*\); fit it again "
+                                        "with `rlalloc sizes fit`$"):
+        read_copied_profiles(tmp_path / "policy", ["ncf"], sizes, "rlalloc sizes fit")
+
+
+@needs_pollux
 def test_a_copied_profile_with_a_bad_cell_is_one_line(tmp_path):
     """A copy that parses as CSV but holds a placement that is not a number was a bare
     ValueError out of the profile loader."""

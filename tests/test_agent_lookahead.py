@@ -190,6 +190,14 @@ def test_headroom_writes_its_report(tmp_path):
          SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
          "--history", OTHER, "--jobs", "2", "--record", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
+    # one past day (OTHER's; SMALL[0] is measured): 5 draws a decision were 1, said to be 5
+    assert proc.returncode == 2 and "--samples 5: --history (less " in proc.stderr
+    assert "holds 1 past day" in proc.stderr and not (tmp_path / "headroom.json").exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
+         SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
+         "--history", OTHER, "--samples", "1", "--jobs", "2", "--record", "--out",
+         str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "headroom.json").read_text())
     row = report["workloads"][SMALL[0]]

@@ -261,15 +261,21 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
     with pytest.raises(UserError, match="copied profiles cannot be read .*fit it again"):
         load_policy(str(out))
     again = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
-                 "--out", str(out))
+                 "--samples", "2", "--out", str(out))
     assert again.returncode == 2 and "--force" in again.stderr
+    # 5 draws a decision from 2 past days were 2 draws, the card still saying 5
+    more = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
+                "--out", str(out), "--force")
+    assert more.returncode == 2 and more.stderr.strip() == (
+        "rlalloc: error: --samples 5: --workload holds 2 past days to draw futures from, and "
+        "each decision draws distinct ones; pass --samples 2 or more history")
     assert json.loads((out / PLANNER_FILE).read_text()) == saved
     forced = _cli("planner", "fit", "--workload", workloads[1], "--workload", workloads[0],
                   "--samples", "2", "--horizon", "30m", "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
     assert sorted(p.name for p in profiles.iterdir() if p.is_dir()) == saved["profiles"]
     forced = _cli("planner", "fit", "--workload", workloads[1], "--workload", workloads[0],
-                  "--out", str(out), "--force")
+                  "--samples", "2", "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr  # over read-write copies of read-only data
     for damaged in ('{"format_version": 1, "base": "elastic"}', "[1, 2]",
                     (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"static"', 1)):
@@ -297,3 +303,24 @@ def test_planner_fit_refuses_in_one_line(tmp_path, argv, named):
     assert proc.returncode == 2, proc.stderr
     assert named in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not (tmp_path / "p" / PLANNER_FILE).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_copy_where_a_queued_job_can_never_start_costs_infinity_not_for_ever():
+    """A node down in the copy stays down: a queued job of 8 minimum workers on the 4 GPUs left
+    never starts, and `cost_to_go` advanced the clock for ever, freezing every contested
+    decision of the planner (evaluate, simulate, the actuator's loop)."""
+    from env.workload.spec import JobSpec
+    from tests.sim_helpers import simulator
+
+    base = load_policy("elastic-srpt-0.25")
+    sim = simulator([JobSpec("a", 0.0, 4, 5000.0, 1, 8, 30.0),
+                     JobSpec("big", 10.0, 8, 5000.0, 8, 8, 30.0)], nodes=2, gpus=4)
+    sim.advance()
+    for _ in range(3):
+        sim.apply(base.act(sim.state()))
+        sim.advance()
+    sim._fail_node(1, sim.time_s)
+    state = sim.state()
+    copy = simulator_from_state(state, base.remaining_work_s(state, np.arange(state.jobs.count)))
+    assert cost_to_go(copy, base) == math.inf
