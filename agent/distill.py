@@ -150,13 +150,18 @@ def load_recordings(paths: list[Path], heuristics: tuple[str, ...]) -> Recording
             with np.load(path) as data:
                 recorded = tuple(str(name) for name in data["heuristics"])
                 part = Recording(*(data[field] for field in FIELDS))
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as err:
+            # (TypeError: a lone .npy array, which np.load returns without a `with`)
             raise UserError(f"--imitate {path}: not a lookahead recording ({err}); record one "
                             "with `rlalloc headroom --record`") from None
         if recorded != tuple(heuristics):
             raise UserError(f"--imitate {path}: recorded over {','.join(recorded)}, but "
                             f"--residual is {','.join(heuristics)}; they must be the same, "
                             "in the same order")
+        if parts and part.obs.shape[1:] != parts[0].obs.shape[1:]:
+            raise UserError(f"--imitate {path}: observations of {part.obs.shape[1]} features, "
+                            f"where {paths[0]}'s have {parts[0].obs.shape[1]}: recorded on "
+                            "other clusters or with other settings; record them alike")
         parts.append(part)
     return Recording(*(np.concatenate([getattr(p, field) for p in parts]) for field in FIELDS))
 

@@ -47,6 +47,10 @@ _PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 _DAY_S = 86_400.0
 _MIN_LEFT = 1e-6
 """Smallest share of a job taken as still to do: a job at progress 1 is finishing now."""
+_MIN_REMAINING_S = 1.0
+"""Least work left, in seconds on one GPU, that a job of the state is given in the copy: a
+trainer that logged its last step while its pod still runs reads progress 1, and no work left
+made a zero-work job whose progress is 0/0 (a warning every cycle)."""
 
 
 def curve_speed(speed_1gpu: float, alpha: float, beta: float) -> JobSpeed:
@@ -91,7 +95,7 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
     for row in order.tolist():
         speed_1gpu = float(jobs.speed_1gpu[row])
         left = max(1.0 - float(jobs.progress[row]), _MIN_LEFT)
-        work = float(remaining_1gpu_s[row]) * speed_1gpu / left
+        work = max(float(remaining_1gpu_s[row]), _MIN_REMAINING_S) * speed_1gpu / left
         specs.append(JobSpec(jobs.job_id[row], min(float(jobs.submit_s[row]), state.time_s)
                              - origin, int(jobs.requested_gpus[row]), work,
                              int(jobs.min_workers[row]), int(jobs.max_workers[row]),

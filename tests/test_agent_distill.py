@@ -113,9 +113,20 @@ def test_recordings_over_other_heuristics_or_not_recordings_are_refused(recordin
     garbage.write_text("not numpy")
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(path.read_bytes()[:2000])  # a copy cut short: a zip with no end
-    for damaged in (garbage, truncated):
+    lone = tmp_path / "lone.npz"  # a bare .npy array under the name: a TypeError escaped
+    with lone.open("wb") as handle:
+        np.save(handle, np.zeros(3))
+    for damaged in (garbage, truncated, lone):
         with pytest.raises(UserError, match="not a lookahead recording"):
             load_recordings([damaged], HEURISTICS)
+    # two recordings of other widths: np.concatenate's ValueError came before the width check
+    with np.load(path) as data:
+        fields = dict(data)
+    fields["obs"] = np.concatenate([fields["obs"], fields["obs"][:, :1]], axis=1)
+    wider = tmp_path / "wider.npz"
+    np.savez(wider, **fields)
+    with pytest.raises(UserError, match="observations of .* features, where .* have"):
+        load_recordings([path, wider], HEURISTICS)
     with pytest.raises(UserError, match="--imitate fits a residual policy"):
         train(TrainConfig(workloads=(SMALL[0],), cluster=SMALL[1], imitate=(str(path),)),
               tmp_path / "model", log=lambda _: None)

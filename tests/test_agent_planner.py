@@ -324,3 +324,30 @@ def test_a_copy_where_a_queued_job_can_never_start_costs_infinity_not_for_ever()
     state = sim.state()
     copy = simulator_from_state(state, base.remaining_work_s(state, np.arange(state.jobs.count)))
     assert cost_to_go(copy, base) == math.inf
+
+
+def test_a_running_job_at_progress_one_is_rebuilt_finishing_not_as_zero_work():
+    """The actuator reads progress 1 for a trainer that logged its last step while its pod
+    still runs: the copy got a job of no work, progress 0/0, a warning every cycle."""
+    import warnings
+
+    from env.workload.spec import JobSpec
+    from tests.sim_helpers import simulator
+
+    base = load_policy("elastic-srpt-0.25")
+    sim = simulator([JobSpec("a", 0.0, 4, 5000.0, 1, 8, 30.0),
+                     JobSpec("b", 10.0, 2, 5000.0, 1, 8, 30.0)], nodes=2, gpus=4)
+    for _ in range(4):
+        sim.apply(base.act(sim.state()))
+        sim.advance()
+    state = sim.state()
+    columns = {name: getattr(state.jobs, name) for name in Jobs.__dataclass_fields__}
+    columns["progress"] = np.array(columns["progress"], dtype=np.float32)
+    columns["progress"][0] = 1.0
+    state = replace(state, jobs=Jobs(**columns))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copy = simulator_from_state(state, base.remaining_work_s(state, np.arange(2)))
+        rebuilt = copy.state().jobs.progress
+        assert np.isfinite(rebuilt).all() and rebuilt[0] >= 1.0 - 1e-6
+        assert math.isfinite(cost_to_go(copy, base))
