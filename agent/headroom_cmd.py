@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.job_sizes import JobSizeHistory, told_sizes
+from agent.job_sizes import JobSizeHistory, learn_sizes, told_sizes
 from agent.lookahead import parse_future
 from env.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
 from env.cluster import add_cluster_flag
@@ -194,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         if sampled and not args.history:
             raise UserError(f"--futures {future} draws arrivals from history; give the "
                             "workloads to draw from with --history W (repeatable)")
+    if args.record and not any(futures):
+        raise UserError("--record records the lookahead's decisions, and no --futures asks for "
+                        "one; give e.g. --futures sampled-1h (a --force would have replaced "
+                        "earlier recordings with none)")
     for name in (args.base, *alternatives):
         load_policy(name)  # fails fast with the list of valid names
     if sizes:
@@ -215,11 +219,13 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--history has no workload but {workload} itself, which is "
                                 "never learnt or drawn from when measured; add another "
                                 "--history")
+            past = [build_scenario(w, args.cluster, seed=args.seed)
+                    for w in history_for(workload, args.history)]
+            less = f"--history (less {workload}, which is measured)"
+            if "learned" in sizes:  # as `sizes fit` refuses it: the table would be empty
+                learn_sizes(past, less)
             if any(parse_future(f).sampled for f in futures):
-                refuse_more_samples_than_days(
-                    args.samples, [build_scenario(w, args.cluster, seed=args.seed)
-                                   for w in history_for(workload, args.history)],
-                    f"--history (less {workload}, which is measured)")
+                refuse_more_samples_than_days(args.samples, past, less)
     # after the checks (a refused run leaves no directory), before the runs
     prepare_out_dir(args.out, [*OUTPUT_FILES, *([RECORDINGS_DIR] if args.record else [])],
                     args.force)

@@ -363,6 +363,12 @@ def test_an_empty_out_is_refused_not_taken_as_the_current_directory(tmp_path, ca
     ([*TRAIN, "--efficiency", "adaptive"], "--efficiency adaptive: no job of"),
     (["headroom", "--workload", "synthetic:8", "--efficiency", "adaptive"],
      "--efficiency adaptive: no job of synthetic:8 names an application"),
+    # a --record with no lookahead recorded nothing, and with --force wiped earlier recordings
+    (["headroom", "--workload", "synthetic:8", "--futures", "", "--sizes", "known", "--record"],
+     "--record records the lookahead's decisions"),
+    # as `sizes fit` refuses it: learned from jobs without applications, the table is empty
+    (["headroom", "--workload", "synthetic:8", "--futures", "", "--sizes", "learned",
+      "--history", "synthetic:20:2:2"], "no job names its application"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, argv, named):
     out = tmp_path / "out"
