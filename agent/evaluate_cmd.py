@@ -34,6 +34,7 @@ import argparse
 import csv
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
     for mode in modes:  # fails fast on a bad workload, cluster, profile or efficiency mode
         require_applications([build_scenario(workload, args.cluster, seed=0, efficiency=mode)
                               for workload in workloads], mode, workloads)
+    warnings = _planner_warnings(policies, workloads, args.cluster)
+    for warning in warnings:
+        print(f"rlalloc: warning: {warning}", file=sys.stderr)
     cluster_file = cluster_record(args.cluster)  # the path alone dangles once the file moves
     rate = parse_failure_rate(args.failures)
     # after the checks (a refused run leaves no directory), before hours of runs; a stopped
@@ -241,10 +245,33 @@ def run(args: argparse.Namespace) -> int:
         report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
                            args.efficiency)
         report["cluster_file"] = cluster_file
+        report["warnings"] = warnings
         report["paired"] = paired_changes(results, names, reference)
         write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md, {RUNS_CSV} and plots")
     return 0
+
+
+def _planner_warnings(policies: list[str], workloads: list[str], cluster: str) -> list[str]:
+    """A line per planner directory among `policies` that draws its futures from one of the
+    evaluated `workloads` (`agent.planner.drawn_from`): its score there is flattered."""
+    from agent.planner import drawn_from
+    from agent.registry import PLANNER_FILE
+    from env.scenario import build_scenario
+
+    planners = [entry for entry in policies
+                if (Path(policy_and_mode(entry, "none")[0]) / PLANNER_FILE).is_file()]
+    if not planners:
+        return []
+    scenarios = {w: build_scenario(w, cluster, seed=0) for w in workloads}
+    warnings = []
+    for entry in planners:
+        if own := drawn_from(Path(policy_and_mode(entry, "none")[0]), scenarios):
+            warnings.append(f"{entry} was fitted on {', '.join(own)}: it draws its futures "
+                            "from that workload's own arrivals, next hour included, so its "
+                            "score there is flattered; compare it on workloads it was not "
+                            "fitted on")
+    return warnings
 
 
 def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: list[str],
@@ -649,6 +676,8 @@ def results_markdown(report: dict, with_paired: bool) -> str:
                    "its seeds):", "", per_workload, ""]
     for name, counts in report["lookahead"].items():
         md += [_lookahead_line(name, counts), ""]
+    for warning in report.get("warnings") or []:
+        md += [f"**Warning:** {warning}", ""]
     if unfinished:
         md += [f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
                "JCTs and queueing count each unfinished job at its time in the system so far, "

@@ -26,6 +26,7 @@ actuator's 30 s cycle (docs/agent.md, "The planner").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,6 +78,17 @@ def history_rows(scenario: Scenario) -> list[list[float]]:
              job.work / speed.speed_1gpu, job.restore_s, speed.speed_1gpu, speed.scaling_alpha,
              speed.scaling_beta]
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True)]
+
+
+def drawn_from(directory: Path, scenarios: dict[str, Scenario]) -> list[str]:
+    """The workloads of `scenarios` (name -> scenario) among the past workloads the planner
+    saved in `directory` draws its futures from, by their jobs: evaluated on one of them, its
+    sampled futures hold the run's own next hour, and it looks better than it is (`headroom`
+    leaves the measured workload out; a saved planner cannot)."""
+    saved = [entry["jobs"] for entry in json.loads((directory / PLANNER_FILE).read_text())[
+        "history"]]
+    return [name for name, scenario in scenarios.items()
+            if json.loads(json.dumps(history_rows(scenario))) in saved]
 
 
 def history_arrivals(rows: Sequence[Sequence[float]],

@@ -14,10 +14,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from agent.evaluate_cmd import _planner_warnings
 from agent.evaluation import run_policy
 from agent.heuristics import ElasticConfig, ElasticPolicy
 from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
-from agent.planner import PROFILES_DIR, planning_policy
+from agent.planner import PROFILES_DIR, drawn_from, planning_policy
 from agent.registry import PLANNER_FILE, load_policy
 from env.errors import UserError
 from env.profiles import DEFAULT_PROFILES_ROOT
@@ -234,6 +235,12 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
                                         if p.is_dir()) == saved["profiles"]
     planner = load_policy(str(out))
     assert planner.name == "planner" and planner.history.samples == 2
+    # evaluated on a workload it draws from, its futures hold the run's own next hour
+    third = str(POLLUX / "workload-3.csv")
+    assert drawn_from(out, {w: build_scenario(w, "16x4") for w in (workloads[1], third)}) == [
+        workloads[1]]
+    [warning] = _planner_warnings(["static", str(out)], [third, workloads[1]], "16x4")
+    assert warning.startswith(f"{out} was fitted on {workloads[1]}: it draws its futures")
     sim = build_scenario(str(POLLUX / "workload-3.csv"), "16x4").simulator(NO_FAILURES, 0)
     # told the profiles' speed-ups, its heuristics first disagree after 3 h on workload-3
     run_policy(sim, planner.act, limit_s=4 * 3600.0)

@@ -431,3 +431,11 @@ def test_the_per_workload_table_flags_runs_that_left_jobs_unfinished():
     assert "| stall | -100.0% (1 unfinished) |" in table
     assert "| ref-stall | n/a (1 unfinished) |" in table
     assert "\nn/a: `a`'s avg JCT there was 0" in table and "\nunfinished: runs" in table
+
+
+def test_a_warning_of_the_command_is_in_results_md():
+    results = {RunSpec("a", "w", 0, "2x4", 0.0): {
+        "metrics": dict.fromkeys(METRIC_KEYS, 1.0), "finished": True, "lookahead": None}}
+    report = _report(results, {"a": "a"})
+    report["warnings"] = ["runs/p was fitted on w: ..."]
+    assert "**Warning:** runs/p was fitted on w: ..." in results_markdown(report, False)
