@@ -292,33 +292,32 @@ class KubeClient:
                 return fn()
             except ApiException as err:
                 status = int(err.status or 0)
-                retryable = status in RETRYABLE_STATUS and (status != 409 or retry_conflict)
                 wait = max(delay, _retry_after(err))
-                if not retryable or self._last_attempt(attempt, attempts, wait):
+                retryable = status in RETRYABLE_STATUS and (status != 409 or retry_conflict)
+                last = self._no_retry(attempt, attempts, wait) if retryable else ""
+                if last is not None:
                     raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
                                     + (f" after {attempt + 1} attempts" if attempt else "")
-                                    + self._why_no_retry(retryable, wait), status) from err
+                                    + last, status) from err
             except (urllib3.exceptions.HTTPError, OSError) as err:
                 wait = delay
-                if self._last_attempt(attempt, attempts, wait):
+                last = self._no_retry(attempt, attempts, wait)
+                if last is not None:
                     raise KubeError(f"{what}: {_unanswered(err)} after {attempt + 1} "
-                                    f"attempt{'s' if attempt else ''}"
-                                    + self._why_no_retry(True, wait)) from err
+                                    f"attempt{'s' if attempt else ''}{last}") from err
             log.debug("retrying %s in %.2fs", what, wait)
             self.retries_done += 1
             self._sleep(wait)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _last_attempt(self, attempt: int, attempts: int, wait: float) -> bool:
-        """No retry after this attempt: none left, stopping, or it would wait past the
-        deadline of `within`."""
-        return attempt == attempts - 1 or self._stopping.is_set() or wait >= self._left()
-
-    def _why_no_retry(self, retryable: bool, wait: float) -> str:
-        """A retryable failure given up early for the lease margin says so."""
-        return " (not retried: the lease margin ends first)" if (
-            retryable and not self._stopping.is_set() and wait >= self._left()) else ""
+    def _no_retry(self, attempt: int, attempts: int, wait: float) -> str | None:
+        """None when a retryable failure is tried again after `wait`; else what to add to the
+        error: nothing when no attempt is left or the actuator is stopping, a note when the
+        retry would wait past the deadline of `within` (the lease margin)."""
+        if attempt == attempts - 1 or self._stopping.is_set():
+            return ""
+        return " (not retried: the lease margin ends first)" if wait >= self._left() else None
 
 
 def _unanswered(err: Exception) -> str:

@@ -46,9 +46,6 @@ from trainer_jobs.crd_schema import PyTorchJobValidationError
 log = logging.getLogger("rlalloc.actuator")
 
 APPLIED, REFUSED, FAILED, DRY_RUN = "applied", "refused", "failed", "dry_run"
-PARTLY_APPLIED = "partly applied, counted as a change (cooldown, disruption caps): "
-"""How a failed action's detail starts when a write of it had landed (`Applier.changed`): the
-job did change, so the guardrails' history records it as they would an applied one."""
 
 
 @runtime_checkable
@@ -155,10 +152,10 @@ class Controller:
             report.deviations = counts_after[1] - counts_before[1]
         history = self._history
         for decision in decided.decisions:
-            outcome, detail = self._carry_out(decision, built)
+            outcome, detail, changed = self._carry_out(decision, built)
             report.outcomes.append((decision, outcome))
             report.lines.append(self._report(decision, outcome, detail, built))
-            if outcome in (APPLIED, DRY_RUN) or detail.startswith(PARTLY_APPLIED):
+            if changed:
                 history = history.record(decision.action.job_id, built.state.time_s,
                                          decision.disruptive)
             if outcome == FAILED:
@@ -203,21 +200,26 @@ class Controller:
             demand_history=snapshot.demand_history, earlier_metrics=snapshot.earlier)
         return build_state(observation, self.config, self._ledger, signals)
 
-    def _carry_out(self, decision: Decision, built: BuiltState) -> tuple[str, str]:
+    def _carry_out(self, decision: Decision, built: BuiltState) -> tuple[str, str, bool]:
+        """The outcome, its detail, and whether the job changed (applied, a dry run's would-be
+        change, or a failure after a write had landed: `Applier.changed`), which the
+        guardrails' history records."""
         if not decision.accepted:
             self.metrics.refused.labels(rule_of(decision.reason)).inc()
-            return REFUSED, decision.reason
+            return REFUSED, decision.reason, False
         if self.config.dry_run:
-            return DRY_RUN, "dry run: nothing written"
+            return DRY_RUN, "dry run: nothing written", True
         if self._elector and not self._elector.is_leader:
-            return FAILED, "lost the lease before acting"
+            return FAILED, "lost the lease before acting", False
         try:
             with self._kube.within(self._elector.seconds_left if self._elector else None):
                 self._applier.apply(decision.action, built, decision.disruptive)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
-            return FAILED, (PARTLY_APPLIED if self._applier.changed else "") + str(err)
-        return APPLIED, ""
+            changed = self._applier.changed
+            partly = "partly applied, counted as a change (cooldown, disruption caps): "
+            return FAILED, (partly if changed else "") + str(err), changed
+        return APPLIED, "", True
 
     def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> str:
         """Count the decision, log it as one JSON line and record it as an Event on the job;

@@ -210,17 +210,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--sizes learned predicts sizes from past jobs; give the workloads "
                         "to learn from with --history W (repeatable)")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    built = [build_scenario(workload, args.cluster, seed=args.seed, efficiency=args.efficiency)
-             for workload in (*workloads, *args.history)]  # fails fast on bad input
-    require_applications(built[:len(workloads)], args.efficiency, workloads)
+    built = {workload: build_scenario(workload, args.cluster, seed=args.seed,
+                                      efficiency=args.efficiency)
+             for workload in (*workloads, *args.history)}  # fails fast on bad input
+    require_applications([built[w] for w in workloads], args.efficiency, workloads)
     if "learned" in sizes or any(parse_future(f).sampled for f in futures):
         for workload in workloads:
             if not history_for(workload, args.history):
                 raise UserError(f"--history has no workload but {workload} itself, which is "
                                 "never learnt or drawn from when measured; add another "
                                 "--history")
-            past = [build_scenario(w, args.cluster, seed=args.seed)
-                    for w in history_for(workload, args.history)]
+            past = [built[w] for w in history_for(workload, args.history)]
             less = f"--history (less {workload}, which is measured)"
             if "learned" in sizes:  # as `sizes fit` refuses it: the table would be empty
                 learn_sizes(past, less)

@@ -93,18 +93,13 @@ class HistoryArrivals:
         self._rng = np.random.default_rng(seed)
         self._pool: list[tuple[list[float], tuple[JobSpec, ...], tuple[JobSpeed, ...]]] = []
         for index, (jobs, speeds) in enumerate(history):
-            days: dict[int, list[int]] = {}
-            for row, job in enumerate(jobs):
-                days.setdefault(int(job.submit_s // _DAY_S), []).append(row)
-            for day, rows in sorted(days.items()):
+            for day, rows in sorted(_rows_by_day(jobs).items()):
                 renamed = tuple(replace(jobs[row], job_id=f"history{index}/{jobs[row].job_id}",
                                         submit_s=jobs[row].submit_s - day * _DAY_S)
                                 for row in rows)
                 self._pool.append(([job.submit_s for job in renamed], renamed,
                                    tuple(speeds[row] for row in rows)))
-        self.days = len(self._pool)
-        """Past days to draw from (one per workload and day of it)."""
-        self.samples = min(samples, self.days)
+        self.samples = min(samples, len(self._pool))
 
     @staticmethod
     def of_scenarios(history: Sequence[Scenario], horizon_s: float, samples: int,
@@ -134,11 +129,20 @@ class HistoryArrivals:
         return futures
 
 
+def _rows_by_day(jobs: Sequence[JobSpec]) -> dict[int, list[int]]:
+    """The rows of `jobs` by the day they were submitted on (the past days a future is drawn
+    from)."""
+    days: dict[int, list[int]] = {}
+    for row, job in enumerate(jobs):
+        days.setdefault(int(job.submit_s // _DAY_S), []).append(row)
+    return days
+
+
 def refuse_more_samples_than_days(samples: int, history: Sequence[Scenario], what: str) -> None:
     """A one-line `UserError` when `history` (`what`, as the user gave it) holds fewer past days
     than `samples`: each decision draws distinct days, so the sampling was capped there without
     a word, and 2 draws where 5 were asked let noise pick the deviations."""
-    days = HistoryArrivals.of_scenarios(history, 3600.0, samples, 0).days
+    days = sum(len(_rows_by_day(scenario.workload.jobs)) for scenario in history)
     if days < samples:
         raise UserError(f"--samples {samples}: {what} holds {days} past day"
                         f"{'' if days == 1 else 's'} to draw futures from, and each decision "

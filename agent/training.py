@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -339,6 +339,7 @@ DQN_LEARNING_STARTS = 1000
 acting epsilon-greedily as after them (`_dqn_class`)."""
 
 
+@cache  # one class: models built and loaded are of the same type
 def _dqn_class() -> type:
     """SB3's `DQN`, acting epsilon-greedily with its own Q-network from its first step once it
     has one worth acting on (`acts_from_start`: warm-started, residual or resumed).
