@@ -33,18 +33,18 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from actuator.config import ActuatorConfig
-from actuator.guardrails import history_annotations
-from actuator.k8s_names import (
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.guardrails import history_annotations
+from rlalloc.actuator.k8s_names import (
     HOSTNAME_LABEL,
     PLACEMENT_ANNOTATION,
     REQUESTED_WORKERS_ANNOTATION,
     format_placement,
 )
-from actuator.kube import KubeClient
-from actuator.state_builder import BuiltState, JobRef, PodRef
-from env.state import Action, ActionKind
-from trainer_jobs.crd_schema import validate_pytorchjob
+from rlalloc.actuator.kube import KubeClient
+from rlalloc.actuator.state_builder import BuiltState, JobRef, PodRef
+from rlalloc.env.state import Action, ActionKind
+from rlalloc.trainer_jobs.crd_schema import validate_pytorchjob
 
 
 class Applier:

@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
-from env.errors import UserError
-from env.signals import SIGNAL_KINDS
-from env.telemetry_names import (
+from rlalloc.actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
+from rlalloc.env.errors import UserError
+from rlalloc.env.signals import SIGNAL_KINDS
+from rlalloc.env.telemetry_names import (
     DCGM_ECC_DBE_VOLATILE,
     DCGM_GPU_TEMP,
     DCGM_GPU_UTIL,
@@ -148,7 +148,7 @@ class ActuatorConfig:
     managed_label: str = MANAGED_LABEL
     """Opt-in label; only PyTorchJobs carrying it with value "true" are ever touched."""
     policy: str = "elastic"
-    """Policy name or path for `agent.registry.load_policy` (static, tiresias, elastic,
+    """Policy name or path for `rlalloc.agent.registry.load_policy` (static, tiresias, elastic,
     reactive, proactive, elastic-srpt, elastic-srpt-0.25, ppo, dqn, or a saved model)."""
     interval_s: float = 30.0
     """Seconds between decision cycles."""
@@ -209,7 +209,7 @@ class ActuatorConfig:
     event_component: str = "rlalloc-actuator"
     """`source.component` of the Events the actuator writes."""
     signals: str = "standin"
-    """Look-ahead signals in the state, as in simulation (`env.signals.load_signals`): "none"
+    """Look-ahead signals in the state, as in simulation (`rlalloc.env.signals.load_signals`): "none"
     (zeros), "standin" (EWMA demand forecast + risk model, the simulator's default) or "lstm"
     (the LSTM demand forecaster + risk model)."""
     clock_speedup: float = 1.0

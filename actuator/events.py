@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from actuator.kube import KubeClient, KubeError
+from rlalloc.actuator.kube import KubeClient, KubeError
 
 EVENTS_REMEMBERED = 4096
 """Distinct Events whose names are kept for folding repeats (oldest forgotten first)."""

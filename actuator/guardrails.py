@@ -27,9 +27,9 @@ from typing import Protocol
 
 import numpy as np
 
-from actuator.config import ActuatorConfig
-from actuator.k8s_names import DISRUPTIONS_ANNOTATION, LAST_CHANGE_ANNOTATION
-from env.state import Action, ActionKind, ClusterState, Jobs, JobStatus
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.k8s_names import DISRUPTIONS_ANNOTATION, LAST_CHANGE_ANNOTATION
+from rlalloc.env.state import Action, ActionKind, ClusterState, Jobs, JobStatus
 
 _HOUR_S = 3600.0
 

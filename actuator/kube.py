@@ -33,14 +33,14 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from actuator.config import ActuatorConfig
-from actuator.k8s_names import (
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.k8s_names import (
     PYTORCHJOB_GROUP,
     PYTORCHJOB_KIND,
     PYTORCHJOB_PLURAL,
     PYTORCHJOB_VERSION,
 )
-from env.errors import UserError
+from rlalloc.env.errors import UserError
 
 log = logging.getLogger(__name__)
 

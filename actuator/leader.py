@@ -14,9 +14,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from actuator.config import ActuatorConfig
-from actuator.kube import KubeClient, KubeError, now_rfc3339
-from actuator.state_builder import parse_time
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.kube import KubeClient, KubeError, now_rfc3339
+from rlalloc.actuator.state_builder import parse_time
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from actuator.apply import Applier
-from actuator.config import ActuatorConfig
-from actuator.events import EventRecorder
-from actuator.guardrails import (
+from rlalloc.actuator.apply import Applier
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.events import EventRecorder
+from rlalloc.actuator.guardrails import (
     Decision,
     DecisionHistory,
     Policy,
@@ -33,15 +33,16 @@ from actuator.guardrails import (
     recorded_history,
     rule_of,
 )
-from actuator.k8s_names import format_placement
-from actuator.kube import KubeClient, KubeError, involved_pytorchjob
-from actuator.leader import LeaderElector
-from actuator.observe import DEFAULT_HISTORY_MIN, MetricsSource, ObserveError
-from actuator.server import ActuatorMetrics, Health
-from actuator.state_builder import BuiltState, Ledger, Observation, build_state
-from env.signals import Signals, load_signals
-from env.state import Action, ActionKind
-from trainer_jobs.crd_schema import PyTorchJobValidationError
+from rlalloc.actuator.k8s_names import format_placement
+from rlalloc.actuator.kube import KubeClient, KubeError, involved_pytorchjob
+from rlalloc.actuator.leader import LeaderElector
+from rlalloc.actuator.observe import DEFAULT_HISTORY_MIN, MetricsSource, ObserveError
+from rlalloc.actuator.server import ActuatorMetrics, Health
+from rlalloc.actuator.state_builder import BuiltState, Ledger, Observation, build_state
+from rlalloc.env.signals import Signals
+from rlalloc.env.state import Action, ActionKind
+from rlalloc.forecaster.signals import load_signals
+from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError
 
 log = logging.getLogger("rlalloc.actuator")
 
@@ -51,7 +52,7 @@ APPLIED, REFUSED, FAILED, DRY_RUN = "applied", "refused", "failed", "dry_run"
 @runtime_checkable
 class WeighsAlternatives(Protocol):
     """A policy that weighs alternatives against a base heuristic and counts how it went: the
-    planner (`agent.lookahead.LookaheadPolicy`). Recognised by these attributes, so that the
+    planner (`rlalloc.agent.lookahead.LookaheadPolicy`). Recognised by these attributes, so that the
     actuator imports no agent code."""
 
     contested: int

@@ -25,8 +25,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from actuator.config import ActuatorConfig, Queries
-from actuator.state_builder import MetricResults
+from rlalloc.actuator.config import ActuatorConfig, Queries
+from rlalloc.actuator.state_builder import MetricResults
 
 INSTANT_QUERIES = tuple(f.name for f in fields(Queries) if f.name not in ("demand_history",
                                                                             "clock"))

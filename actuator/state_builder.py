@@ -7,7 +7,7 @@ from the API objects, which are fresher than kube-state-metrics; telemetry and h
 counts, temperatures, flaps, trainer throughput and checkpoints) come from Prometheus.
 
 The look-ahead signals are computed as the simulator computes them, by the same functions
-(`env.signals`): each node's failure risk from its telemetry features (`NODE_FEATURE_NAMES`) now
+(`rlalloc.env.signals`): each node's failure risk from its telemetry features (`NODE_FEATURE_NAMES`) now
 and `risk_lag_s` earlier, and the demand forecast from the per-minute demand history.
 
 What neither source keeps — GPU-seconds a job has received, time it has been allocated, how
@@ -32,8 +32,8 @@ from datetime import datetime
 
 import numpy as np
 
-from actuator.config import ActuatorConfig
-from actuator.k8s_names import (
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
     JOB_NAME_LABEL,
@@ -43,9 +43,9 @@ from actuator.k8s_names import (
     RESTORE_ANNOTATION,
     SPEED_ANNOTATION,
 )
-from env.failures import NODE_FEATURE_NAMES
-from env.signals import NO_SIGNALS, Signals
-from env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
+from rlalloc.env.failures import NODE_FEATURE_NAMES
+from rlalloc.env.signals import NO_SIGNALS, Signals
+from rlalloc.env.state import ClusterState, Demand, JobInfo, Jobs, JobStatus, NodeInfo, Nodes
 
 MetricResults = dict[str, list[dict]]
 """Query name (a `Queries` field) -> Prometheus instant-vector result (`data.result`)."""

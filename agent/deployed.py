@@ -9,12 +9,12 @@ A saved model directory holds
   statistics if training used them, whether the action mask applies, and, for a residual
   policy, the heuristics its extra "follow" actions defer to, the job-size table they are
   told, if any, and the applications whose profiles tell them job speeds: see
-  `agent.residual`);
-- ``profiles/``: copies of those applications' measured profiles (`agent.job_speeds`), so that
+  `rlalloc.agent.residual`);
+- ``profiles/``: copies of those applications' measured profiles (`rlalloc.agent.job_speeds`), so that
   the model runs where the shared data is not.
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
-break across Python versions) never enters the cluster. `agent.export` writes it from a
+break across Python versions) never enters the cluster. `rlalloc.agent.export` writes it from a
 trained SB3 model, and a test checks it picks the same actions as SB3's ``predict``.
 """
 
@@ -31,15 +31,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from agent.job_sizes import JobSizeHistory
-from agent.registry import MODEL_META_FILE as META_FILE
-from env.errors import UserError
-from env.featurizer import FeatureSpec, Featurizer
-from env.output import write_atomic
-from env.state import Action, ClusterState, Strategy
+from rlalloc.agent.job_sizes import JobSizeHistory
+from rlalloc.agent.registry import MODEL_META_FILE as META_FILE
+from rlalloc.env.errors import UserError
+from rlalloc.env.featurizer import FeatureSpec, Featurizer
+from rlalloc.env.output import write_atomic
+from rlalloc.env.state import Action, ClusterState, Strategy
 
 if TYPE_CHECKING:
-    from agent.heuristics import Speedups
+    from rlalloc.agent.heuristics import Speedups
 
 FORMAT_VERSION = 4
 """Bumped whenever `policy.json` or the network layout changes incompatibly (2 added
@@ -85,7 +85,7 @@ class ExportMeta:
     the observation shows (`rlalloc train --learn-sizes`); None: not told."""
     profiles: tuple[str, ...] = ()
     """Told sizes only: the applications whose measured profiles, copied into the model
-    directory (`agent.job_speeds.PROFILES_DIR`), tell the heuristics job speed-ups
+    directory (`rlalloc.agent.job_speeds.PROFILES_DIR`), tell the heuristics job speed-ups
     (`speedups_in`); none: the state's curves (so every model before format 4)."""
     format_version: int = FORMAT_VERSION
 
@@ -102,7 +102,7 @@ class ExportMeta:
         the state's curves)."""
         if not self.residual:
             return Featurizer(self.spec())
-        from agent.residual import residual_featurizer  # needs the heuristics, not SB3
+        from rlalloc.agent.residual import residual_featurizer  # needs the heuristics, not SB3
 
         return residual_featurizer(self.spec(), self.residual, self.sizes(), speedups)
 
@@ -110,7 +110,7 @@ class ExportMeta:
         """The speed-ups the told heuristics rank by, from the `profiles` copied into the
         model `directory` (None, the state's curves, where there are none); a one-line
         `UserError` when a copy is missing or unreadable."""
-        from agent.job_speeds import read_copied_profiles, speedups_of
+        from rlalloc.agent.job_speeds import read_copied_profiles, speedups_of
 
         sizes = self.sizes()
         if sizes is None:
@@ -126,7 +126,7 @@ class ExportMeta:
         """Observation length of this rlalloc's `featurizer()` for the model."""
         if not self.residual:
             return self.spec().obs_size
-        from agent.residual import residual_obs_size
+        from rlalloc.agent.residual import residual_obs_size
 
         return residual_obs_size(self.spec(), len(self.residual), self.job_sizes is not None)
 
@@ -200,7 +200,7 @@ def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
     not at all: training re-exports at every better evaluation, and a run killed while writing
     in place would leave a truncated policy that the next resume and the actuator cannot
     load. The profiles `meta` names must be in `directory` already
-    (`agent.job_speeds.copy_profiles`; a training run copies them once, as it starts)."""
+    (`rlalloc.agent.job_speeds.copy_profiles`; a training run copies them once, as it starts)."""
     directory.mkdir(parents=True, exist_ok=True)
     weights = io.BytesIO()
     torch.save(state_dict, weights)
@@ -221,7 +221,7 @@ def _check_algo(raw: dict) -> None:
 def _residual_names(value: object) -> tuple[str, ...]:
     """``residual`` as the heuristics' names; a ValueError for anything but a list of built-in
     heuristic names (a damaged one was reported as an observation size mismatch)."""
-    from agent.registry import HEURISTICS
+    from rlalloc.agent.registry import HEURISTICS
 
     if not isinstance(value, list) or not all(name in HEURISTICS for name in value):
         raise ValueError(f"residual {value!r}: not a list of heuristic names "

@@ -1,11 +1,11 @@
 """The lookahead's decisions as demonstrations, to distil it into a residual policy network.
 
-With futures sampled from history the lookahead (`agent.lookahead`) beats `elastic-srpt-0.25`
+With futures sampled from history the lookahead (`rlalloc.agent.lookahead`) beats `elastic-srpt-0.25`
 on every held-out Pollux workload, but it needs a simulator of the cluster and a few seconds
 per decision, so the actuator cannot run it. A network that predicts its choice from the
 observation alone can be deployed. The lookahead only ever picks one of its heuristics'
 proposals, so its choice is exactly one action of the residual action space over the same
-heuristics (base first, `agent.residual`): "follow heuristic k", or no-op where it takes a
+heuristics (base first, `rlalloc.agent.residual`): "follow heuristic k", or no-op where it takes a
 no-op proposal. `LookaheadRecorder` wraps the lookahead during a run and records, at every
 action it is asked for, the residual observation, mask and that index and, where the
 heuristics disagreed, what each candidate saved in the forks; `rlalloc train --imitate` fits a
@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from agent.imitation import actor_logits
-from agent.lookahead import LookaheadPolicy
-from agent.residual import ResidualFeaturizer
-from env.errors import UserError
-from env.output import write_atomic
-from env.state import Action, ActionKind, ClusterState
+from rlalloc.agent.imitation import actor_logits
+from rlalloc.agent.lookahead import LookaheadPolicy
+from rlalloc.agent.residual import ResidualFeaturizer
+from rlalloc.env.errors import UserError
+from rlalloc.env.output import write_atomic
+from rlalloc.env.state import Action, ActionKind, ClusterState
 
 ADVANTAGE_SCALE_S = 3600.0
 """Job-seconds saved per unit of logit (one job-hour): recorded advantages are mostly within

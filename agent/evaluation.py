@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from env.simulator import GiveUp, Simulator
-from env.state import ClusterState
+from rlalloc.env.simulator import GiveUp, Simulator
+from rlalloc.env.state import ClusterState
 
 Decide = Callable[[ClusterState], object]
 
 
 @dataclass
 class RunResult:
-    """Metrics of one run (`env.metrics.METRIC_KEYS`) plus whether it finished."""
+    """Metrics of one run (`rlalloc.env.metrics.METRIC_KEYS`) plus whether it finished."""
 
     metrics: dict[str, float]
     finished: bool
@@ -43,7 +43,7 @@ def lookahead_counts(policy: object) -> dict[str, int] | None:
     """A lookahead policy's (the planner's) contested decisions and deviations from its base
     so far, else None: without them a user cannot tell whether the planner ever left its base
     (it costs about a second per contested decision, and may have matched its base for it)."""
-    from agent.lookahead import LookaheadPolicy  # here: it loads pandas and scipy
+    from rlalloc.agent.lookahead import LookaheadPolicy  # here: it loads pandas and scipy
 
     if not isinstance(policy, LookaheadPolicy):
         return None

@@ -1,10 +1,10 @@
-"""Export a trained SB3 model (MaskablePPO or DQN) to the deployed form of `agent.deployed`.
+"""Export a trained SB3 model (MaskablePPO or DQN) to the deployed form of `rlalloc.agent.deployed`.
 
 Only the parts inference needs are kept: the policy MLP (PPO: the actor's hidden layers and
 action head; DQN: the Q-network), the layer sizes, the feature spec and the observation
 normalisation, if any, and the heuristics behind a residual policy's "follow" actions
 with the job-size table they are told and the applications whose profiles tell them job
-speeds (`agent.residual`). The value network, optimizer and replay buffer stay behind.
+speeds (`rlalloc.agent.residual`). The value network, optimizer and replay buffer stay behind.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from agent.deployed import (
+from rlalloc.agent.deployed import (
     ExportMeta,
     LearnedPolicy,
     ObsNormalization,
     PolicyNet,
     save_deployed,
 )
-from agent.job_sizes import JobSizeHistory
-from env.featurizer import FeatureSpec
+from rlalloc.agent.job_sizes import JobSizeHistory
+from rlalloc.env.featurizer import FeatureSpec
 
 if TYPE_CHECKING:
-    from agent.heuristics import Speedups
+    from rlalloc.agent.heuristics import Speedups
 
 
 def _linear_stack(modules: list[nn.Module]) -> tuple[list[nn.Linear], str]:
@@ -82,7 +82,7 @@ def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
     """Write ``policy.pt`` + ``policy.json`` for `model` into `directory`; `residual` names
     the heuristics of the model's extra "follow" actions (none: the raw action space), `sizes`
     the job-size table they are told (None: not told) and `profiles` the applications whose
-    profiles, copied into `directory` already (`agent.job_speeds.copy_profiles`), tell them
+    profiles, copied into `directory` already (`rlalloc.agent.job_speeds.copy_profiles`), tell them
     job speeds."""
     net, activation = deployed_net(model, algo)
     meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes, profiles)

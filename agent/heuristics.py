@@ -22,7 +22,7 @@ Sizes: the elastic policies allocate only the worker counts the discrete action 
 express (`FeatureSpec.worker_levels` plus the job's request, within min..max), and place every
 worker with `choose_nodes(..., PACKED)`, exactly as `Featurizer.decode` does. Every heuristic
 action is therefore also a discrete action, which lets a learned policy be warm-started by
-imitating a heuristic (`agent.imitation`).
+imitating a heuristic (`rlalloc.agent.imitation`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.featurizer import FeatureSpec, Featurizer, at_risk_nodes, speedup
-from env.placement import choose_nodes
-from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from rlalloc.env.featurizer import FeatureSpec, Featurizer, at_risk_nodes, speedup
+from rlalloc.env.placement import choose_nodes
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 
@@ -233,7 +233,7 @@ nodes (arrays broadcast together; 0 for 0 workers)."""
 def curve_speedups(state: ClusterState, rows: np.ndarray, workers: np.ndarray,
                    nodes: np.ndarray) -> np.ndarray:
     """`Speedups` from the state's scaling curve: all a controller knows of a job's speed
-    without its application's profile (`agent.job_speeds` for one with)."""
+    without its application's profile (`rlalloc.agent.job_speeds` for one with)."""
     jobs = state.jobs
     return speedup(workers, nodes, jobs.scaling_alpha[rows], jobs.scaling_beta[rows])
 
@@ -245,9 +245,9 @@ class ElasticPolicy:
                  remaining_work: RemainingWork | None = None,
                  speedups: Speedups = curve_speedups) -> None:
         """`remaining_work` replaces the estimate from progress (`remaining_times`) by known
-        or predicted job sizes (`Simulator.remaining_work_s`, `agent.job_sizes`), for
+        or predicted job sizes (`Simulator.remaining_work_s`, `rlalloc.agent.job_sizes`), for
         measuring what knowing them is worth; `speedups` replaces the state's curve by a
-        better speed model where one is known (`agent.job_speeds`)."""
+        better speed model where one is known (`rlalloc.agent.job_speeds`)."""
         self.config = config or ElasticConfig()
         self.name = name
         self.remaining_work = remaining_work
@@ -306,7 +306,7 @@ class ElasticPolicy:
         """Remaining work of jobs `rows` in seconds on one GPU, as this policy believes it
         (`remaining_times` at one GPU's speed): the sizes a simulator rebuilt from the state
         gives them, so that this policy run there sees the jobs as it does here
-        (`agent.planner`)."""
+        (`rlalloc.agent.planner`)."""
         return self.remaining_times(state, rows) * self._current_speedups(state, rows)
 
     def _current_speedups(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:

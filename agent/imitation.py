@@ -7,7 +7,7 @@ environment, record (observation, mask, discrete action, return), and fit the po
 a masked cross-entropy and the value head to the discounted returns before RL fine-tuning.
 
 The heuristics allocate only sizes the action space can express and place workers exactly as
-`Featurizer.decode` does (see `agent.heuristics`), so nearly every heuristic action has an
+`Featurizer.decode` does (see `rlalloc.agent.heuristics`), so nearly every heuristic action has an
 exact discrete index; the rest (a job outside the visible slots) are recorded as no-ops and
 counted.
 """
@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from agent.policy import Policy
-from env.featurizer import Featurizer
-from env.gym_env import ClusterAllocEnv
-from env.state import Action, ActionKind, ClusterState
+from rlalloc.agent.policy import Policy
+from rlalloc.env.featurizer import Featurizer
+from rlalloc.env.gym_env import ClusterAllocEnv
+from rlalloc.env.state import Action, ActionKind, ClusterState
 
 
 def encode_action(featurizer: Featurizer, state: ClusterState, action: Action) -> int | None:
@@ -78,7 +78,7 @@ def collect_demonstrations(env: gym.Env, policy: Policy, episodes: int, seed: in
     """Roll out `episodes` episodes of `env`, labelling every state with `policy`'s action.
 
     `env` is a `ClusterAllocEnv`, possibly wrapped: the returns are of the rewards it gives,
-    so pass the environment RL trains in (`agent.training.make_training_env`) and the value
+    so pass the environment RL trains in (`rlalloc.agent.training.make_training_env`) and the value
     targets are those of the reward RL trains on. Without `driver` the teacher's own actions
     are taken (behaviour cloning); with one, the driver (the student: observation, mask ->
     index) chooses and the teacher only labels the states the student visits (DAgger), which
@@ -125,11 +125,11 @@ def fit_policy(policy: nn.Module, demos: Demonstrations, epochs: int, batch_size
 
     Actor-critic policies (MaskablePPO) get a masked cross-entropy on their logits plus a
     value regression on the returns (`actor=False`: the value regression alone, for a residual
-    policy whose actor is initialised as its teacher instead, see `agent.residual`).
+    policy whose actor is initialised as its teacher instead, see `rlalloc.agent.residual`).
     Q-networks (DQN) are fitted so that the demonstrated action has the highest Q-value (a
     cross-entropy on the Q-values as logits), which makes the greedy DQN policy start as the
     heuristic; with `actor=False` every Q-value regresses on the return instead, a state value
-    that a residual start then turns into its teacher (`agent.residual.init_follow_q_head`).
+    that a residual start then turns into its teacher (`rlalloc.agent.residual.init_follow_q_head`).
     Returns the final training accuracy and loss.
     """
     generator = torch.Generator().manual_seed(seed)

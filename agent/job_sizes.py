@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from env.errors import UserError
-from env.state import ClusterState
+from rlalloc.env.errors import UserError
+from rlalloc.env.state import ClusterState
 
 if TYPE_CHECKING:
-    from agent.heuristics import ElasticPolicy, RemainingWork, Speedups
-    from agent.policy import Policy
-    from env.scenario import Scenario
+    from rlalloc.agent.heuristics import ElasticPolicy, RemainingWork, Speedups
+    from rlalloc.agent.policy import Policy
+    from rlalloc.env.scenario import Scenario
 
 SIZES_FILE = "sizes.json"
 """The size table and its base heuristic, in a policy directory written by `rlalloc sizes fit`."""
@@ -81,7 +81,7 @@ class JobSizeHistory:
 
     def remaining_work(self, state: ClusterState, rows: np.ndarray) -> np.ndarray:
         """Predicted remaining work (seconds on one GPU) of jobs `rows`: the rest of their
-        curve's median size; NaN for a curve no past job had (`agent.heuristics.RemainingWork`)."""
+        curve's median size; NaN for a curve no past job had (`rlalloc.agent.heuristics.RemainingWork`)."""
         jobs = state.jobs
         curves = np.stack([jobs.speed_1gpu[rows], jobs.scaling_alpha[rows],
                            jobs.scaling_beta[rows]], axis=1)
@@ -131,13 +131,13 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
                       fitted_on: Sequence[str], command: str, cluster: str,
                       profiles_root: Path | None) -> list[str]:
     """Write `SIZES_FILE`, a card and the profiles under `profiles_root` of the applications
-    `sizes` names (`agent.job_speeds`) for `base` told job sizes and speeds by `sizes`, fitted
+    `sizes` names (`rlalloc.agent.job_speeds`) for `base` told job sizes and speeds by `sizes`, fitted
     on the workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's content
     is recorded too, `cluster_record`); the applications whose profiles were copied. All of
     them replace an earlier fit's together or not at all."""
-    from agent.job_speeds import PROFILES_DIR, copy_profiles
-    from env.cluster import cluster_markdown, cluster_record
-    from env.output import remove_outputs, staged_outputs, write_atomic, write_json
+    from rlalloc.agent.job_speeds import PROFILES_DIR, copy_profiles
+    from rlalloc.env.cluster import cluster_markdown, cluster_record
+    from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     cluster_file = cluster_record(cluster)
     rows = [f"| {_kinds_label(e['kinds'])} | {e['work_s']:,.0f} | {e['jobs']} |"
@@ -186,11 +186,11 @@ def told_sizes(base: str, remaining_work: RemainingWork | None, name: str,
                speedups: Speedups | None = None) -> ElasticPolicy:
     """The elastic heuristic `base` (by name) told jobs' remaining work by `remaining_work`
     (None: only check that `base` is one that uses sizes) and, with `speedups`, their
-    speed-ups (`agent.job_speeds`); a one-line `UserError` naming `base` and the heuristics it
+    speed-ups (`rlalloc.agent.job_speeds`); a one-line `UserError` naming `base` and the heuristics it
     may be when it does not estimate sizes (static, tiresias, a learned policy, a saved
     model's path or an unknown name)."""
-    from agent.heuristics import ElasticPolicy, curve_speedups
-    from agent.registry import HEURISTICS, elastic_names
+    from rlalloc.agent.heuristics import ElasticPolicy, curve_speedups
+    from rlalloc.agent.registry import HEURISTICS, elastic_names
 
     if base not in elastic_names():
         raise UserError(f"{base} does not estimate job sizes; use one of the elastic heuristics "
@@ -216,7 +216,7 @@ def read_saved_policy(path: Path, format_version: int, command: str) -> dict:
 def load_sized_policy(directory: Path, name: str | None = None) -> Policy:
     """The policy saved by `save_sized_policy` in `directory`; a damaged file is a `UserError`.
     A table saved before profiles were copied (no ``profiles``) keeps the curves."""
-    from agent.job_speeds import read_copied_profiles, speedups_of
+    from rlalloc.agent.job_speeds import read_copied_profiles, speedups_of
 
     path = Path(directory) / SIZES_FILE
     try:

@@ -1,6 +1,6 @@
 """Job speeds from the applications' measured profiles: what the state's curve gets wrong.
 
-The state gives each job a two-parameter speed-up curve (`env.featurizer.speedup`) fitted to
+The state gives each job a two-parameter speed-up curve (`rlalloc.env.featurizer.speedup`) fitted to
 its application's profile. On the Pollux applications the fit is 5 % off the profile
 (median) on packed placements of 2-32 GPUs and up to +91 % at 24-32 GPUs (docs/agent.md,
 "Job speeds"), so a heuristic ranking growth by the curve hands GPUs to jobs that will not use
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.heuristics import curve_speedups
-from agent.job_sizes import CurveKey, JobSizeHistory, curve_key
-from env.errors import UserError
-from env.profiles import AppProfile, cached_profiles
-from env.rebuild import SpeedOf, curve_speed
-from env.simulator import JobSpeed, ThroughputFn
-from env.state import ClusterState
+from rlalloc.agent.heuristics import curve_speedups
+from rlalloc.agent.job_sizes import CurveKey, JobSizeHistory, curve_key
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import AppProfile, cached_profiles
+from rlalloc.env.rebuild import SpeedOf, curve_speed
+from rlalloc.env.simulator import JobSpeed, ThroughputFn
+from rlalloc.env.state import ClusterState
 
 PROFILES_DIR = "profiles"
 """Where a saved policy directory keeps its copies of the applications' profiles."""
@@ -78,7 +78,7 @@ def assumed_shape(workers: int, nodes: int, gpus_per_node: int) -> tuple[int, ..
 
 
 class ProfiledSpeedups:
-    """`agent.heuristics.Speedups` from measured throughput where `models` has a job's curve:
+    """`rlalloc.agent.heuristics.Speedups` from measured throughput where `models` has a job's curve:
     its iterations per second on the placement over those on one GPU; the curve otherwise."""
 
     def __init__(self, models: dict[CurveKey, ThroughputFn]) -> None:

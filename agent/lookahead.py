@@ -1,6 +1,6 @@
 """One-step lookahead over heuristics: how much a policy that picks between them could gain.
 
-Residual PPO (`agent.residual`) never learnt to deviate from its starting heuristic. That is
+Residual PPO (`rlalloc.agent.residual`) never learnt to deviate from its starting heuristic. That is
 only a failure of learning if there is something to learn. This module measures it. At every
 decision where the heuristics propose different actions, `LookaheadPolicy` forks the
 simulator once per distinct proposal, applies it, lets the base heuristic run the fork to the
@@ -17,14 +17,14 @@ between, the exact jobs (size and length) arriving within the horizon: more than
 forecast over it could tell, so an upper bound on such a forecast's value. The gaps between
 them are the value of knowing the arrivals. Every fork runs the jobs already in the system
 with their true remaining work (it is a copy of the simulator): on the Pollux workloads a size
-table of past jobs knows it exactly (`agent.job_sizes`), elsewhere that is knowledge a
+table of past jobs knows it exactly (`rlalloc.agent.job_sizes`), elsewhere that is knowledge a
 controller lacks. A *sampled* future (``sampled-1h``) is what a live
 controller could do instead: each fork gets the jobs that arrived within the horizon at the same
 time of day in one of a few history workloads (`HistoryArrivals`), the same draws for every
 candidate, and a candidate replaces the base's proposal only if it wins in every draw. Forking
 the simulator the run happens in makes it a measurement (`rlalloc headroom`); forking one
-rebuilt from the state alone (`env.rebuild`) makes it a policy a controller can run
-(`agent.planner`).
+rebuilt from the state alone (`rlalloc.env.rebuild`) makes it a policy a controller can run
+(`rlalloc.agent.planner`).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agent.policy import Policy
-from env.errors import UserError
-from env.scenario import Scenario
-from env.simulator import JobSpeed, Simulator, time_limit_s
-from env.state import NOOP, Action, ActionKind, ClusterState
-from env.workload.spec import JobSpec
+from rlalloc.agent.policy import Policy
+from rlalloc.env.errors import UserError
+from rlalloc.env.scenario import Scenario
+from rlalloc.env.simulator import JobSpeed, Simulator, time_limit_s
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
+from rlalloc.env.workload.spec import JobSpec
 
 FUTURE_WORDS = {"known": math.inf, "none": 0.0}
 """Named futures; any other is a horizon such as ``1h`` or ``30m``, or ``sampled-1h``."""
@@ -180,7 +180,7 @@ def cost_to_go(sim: Simulator, policy: Policy, stop_deciding: bool = False) -> f
 class LookaheadPolicy:
     """The rollout policy over `base` and `alternatives` (see the module docstring), forking
     the simulator `sim_at` gives for the state it decides on: the one the run happens in, for
-    `rlalloc headroom`, or one rebuilt from the state, for a controller (`agent.planner`).
+    `rlalloc headroom`, or one rebuilt from the state, for a controller (`rlalloc.agent.planner`).
     Counts the decisions where proposals differed (`contested`) and those where it did not
     follow `base` (`deviations`). A sampled `future` needs `history` to draw from."""
 
@@ -198,7 +198,7 @@ class LookaheadPolicy:
         self.deviations = 0
         self.last_costs: dict[Action, np.ndarray] = {}
         """Each candidate's cost-to-go per future drawn, at the last contested decision
-        (what `agent.distill` turns into advantages)."""
+        (what `rlalloc.agent.distill` turns into advantages)."""
 
     def act(self, state: ClusterState) -> Action:
         """The proposal whose forks end with the least mean job-time, among those that beat the

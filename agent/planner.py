@@ -3,11 +3,11 @@
 `rlalloc headroom --futures sampled-1h` measured the one gain over the size-told heuristic that
 held on every workload tried (docs/agent.md, "Where this stands"), but it forked the simulator
 the run happened in. Here the same `LookaheadPolicy` forks a simulator rebuilt from the
-`ClusterState` alone (`env.rebuild`), so it reads nothing a controller lacks and the simulator,
+`ClusterState` alone (`rlalloc.env.rebuild`), so it reads nothing a controller lacks and the simulator,
 `rlalloc evaluate` and the actuator can all run it. What it needs besides the state is saved in
 one policy directory by `rlalloc planner fit`:
 
-- a size table (`agent.job_sizes`) that tells the base heuristic and its alternatives each
+- a size table (`rlalloc.agent.job_sizes`) that tells the base heuristic and its alternatives each
   job's remaining work;
 - the history its forks draw future arrivals from: the jobs of past workloads, each at its
   offset from the workload's start, read as a time of day (a workload starts at midnight, as
@@ -33,23 +33,23 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.heuristics import ElasticPolicy
-from agent.job_sizes import JobSizeHistory, read_saved_policy, told_sizes
-from agent.job_speeds import (
+from rlalloc.agent.heuristics import ElasticPolicy
+from rlalloc.agent.job_sizes import JobSizeHistory, read_saved_policy, told_sizes
+from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     copy_profiles,
     profiled_speeds,
     read_copied_profiles,
     speedups_of,
 )
-from agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
-from agent.registry import PLANNER_FILE
-from env.errors import UserError
-from env.rebuild import SpeedOf, curve_speed, simulator_from_state
-from env.scenario import Scenario
-from env.simulator import Simulator
-from env.state import ClusterState
-from env.workload.spec import JobSpec
+from rlalloc.agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
+from rlalloc.agent.registry import PLANNER_FILE
+from rlalloc.env.errors import UserError
+from rlalloc.env.rebuild import SpeedOf, curve_speed, simulator_from_state
+from rlalloc.env.scenario import Scenario
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.state import ClusterState
+from rlalloc.env.workload.spec import JobSpec
 
 FORMAT_VERSION = 1
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
@@ -129,7 +129,7 @@ def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
     """Write `PLANNER_FILE`, a card and the profiles under `profiles_root` of the applications
     the size table names, for the planner over the past workloads `history` (name ->
     scenario). All of them replace an earlier planner's together or not at all."""
-    from env.output import remove_outputs, staged_outputs, write_atomic, write_json
+    from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     with staged_outputs(directory) as staging:
         copied = copy_profiles(sizes, profiles_root, staging)

@@ -1,9 +1,9 @@
 """`load_policy`: any allocation policy by name or by saved-model path.
 
-Built-in names are the heuristics of `agent.heuristics` and the learned models shipped in
+Built-in names are the heuristics of `rlalloc.agent.heuristics` and the learned models shipped in
 ``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``
-or by ``rlalloc sizes fit`` (a heuristic told job sizes, `agent.job_sizes`) or ``rlalloc planner
-fit`` (a lookahead over such heuristics, `agent.planner`).
+or by ``rlalloc sizes fit`` (a heuristic told job sizes, `rlalloc.agent.job_sizes`) or ``rlalloc planner
+fit`` (a lookahead over such heuristics, `rlalloc.agent.planner`).
 The actuator, `rlalloc evaluate` and the simulator all go through here, so one string picks
 the same policy everywhere.
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
-from agent.job_sizes import SIZES_FILE
-from agent.policy import Policy
-from env.errors import UserError
+from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
+from rlalloc.agent.job_sizes import SIZES_FILE
+from rlalloc.agent.policy import Policy
+from rlalloc.env.errors import UserError
+from rlalloc.models import shipped
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-"""The shipped models (``models/ppo``, ``models/dqn``) beside the package."""
+MODELS_DIR = shipped("ppo").parent
+"""The shipped models (``models/ppo``, ``models/dqn``), package data of `rlalloc.models`."""
 
 
 def elastic_srpt(remaining_power: float, name: str) -> Policy:
@@ -41,10 +42,10 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
 }
 """Built-in heuristics by name."""
 PLANNER_FILE = "planner.json"
-"""A planner's file (`rlalloc planner fit`, `agent.planner`), named here so that recognising one
+"""A planner's file (`rlalloc planner fit`, `rlalloc.agent.planner`), named here so that recognising one
 imports nothing of it."""
 MODEL_META_FILE = "policy.json"
-"""A saved model's metadata file (`agent.deployed` writes it), named here so that recognising a
+"""A saved model's metadata file (`rlalloc.agent.deployed` writes it), named here so that recognising a
 saved model imports no torch."""
 POLICY_FILES = {SIZES_FILE: "a size table (`rlalloc sizes fit`)",
                 MODEL_META_FILE: "a trained model (`rlalloc train`)",
@@ -61,7 +62,7 @@ def builtin_names() -> tuple[str, ...]:
 
 def elastic_names() -> tuple[str, ...]:
     """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
-    they can be told them (`agent.job_sizes.told_sizes`)."""
+    they can be told them (`rlalloc.agent.job_sizes.told_sizes`)."""
     return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))
 
 
@@ -97,11 +98,11 @@ def load_policy(name_or_path: str) -> Policy:
                         f"{POLICY_FILES[kinds[1]]} ({kinds[1]}), so which policy it is is "
                         "unclear; move one of them to a directory of its own")
     if PLANNER_FILE in kinds:
-        from agent.planner import load_planner
+        from rlalloc.agent.planner import load_planner
 
         return load_planner(path, name=path.name)
     if SIZES_FILE in kinds:
-        from agent.job_sizes import load_sized_policy
+        from rlalloc.agent.job_sizes import load_sized_policy
 
         return load_sized_policy(path, name=path.name)
     if path.is_dir() and not kinds:
@@ -121,6 +122,6 @@ def load_policy(name_or_path: str) -> Policy:
 def _load_learned(directory: Path, name: str) -> Policy:
     """The trained model saved in `directory`. Imported here, not at the top: it brings torch
     (~110 MB and a second of start-up), which commands running only heuristics never need."""
-    from agent.deployed import load_deployed
+    from rlalloc.agent.deployed import load_deployed
 
     return load_deployed(directory, name=name)

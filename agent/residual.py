@@ -19,9 +19,9 @@ go through the featurizer, so they all see the same residual policy.
 
 Told job sizes (`JobSizeHistory`, `rlalloc train --learn-sizes`), every heuristic ranks jobs by
 the sizes of past jobs of the same kind instead of extrapolating from progress (on the Pollux
-held-out set that alone is 9.3 % faster than elastic-srpt-0.25, `agent.job_sizes`), and the
+held-out set that alone is 9.3 % faster than elastic-srpt-0.25, `rlalloc.agent.job_sizes`), and the
 observation shows each slot's predicted remaining work, so that a deviation can depend on it.
-Told speeds as well (`agent.job_speeds.ProfiledSpeedups`, from the applications' measured
+Told speeds as well (`rlalloc.agent.job_speeds.ProfiledSpeedups`, from the applications' measured
 profiles), they rank growth by those instead of the state's fitted curve. The table travels
 inside the exported model (`ExportMeta.job_sizes`), the profiles beside it
 (`ExportMeta.profiles`).
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from agent.job_sizes import JobSizeHistory, told_sizes
-from agent.policy import Policy
-from agent.registry import HEURISTICS
-from env.errors import UserError
-from env.featurizer import FeatureSpec, Featurizer, speedup
-from env.state import Action, ActionKind, ClusterState, JobStatus
+from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
+from rlalloc.agent.policy import Policy
+from rlalloc.agent.registry import HEURISTICS
+from rlalloc.env.errors import UserError
+from rlalloc.env.featurizer import FeatureSpec, Featurizer, speedup
+from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
 if TYPE_CHECKING:
-    from agent.heuristics import Speedups
-    from env.gym_env import ClusterAllocEnv
+    from rlalloc.agent.heuristics import Speedups
+    from rlalloc.env.gym_env import ClusterAllocEnv
 
 PROPOSAL_FEATURES = 10
 """Observation entries appended per heuristic (see `ResidualFeaturizer.observe`)."""

@@ -4,12 +4,12 @@ periodic evaluation, checkpoints and export.
 Recipe (docs/agent.md): behaviour-clone the best heuristic into the policy (and fit the critic
 to its returns), then fine-tune with RL at a small learning rate, keeping the deployed export
 of whichever policy scored best on the training workloads during the periodic evaluations.
-With `residual` set the heuristics are instead extra actions of the policy (`agent.residual`):
+With `residual` set the heuristics are instead extra actions of the policy (`rlalloc.agent.residual`):
 the actor is initialised to follow the first, only the critic is fitted to its returns, and
 RL learns where to deviate (a DQN's Q-values are fitted to those returns, the first follow
 action ahead by a margin). With `learn_sizes` those heuristics (and the observation) are told
-job sizes learnt from the training workloads (`agent.job_sizes`), and the heuristics job speeds
-from their applications' measured profiles where found (`agent.job_speeds`), so the policy
+job sizes learnt from the training workloads (`rlalloc.agent.job_sizes`), and the heuristics job speeds
+from their applications' measured profiles where found (`rlalloc.agent.job_speeds`), so the policy
 starts at the heuristic told sizes and speeds rather than at the heuristic alone.
 Rewards are scaled by a constant (`reward_scale`) rather than by VecNormalize so that the
 critic's warm start and the RL returns are on the same scale.
@@ -33,44 +33,45 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from agent.deployed import META_FILE, RETRAIN_TOLD, WEIGHTS_FILE, load_deployed
-from agent.distill import Recording, fit_advantages, load_recordings, prefer_base
-from agent.evaluation import RunResult, run_policy
-from agent.export import deployed_net, export_model, in_memory_policy
-from agent.heuristics import Speedups
-from agent.imitation import collect_demonstrations, concatenate, fit_policy
-from agent.job_sizes import JobSizeHistory, learn_sizes
-from agent.job_speeds import (
+from rlalloc.agent.deployed import META_FILE, RETRAIN_TOLD, WEIGHTS_FILE, load_deployed
+from rlalloc.agent.distill import Recording, fit_advantages, load_recordings, prefer_base
+from rlalloc.agent.evaluation import RunResult, run_policy
+from rlalloc.agent.export import deployed_net, export_model, in_memory_policy
+from rlalloc.agent.heuristics import Speedups
+from rlalloc.agent.imitation import collect_demonstrations, concatenate, fit_policy
+from rlalloc.agent.job_sizes import JobSizeHistory, learn_sizes
+from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     copy_profiles,
     profile_models,
     read_copied_profiles,
     speedups_of,
 )
-from agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
-from agent.residual import (
+from rlalloc.agent.registry import MODEL_META_FILE, load_policy, refuse_other_policy
+from rlalloc.agent.residual import (
     follow_first,
     init_follow_head,
     init_follow_q_head,
     make_residual,
     residual_teachers,
 )
-from env.cluster import cluster_markdown, cluster_record
-from env.errors import UserError
-from env.failures import FailureParams, parse_failure_rate
-from env.gym_env import ClusterAllocEnv, RewardWeights
-from env.output import (
+from rlalloc.env.cluster import cluster_markdown, cluster_record
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import FailureParams, parse_failure_rate
+from rlalloc.env.gym_env import ClusterAllocEnv, RewardWeights
+from rlalloc.env.output import (
     prepare_out_dir,
     remove_outputs,
     staged_outputs,
     write_atomic,
     write_json,
 )
-from env.params import SimParams
-from env.profiles import PROFILES_ENV_VAR, cached_profiles, default_profiles_root
-from env.progress import progress_bar
-from env.scenario import Scenario, build_scenario, require_applications
-from env.simulator import GiveUp
+from rlalloc.env.params import SimParams
+from rlalloc.env.profiles import PROFILES_ENV_VAR, cached_profiles, default_profiles_root
+from rlalloc.env.progress import progress_bar
+from rlalloc.env.scenario import Scenario, build_scenario, require_applications
+from rlalloc.env.simulator import GiveUp
+from rlalloc.forecaster.signals import default_signals
 
 T = TypeVar("T")
 CONFIG_FILE = "train_config.json"
@@ -126,7 +127,7 @@ class TrainConfig:
     gamma: float = 0.99
     time_discount_s: float = 0.0
     """Semi-MDP discount: time constant (simulated seconds) of exp(-t/T), applied on top of
-    `gamma` per step (`RewardWeights.time_discount_s`, `agent.smdp`; PPO only); 0: off. With
+    `gamma` per step (`RewardWeights.time_discount_s`, `rlalloc.agent.smdp`; PPO only); 0: off. With
     it, set gamma 1 so that zero-time actions are not discounted at all."""
     gae_lambda: float = 0.95
     """GAE lambda (`--gae-lambda`): lower trusts the critic sooner, less variance, more bias."""
@@ -142,7 +143,7 @@ class TrainConfig:
     warm_start: str = "elastic"
     """Heuristic to behaviour-clone before RL ('' for none); unused with `residual`."""
     residual: tuple[str, ...] = ()
-    """Heuristics behind extra "follow its proposal" actions (`agent.residual`);
+    """Heuristics behind extra "follow its proposal" actions (`rlalloc.agent.residual`);
     none for the raw action space. Replaces the warm start by `_residual_start`."""
     learn_sizes: bool = False
     """Residual only: fit a job-size table on the training workloads (`JobSizeHistory`), tell
@@ -151,7 +152,7 @@ class TrainConfig:
     model, copies of the profiles beside it."""
     imitate: tuple[str, ...] = ()
     """Lookahead recordings (`rlalloc headroom --record`) the residual actor is fitted to
-    before RL (`agent.distill`); none: the actor starts as the first heuristic."""
+    before RL (`rlalloc.agent.distill`); none: the actor starts as the first heuristic."""
     imitate_margin: float = 0.5
     """After `imitate`: job-hours a deviation must be predicted to save (`prefer_base`)."""
     residual_veto_p: float = 0.1
@@ -231,7 +232,7 @@ def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
                           params=config.sim_params(),
                           reward=RewardWeights(time_discount_s=config.time_discount_s),
-                          efficiency=config.efficiency)
+                          efficiency=config.efficiency, signals=default_signals())
     return make_residual(env, config.residual, sizes, speedups) if config.residual else env
 
 
@@ -260,7 +261,7 @@ def training_speedups(sizes: JobSizeHistory | None,
                       profiles_root: Path | None) -> Speedups | None:
     """The speed-ups a `learn_sizes` run tells its heuristics: the measured throughput of the
     kinds of job in `sizes` whose application has a profile under `profiles_root`
-    (`env.profiles.default_profiles_root`; `agent.job_speeds.profile_models`); None (the
+    (`rlalloc.env.profiles.default_profiles_root`; `rlalloc.agent.job_speeds.profile_models`); None (the
     state's curves) for other runs and where no such profile is found."""
     if sizes is None or profiles_root is None:
         return None
@@ -315,7 +316,7 @@ def _runs(policy: Callable, config: TrainConfig, workloads: tuple[str, ...], see
     params = config.sim_params()
     return {workload: run_policy(
                 build_scenario(workload, config.cluster, seed=seed,
-                               efficiency=config.efficiency).simulator(params, seed=seed),
+                               efficiency=config.efficiency, signals=default_signals()).simulator(params, seed=seed),
                 policy, on_progress=on_progress, give_up=(give_up or {}).get(workload, GiveUp()))
             for workload in workloads}
 
@@ -558,7 +559,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
 
 def check_config(config: TrainConfig) -> None:
     """Refuse settings that SB3, the residual start or the simulator would reject only after
-    minutes of work (each flag's own range is checked where it is parsed, `agent.train_cmd`;
+    minutes of work (each flag's own range is checked where it is parsed, `rlalloc.cli.train`;
     these are the combinations, and the names)."""
     if not (config.give_up_factor == 0 or 1 <= config.give_up_factor < math.inf):
         raise UserError(f"give_up_factor {config.give_up_factor}: 0 (never give up) or a finite "
@@ -721,7 +722,7 @@ def _check_workloads(config: TrainConfig,
     workload spec or cluster fails now rather than after the warm start; return them by
     name (the job counts size the evaluations' progress bars, the training ones the size
     table of `training_sizes`); `require_applications` of the training workloads."""
-    scenarios = {workload: build_scenario(workload, config.cluster, efficiency=config.efficiency)
+    scenarios = {workload: build_scenario(workload, config.cluster, efficiency=config.efficiency, signals=default_signals())
                  for workload in dict.fromkeys((*config.workloads, *eval_workloads))}
     require_applications([scenarios[w] for w in config.workloads], config.efficiency,
                          list(config.workloads))
@@ -861,7 +862,7 @@ def _rollout_buffer_class(config: TrainConfig) -> type | None:
     """PPO's rollout buffer: per-step discounts under a time discount, else SB3's default."""
     if config.time_discount_s <= 0:
         return None
-    from agent.smdp import SemiMdpRolloutBuffer
+    from rlalloc.agent.smdp import SemiMdpRolloutBuffer
     return SemiMdpRolloutBuffer
 
 
@@ -869,7 +870,7 @@ def _discount_callbacks(config: TrainConfig) -> list:
     """The callback that feeds step discounts to PPO's buffer under a time discount."""
     if config.time_discount_s <= 0:
         return []
-    from agent.smdp import RecordDiscounts
+    from rlalloc.agent.smdp import RecordDiscounts
     return [RecordDiscounts()]
 
 
@@ -1039,7 +1040,7 @@ def card_markdown(summary: dict) -> str:
 def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
                 step: Callable[[float], None]) -> dict:
     """Behaviour-clone `config.warm_start` into `model`'s policy, then `dagger_rounds` rounds
-    of DAgger (see `agent.imitation`); `step` is called after each rollout and each fit."""
+    of DAgger (see `rlalloc.agent.imitation`); `step` is called after each rollout and each fit."""
     teacher = load_policy(config.warm_start)
     envs = [make_training_env(config, (workload,)) for workload in config.workloads]
     demos = concatenate([
@@ -1082,7 +1083,7 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     Q-values are all fitted to those returns and its head then prefers the first follow
     action by `DQN_FOLLOW_MARGIN` (`init_follow_q_head`); it explores by epsilon instead.
     With `recordings` of the lookahead, the actor (from its fresh initialisation) is fitted to
-    the advantages its forks measured instead (`agent.distill`). `sizes` and `speedups`: what
+    the advantages its forks measured instead (`rlalloc.agent.distill`). `sizes` and `speedups`: what
     the heuristics are told (`training_sizes`, `training_speedups`; `profiles` the applications
     behind the latter). `step` is called after each rollout and each fit."""
     envs = [make_training_env(config, (workload,), sizes, speedups)

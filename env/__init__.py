@@ -1,11 +1,7 @@
-"""rlalloc's GPU-cluster simulator and its Gymnasium environment.
+"""rlalloc's GPU-cluster simulator and the contract it shares with the actuator.
 
-Importing `env` registers ``rlalloc/ClusterAlloc-v0`` (the class is imported only when made).
+`rlalloc.env.state` (the `ClusterState` both worlds build), `errors` and `output` are the bottom
+layer; the simulator and its Gymnasium environment (`rlalloc.env.gym_env`, which registers
+``rlalloc/ClusterAlloc-v0`` when imported) sit above them. Importing this package imports
+neither gymnasium nor the simulator.
 """
-
-import gymnasium
-
-ENV_ID = "rlalloc/ClusterAlloc-v0"
-
-if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="env.gym_env:ClusterAllocEnv")

@@ -14,7 +14,7 @@ may ask for. A YAML file lists node groups so heterogeneous clusters can be desc
         gpu_type: A100
         rack: 9                 # optional: all nodes of this group in rack 9
 
-GPU types are those whose power the simulator knows (`env.params.GPU_POWER_W`: T4, V100, A100,
+GPU types are those whose power the simulator knows (`rlalloc.env.params.GPU_POWER_W`: T4, V100, A100,
 H100), in any case; unknown keys, fractional counts and unknown types are one-line errors.
 """
 
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from env.errors import UserError
-from env.params import GPU_POWER_W
+from rlalloc.env.errors import UserError
+from rlalloc.env.params import GPU_POWER_W
 
 DEFAULT_GPU_TYPE = "T4"
 """The Pollux profiles were measured on NVIDIA T4 GPUs; the default cluster matches them."""

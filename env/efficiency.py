@@ -33,10 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from env.errors import UserError
-from env.profiles import AppProfile, Shape, canonical_shape, fit_speedup_curve, speedup_samples
-from env.simulator import JobSpeed
-from env.workload.spec import Workload
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import (
+    AppProfile,
+    Shape,
+    canonical_shape,
+    fit_speedup_curve,
+    speedup_samples,
+)
+from rlalloc.env.simulator import JobSpeed
+from rlalloc.env.workload.spec import Workload
 
 EFFICIENCY_MODES = ("none", "fixed", "adaptive")
 """How a profiled job's progress is modelled (module docstring); ``none`` is the default."""
@@ -131,7 +137,7 @@ class GoodputRates:
 
     def curve(self, epoch: int) -> tuple[float, float, float]:
         """(goodput on one GPU, alpha, beta) during `epoch`: the same curve family, fitted the
-        same way, as the iteration-rate curves of `env.profiles`, so policies read both alike;
+        same way, as the iteration-rate curves of `rlalloc.env.profiles`, so policies read both alike;
         memoised."""
         found = self._curves.get(epoch)
         if found is None:

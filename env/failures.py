@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from env.errors import UserError
+from rlalloc.env.errors import UserError
 
 SECONDS_PER_DAY = 86_400.0
 LLAMA3_FAILURES_PER_GPU_DAY = 4.7e-4

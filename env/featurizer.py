@@ -22,8 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.placement import choose_nodes
-from env.state import NOOP, Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes, Strategy
+from rlalloc.env.placement import choose_nodes
+from rlalloc.env.state import (
+    NOOP,
+    Action,
+    ActionKind,
+    ClusterState,
+    Jobs,
+    JobStatus,
+    Nodes,
+    Strategy,
+)
 
 _SCALE, _MIGRATE, _PACKED = ActionKind.SCALE, ActionKind.MIGRATE, Strategy.PACKED
 
@@ -114,7 +123,7 @@ def at_risk_nodes(state: ClusterState) -> np.ndarray:
 
 def speedup(n: np.ndarray, k: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """Throughput of n workers on k nodes relative to one worker: the state's scaling curve
-    ``n / (1 + alpha (n - 1) + beta n [k > 1])`` (see `env.profiles.GenericScaling`)."""
+    ``n / (1 + alpha (n - 1) + beta n [k > 1])`` (see `rlalloc.env.profiles.GenericScaling`)."""
     n = np.asarray(n, dtype=np.float64)
     cross = np.where(np.asarray(k) > 1, beta * n, 0.0)
     return np.where(n > 0, n / (1.0 + alpha * np.maximum(n - 1, 0) + cross), 0.0)

@@ -1,6 +1,9 @@
 """`rlalloc/ClusterAlloc-v0`: the simulator as a Gymnasium environment.
 
-One step = one decision. The action (see `env.featurizer` for the layout) is applied at the
+Importing this module registers the id, so ``gymnasium.make("rlalloc.env.gym_env:rlalloc/
+ClusterAlloc-v0")`` works without an import of ours first (Gymnasium's ``module:id`` form).
+
+One step = one decision. The action (see `rlalloc.env.featurizer` for the layout) is applied at the
 current decision point; after a no-op, an invalid action, or `max_actions_per_decision`
 actions, the simulator advances to the next decision point (next event or periodic tick).
 
@@ -25,13 +28,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from env.featurizer import OBS_BOUND, FeatureSpec, Featurizer
-from env.params import SimParams
-from env.scenario import Scenario, build_scenario
-from env.state import ActionKind
-from env.workload.loader import EMBEDDED_DEFAULT
+from rlalloc.env.featurizer import OBS_BOUND, FeatureSpec, Featurizer
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import Scenario, build_scenario
+from rlalloc.env.signals import NO_SIGNALS, Signals
+from rlalloc.env.state import ActionKind
+from rlalloc.env.workload.loader import EMBEDDED_DEFAULT
 
 _NOOP = ActionKind.NOOP
+
+ENV_ID = "rlalloc/ClusterAlloc-v0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +67,14 @@ class ClusterAllocEnv(gym.Env):
     def __init__(self, workloads: Sequence[str | Scenario] = (EMBEDDED_DEFAULT,),
                  cluster: str = "16x4", params: SimParams | None = None,
                  features: FeatureSpec | None = None, reward: RewardWeights | None = None,
-                 max_episode_steps: int = 50_000, efficiency: str = "none") -> None:
+                 max_episode_steps: int = 50_000, efficiency: str = "none",
+                 signals: Signals = NO_SIGNALS) -> None:
         self.params = params or SimParams()
+        self.signals = signals
+        """Look-ahead signals of the workloads given as strings (`rlalloc.forecaster.signals`
+        builds the shipped ones; training passes them, so policies see what evaluation shows)."""
         self.efficiency = efficiency
-        """Profiled jobs' progress model (`env.efficiency.EFFICIENCY_MODES`)."""
+        """Profiled jobs' progress model (`rlalloc.env.efficiency.EFFICIENCY_MODES`)."""
         self.featurizer = Featurizer(features or FeatureSpec(
             checkpoint_interval_s=self.params.checkpoint_interval_s))
         self.reward_weights = reward or RewardWeights()
@@ -136,7 +146,8 @@ class ClusterAllocEnv(gym.Env):
             if len(self._scenarios) > 64:
                 self._scenarios.clear()
             self._scenarios[key] = build_scenario(source, self._cluster, seed=key[1],
-                                                  efficiency=self.efficiency)
+                                                  efficiency=self.efficiency,
+                                                  signals=self.signals)
         return self._scenarios[key]
 
     def _refresh(self) -> None:
@@ -169,3 +180,7 @@ class ClusterAllocEnv(gym.Env):
                    + w.energy_weight * (energy_kwh - self._last[2]))
         self._last = now
         return float(reward)
+
+
+if ENV_ID not in gym.registry:
+    gym.register(id=ENV_ID, entry_point=ClusterAllocEnv)

@@ -16,7 +16,7 @@ that `rlalloc simulate` and `rlalloc evaluate` report (keys in `METRIC_KEYS`). D
 - progress_preserved: 1 - training GPU-seconds lost to failures / training GPU-seconds run.
 - ettr: effective training time ratio, sum of kept training time / sum of (finish - first start).
 - energy_kwh: sum over GPUs of their own type's busy or idle power (see
-  `env.params.GPU_POWER_W`) from time 0 of the trace to the end of the run; down nodes draw
+  `rlalloc.env.params.GPU_POWER_W`) from time 0 of the trace to the end of the run; down nodes draw
   nothing.
 """
 
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from env.params import DEFAULT_GPU_POWER_W, GPU_POWER_W, SimParams
+from rlalloc.env.params import DEFAULT_GPU_POWER_W, GPU_POWER_W, SimParams
 
 if TYPE_CHECKING:
-    from env.simulator import Simulator
+    from rlalloc.env.simulator import Simulator
 
 METRIC_KEYS = (
     "jobs_completed", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",

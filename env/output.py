@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from env.argtypes import out_path
-from env.errors import UserError
+from rlalloc.cli.argtypes import out_path
+from rlalloc.env.errors import UserError
 
 
 def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from env.failures import FailureParams
+from rlalloc.env.failures import FailureParams
 
 GPU_POWER_W: dict[str, tuple[float, float]] = {
     "T4": (10.0, 70.0),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from env.state import ClusterState, Strategy
+from rlalloc.env.state import ClusterState, Strategy
 
 _PACKED = Strategy.PACKED
 

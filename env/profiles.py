@@ -33,6 +33,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from importlib.resources import files
 from pathlib import Path
 from typing import Protocol
 
@@ -41,7 +42,7 @@ import pandas as pd
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 from scipy.optimize import least_squares
 
-from env.errors import UserError
+from rlalloc.env.errors import UserError
 
 Shape = tuple[int, ...]
 """GPUs used on each node of a placement, sorted descending, zeros dropped: ``(4, 2)``."""
@@ -83,13 +84,12 @@ measured one (Pollux caps yolov3 at 8 for GPU memory); others use the largest me
 
 VALIDATION_COLUMNS = ["progress", "iteration", "grad_sqr", "grad_var"]
 """Columns read from ``validation-<batch>.csv``: iterations give work at a fixed batch size,
-progress and gradient statistics give the statistical efficiency (`env.efficiency`)."""
+progress and gradient statistics give the statistical efficiency (`rlalloc.env.efficiency`)."""
 
 PROFILES_ENV_VAR = "RLALLOC_PROFILES"
 """Environment variable naming a Pollux ``app_profiles`` folder."""
-_REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILES_ROOT = _REPO_ROOT.parent / "shared" / "data" / "traces" / "pollux" / "app_profiles"
-"""Where the shared data sits beside the checkout on developer machines and in CI."""
+DEFAULT_PROFILES_ROOT = Path(str(files("rlalloc.env") / "app_profiles"))
+"""The Pollux profiles shipped in the package (Apache-2.0; see app_profiles/README.md there)."""
 
 
 class ThroughputModel(Protocol):
@@ -190,7 +190,7 @@ class AppProfile:
     max_local_bsz: int
     _throughputs: dict[int, ProfiledThroughput] = field(default_factory=dict, repr=False)
     derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
-    """Models other modules derive from this profile (`env.efficiency`), memoised here so
+    """Models other modules derive from this profile (`rlalloc.env.efficiency`), memoised here so
     that a process re-using the profile builds each once."""
 
     @property
@@ -282,24 +282,15 @@ class AppProfile:
         return int(self._grid[0][:, 0].max())
 
 
-def default_profiles_root() -> Path | None:
-    """`RLALLOC_PROFILES` if set, else the shared data beside the checkout if present."""
+def default_profiles_root() -> Path:
+    """`RLALLOC_PROFILES` if set (a user's own measured profiles), else the shipped ones."""
     env = os.environ.get(PROFILES_ENV_VAR)
-    if env:
-        return Path(env)
-    return DEFAULT_PROFILES_ROOT if DEFAULT_PROFILES_ROOT.is_dir() else None
+    return Path(env) if env else DEFAULT_PROFILES_ROOT
 
 
-def require_profiles(root: Path | None, needed_by: str) -> dict[str, AppProfile]:
-    """The profiles under `root`, else `default_profiles_root()`; a one-line `UserError` naming
-    `needed_by` (what needs them) and where to point when neither is there."""
-    root = root if root is not None else default_profiles_root()
-    if root is None:
-        raise UserError(
-            f"{needed_by} needs the application profiles; set {PROFILES_ENV_VAR} "
-            "to the app_profiles folder (shared/data/traces/pollux/app_profiles)"
-        )
-    return cached_profiles(Path(root))
+def profiles_or_default(root: Path | None) -> dict[str, AppProfile]:
+    """The profiles under `root`, else those of `default_profiles_root()`, read once."""
+    return cached_profiles(root if root is not None else default_profiles_root())
 
 
 @functools.cache
@@ -320,7 +311,7 @@ def load_profiles(root: Path) -> dict[str, AppProfile]:
     if not root.is_dir():
         raise UserError(
             f"{root}: no such profiles folder; point {PROFILES_ENV_VAR} at a Pollux "
-            "app_profiles directory (shared/data/traces/pollux/app_profiles)"
+            "app_profiles directory, or unset it to use the shipped Pollux profiles"
         )
     profiles = {
         app_dir.name: _load_app(app_dir)
@@ -459,7 +450,7 @@ __all__ = [
     "fit_speedup_curve",
     "load_profiles",
     "packed_shape",
-    "require_profiles",
+    "profiles_or_default",
     "restore_s",
     "speedup_samples",
 ]

@@ -4,11 +4,11 @@
 every job's true size and exact speed model. A controller in a real cluster has only the
 `ClusterState` the actuator builds from Prometheus. This module turns that state into a
 `Simulator` that starts where the cluster stands, so the same lookahead can run on it
-(`agent.planner`). What the state does not say is filled in the way a policy sees it:
+(`rlalloc.agent.planner`). What the state does not say is filled in the way a policy sees it:
 
 - **Speed**: the caller's `speed_of` maps a job's state curve (speed on one GPU, alpha, beta)
   to a speed model: by default the curve itself, ``speed_1gpu * speedup(n, nodes, alpha,
-  beta)`` (`env.featurizer.speedup`); the planner passes measured profiles where it has them,
+  beta)`` (`rlalloc.env.featurizer.speedup`); the planner passes measured profiles where it has them,
   since on the Pollux workloads the curve fit loses most of what the lookahead gains
   (docs/agent.md).
   Epochs and batch-size changes are not modelled.
@@ -33,13 +33,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from env.cluster import ClusterSpec, NodeSpec
-from env.failures import FailureParams
-from env.featurizer import speedup
-from env.params import SimParams
-from env.simulator import FoundJob, JobSpeed, Simulator
-from env.state import ClusterState, JobStatus
-from env.workload.spec import JobSpec, Workload
+from rlalloc.env.cluster import ClusterSpec, NodeSpec
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.featurizer import speedup
+from rlalloc.env.params import SimParams
+from rlalloc.env.simulator import FoundJob, JobSpeed, Simulator
+from rlalloc.env.state import ClusterState, JobStatus
+from rlalloc.env.workload.spec import JobSpec, Workload
 
 _PARAMS = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 """A rebuilt simulator's parameters: the defaults, no failures drawn."""

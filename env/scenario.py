@@ -7,24 +7,19 @@ scaling model fitted to the profiles otherwise.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from env.cluster import ClusterSpec, parse_cluster
-from env.efficiency import goodput_speeds
-from env.errors import UserError
-from env.params import SimParams
-from env.profiles import GENERIC_SCALING, AppProfile, cached_profiles, default_profiles_root
-from env.signals import NO_SIGNALS, Signals, load_signals
-from env.simulator import JobSpeed, Simulator
-from env.workload.loader import load_workload
-from env.workload.spec import Workload
-
-DEFAULT_SIGNALS = "standin"
-"""Simulations forecast with the EWMA stand-in: as accurate as the LSTM at the horizons the
-policy uses and ~1000x cheaper (docs/forecaster.md); the shipped risk model scores nodes."""
+from rlalloc.env.cluster import ClusterSpec, parse_cluster
+from rlalloc.env.efficiency import goodput_speeds
+from rlalloc.env.errors import UserError
+from rlalloc.env.params import SimParams
+from rlalloc.env.profiles import GENERIC_SCALING, AppProfile, cached_profiles, default_profiles_root
+from rlalloc.env.signals import NO_SIGNALS, Signals
+from rlalloc.env.simulator import JobSpeed, Simulator
+from rlalloc.env.workload.loader import load_workload
+from rlalloc.env.workload.spec import Workload
 
 _GENERIC_SPEED = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
                           GENERIC_SCALING.beta)
@@ -38,7 +33,7 @@ class Scenario:
     workload: Workload
     speeds: tuple[JobSpeed, ...]
     signals: Signals = NO_SIGNALS
-    """Demand forecast and failure risk fed into every state (see `env.signals`)."""
+    """Demand forecast and failure risk fed into every state (see `rlalloc.env.signals`)."""
 
     def simulator(self, params: SimParams | None = None, seed: int = 0) -> Simulator:
         """A fresh simulator over this scenario (the failure process is seeded by `seed`)."""
@@ -66,20 +61,19 @@ def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tu
 
 def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
                    profiles_root: Path | None = None,
-                   signals: str | Signals = DEFAULT_SIGNALS, efficiency: str = "none") -> Scenario:
+                   signals: Signals = NO_SIGNALS, efficiency: str = "none") -> Scenario:
     """Load the workload named by `workload` (see `load_workload`) for the cluster `cluster`,
-    with the look-ahead `signals` (a kind of `env.signals.SIGNAL_KINDS`, or loaded ones) and
-    profiled jobs' progress modelled by `efficiency` (`env.efficiency.EFFICIENCY_MODES`)."""
+    with the look-ahead `signals` (`rlalloc.forecaster.signals.load_signals` builds them) and
+    profiled jobs' progress modelled by `efficiency` (`rlalloc.env.efficiency.EFFICIENCY_MODES`)."""
     spec = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     jobs = load_workload(workload, spec, profiles_root, seed)
     needs_profiles = any(j.application for j in jobs.jobs)
     root = profiles_root or default_profiles_root()
     profiles = cached_profiles(root) if needs_profiles and root else None
-    loaded = _signals(signals) if isinstance(signals, str) else signals
     speeds = job_speeds(jobs, profiles)
     if profiles:
         jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus)
-    return Scenario(spec, jobs, speeds, loaded)
+    return Scenario(spec, jobs, speeds, signals)
 
 
 def require_applications(scenarios: Sequence[Scenario], efficiency: str,
@@ -96,9 +90,3 @@ def require_applications(scenarios: Sequence[Scenario], efficiency: str,
                         "and statistical efficiency is modelled from an application's profile, "
                         "so nothing would change; use a workload with application and "
                         "batch_size columns (e.g. the Pollux workloads) or --efficiency none")
-
-
-@functools.cache
-def _signals(kind: str) -> Signals:
-    """Shipped models are loaded once per process, whatever the number of scenarios."""
-    return load_signals(kind)

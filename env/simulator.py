@@ -13,7 +13,7 @@ replaying the 82k-job Philly trace take seconds.
 Work accounting (the invariants the tests check):
 - a job's progress grows at exactly its throughput model's rate for its placement, from the end
   of its restore until its next change; it completes when progress reaches its work;
-- with a statistical-efficiency model (`JobSpeed.epochs`, `env.efficiency`) the rate also
+- with a statistical-efficiency model (`JobSpeed.epochs`, `rlalloc.env.efficiency`) the rate also
   changes at each epoch end: a silent event (its own heap, never a decision point) that
   re-bases the job's progress and refreshes the curve policies see;
 - a failure rolls progress back to the last periodic checkpoint (lost = work since then);
@@ -33,20 +33,20 @@ from typing import Protocol
 
 import numpy as np
 
-from env.cluster import ClusterSpec
-from env.failures import (
+from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.failures import (
     NODE_FEATURE_NAMES,
     HealthEvent,
     NodeHealthTimeline,
     WarningEpisode,
     node_features,
 )
-from env.metrics import RunAccounting
-from env.params import SimParams
-from env.placement import placement_shape
-from env.signals import NO_SIGNALS, Signals
-from env.snapshot import SnapshotDemand, SnapshotJobs, SnapshotNodes
-from env.state import (
+from rlalloc.env.metrics import RunAccounting
+from rlalloc.env.params import SimParams
+from rlalloc.env.placement import placement_shape
+from rlalloc.env.signals import NO_SIGNALS, Signals
+from rlalloc.env.snapshot import SnapshotDemand, SnapshotJobs, SnapshotNodes
+from rlalloc.env.state import (
     Action,
     ActionKind,
     ClusterState,
@@ -54,7 +54,7 @@ from env.state import (
     JobStatus,
     Nodes,
 )
-from env.workload.spec import JobSpec, Workload
+from rlalloc.env.workload.spec import JobSpec, Workload
 
 ThroughputFn = Callable[[tuple[int, ...]], float]
 """Iterations per second of one job for a placement shape (GPUs per node, largest first)."""
@@ -70,7 +70,7 @@ and `Signals.risk_lag_s` more in the risk model's earlier reading (`_node_health
 
 
 class EpochRates(Protocol):
-    """A job whose training rate also changes with its epoch (`env.efficiency`)."""
+    """A job whose training rate also changes with its epoch (`rlalloc.env.efficiency`)."""
 
     @property
     def epoch_ends(self) -> np.ndarray:
@@ -329,7 +329,7 @@ class Simulator:
         workload (all submitted by then) is as `found` says, in workload order; the `down`
         nodes are down and the `cordoned` ones cordoned.
 
-        A simulator rebuilt from a `ClusterState` (`env.rebuild`) starts this way, so that a
+        A simulator rebuilt from a `ClusterState` (`rlalloc.env.rebuild`) starts this way, so that a
         controller can fork it for lookahead. Nothing before `time_s` is simulated or
         accounted: the jobs arrive at `time_s`, and the time series start there. It needs a
         simulator without failures, whose health process would start at time 0.
@@ -433,7 +433,7 @@ class Simulator:
 
         Columns that only change on arrivals/completions or on re-allocations are cached and
         shared between snapshots until they change; the time-dependent ones are computed when
-        first read (`env.snapshot`). Snapshot arrays are read-only by contract: policies
+        first read (`rlalloc.env.snapshot`). Snapshot arrays are read-only by contract: policies
         must not write to them.
         """
         t = self.time_s

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from env.state import Demand, Jobs, JobStatus, Nodes
+from rlalloc.env.state import Demand, Jobs, JobStatus, Nodes
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 

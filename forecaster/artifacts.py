@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from env.output import prepare_out_dir, staged_outputs
-from forecaster.baselines import HoltWintersParams
+from rlalloc.env.output import prepare_out_dir, staged_outputs
+from rlalloc.forecaster.baselines import HoltWintersParams
 
 BASELINES_FILE = "baselines.json"
 CARD_FILE = "card.json"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
-from forecaster.series import MINUTES_PER_DAY
+from rlalloc.forecaster.series import MINUTES_PER_DAY
 
 MOVING_AVERAGE_WINDOW_MIN = 30
 """Window of the moving-average baseline: long enough to smooth job churn, short enough to track."""

@@ -7,10 +7,11 @@ model can be re-trained from its card and loaded without pickled Python objects.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
-SHIPPED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "forecaster"
+from rlalloc.models import shipped
+
+SHIPPED_MODEL_DIR = shipped("forecaster")
 """The shipped forecaster (LSTM + stand-in) that the loaders default to."""
 
 HORIZONS_MIN: tuple[int, ...] = (5, 15, 60)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forecaster import baselines
-from forecaster.baselines import HoltWintersParams
-from forecaster.model import LSTMForecaster
-from forecaster.series import DemandSeries
-from forecaster.standin import EWMAForecaster
+from rlalloc.forecaster import baselines
+from rlalloc.forecaster.baselines import HoltWintersParams
+from rlalloc.forecaster.model import LSTMForecaster
+from rlalloc.forecaster.series import DemandSeries
+from rlalloc.forecaster.standin import EWMAForecaster
 
 MAPE_MIN_DEMAND = 0.05
 """Targets below 5 % of the cluster are left out of MAPE (they would dominate it)."""

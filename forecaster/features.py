@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from forecaster.config import ForecasterConfig, NormalisationStats
-from forecaster.series import MINUTES_PER_DAY
+from rlalloc.forecaster.config import ForecasterConfig, NormalisationStats
+from rlalloc.forecaster.series import MINUTES_PER_DAY
 
 
 def fit_stats(segments: list[np.ndarray], config: ForecasterConfig) -> NormalisationStats:

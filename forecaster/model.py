@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from forecaster.config import SHIPPED_MODEL_DIR, ForecasterConfig, NormalisationStats
-from forecaster.features import build_inputs, local_scale
-from forecaster.history import check_history
-from forecaster.network import DemandLSTM
-from forecaster.series import MINUTES_PER_DAY
+from rlalloc.forecaster.config import SHIPPED_MODEL_DIR, ForecasterConfig, NormalisationStats
+from rlalloc.forecaster.features import build_inputs, local_scale
+from rlalloc.forecaster.history import check_history
+from rlalloc.forecaster.network import DemandLSTM
+from rlalloc.forecaster.series import MINUTES_PER_DAY
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.pt"

@@ -13,12 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from env.errors import UserError
-from forecaster.artifacts import BASELINES_FILE, load_baselines
-from forecaster.baselines import HoltWintersParams
-from forecaster.model import CONFIG_FILE, WEIGHTS_FILE, LSTMForecaster, load_demand_forecaster
-from forecaster.risk import RISK_MODEL_FILE
-from forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
+from rlalloc.env.errors import UserError
+from rlalloc.forecaster.artifacts import BASELINES_FILE, load_baselines
+from rlalloc.forecaster.baselines import HoltWintersParams
+from rlalloc.forecaster.model import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    LSTMForecaster,
+    load_demand_forecaster,
+)
+from rlalloc.forecaster.risk import RISK_MODEL_FILE
+from rlalloc.forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
 
 RETRAIN = "train it again with `forecast train --out DIR --force`"
 """What to do about a damaged model directory."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from forecaster.config import ForecasterConfig
+from rlalloc.forecaster.config import ForecasterConfig
 
 
 class DemandLSTM(nn.Module):
     """LSTM over the lookback blocks, its last state joined with the scalar inputs.
 
-    Outputs one scaled demand change per horizon (see `forecaster.features`).
+    Outputs one scaled demand change per horizon (see `rlalloc.forecaster.features`).
     """
 
     def __init__(self, config: ForecasterConfig, n_seq_features: int,

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from forecaster.evaluate import Evaluation
-from forecaster.series import MINUTES_PER_DAY
+from rlalloc.forecaster.evaluate import Evaluation
+from rlalloc.forecaster.series import MINUTES_PER_DAY
 
 PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
 MODEL_COLORS = {name: f"C{i}" for i, name in enumerate(PLOTTED_MODELS)}

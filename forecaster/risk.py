@@ -1,7 +1,7 @@
 """Node-failure risk: probability that a node fails within the next `horizon_s`, from telemetry.
 
 No public per-node failure telemetry exists, so the model is trained and scored on the
-simulator's warning process (`env.failures.sample_node_telemetry`): it can only be as right as
+simulator's warning process (`rlalloc.env.failures.sample_node_telemetry`): it can only be as right as
 that process is. The model is a logistic regression over the node's current windowed telemetry
 (XID errors, double-bit ECC errors, readiness flaps, temperature excess) and the same features
 `lag_steps` samples earlier, so it sees whether a warning episode is building up. It is small
@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from env.failures import (
+from rlalloc.env.failures import (
     STRESS_FAILURES_PER_GPU_DAY,
     FailureParams,
     NodeTelemetrySample,
 )
+from rlalloc.models import shipped
 
-SHIPPED_RISK_DIR = Path(__file__).resolve().parent.parent / "models" / "risk"
+SHIPPED_RISK_DIR = shipped("risk")
 """Where `load_risk_model()` looks by default."""
 RISK_MODEL_FILE = "risk_model.json"
 
@@ -72,7 +73,7 @@ class RiskModel:
         bias: float,
     ) -> None:
         """No alarm threshold here: the policies that read the risk decide where a node is at
-        risk (`env.featurizer.RISKY_NODE_SCORE`), and the card scores the model there."""
+        risk (`rlalloc.env.featurizer.RISKY_NODE_SCORE`), and the card scores the model there."""
         self.config = config
         self.feature_names = feature_names
         self.mean, self.std, self.weights, self.bias = mean, std, weights, bias

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from env.failures import NodeTelemetrySample
+from rlalloc.env.failures import NodeTelemetrySample
 
 LEADS_S: tuple[float, ...] = (15.0, 60.0, 250.0, 600.0)
 """Lead times reported: the cheapest (ncf) and dearest (imagenet) restore, and beyond."""

@@ -1,6 +1,6 @@
 """Fitting the node-failure risk model on simulated telemetry (torch is needed only here).
 
-Inference (`forecaster.risk.RiskModel`) is plain numpy, so the simulator and the actuator load
+Inference (`rlalloc.forecaster.risk.RiskModel`) is plain numpy, so the simulator and the actuator load
 the shipped model without torch.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from env.failures import NodeTelemetrySample, sample_node_telemetry
-from forecaster.risk import RiskConfig, RiskModel, lagged, window_inputs
+from rlalloc.env.failures import NodeTelemetrySample, sample_node_telemetry
+from rlalloc.forecaster.risk import RiskConfig, RiskModel, lagged, window_inputs
 
 
 def simulate(config: RiskConfig, seed: int) -> NodeTelemetrySample:

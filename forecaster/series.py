@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from env.errors import UserError
+from rlalloc.env.errors import UserError
 
 MINUTES_PER_DAY = 1440
 DEFAULT_MAX_GAP_MIN = 10

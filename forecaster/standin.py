@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from forecaster.config import HORIZONS_MIN, SHIPPED_MODEL_DIR
-from forecaster.history import check_history
+from rlalloc.forecaster.config import HORIZONS_MIN, SHIPPED_MODEL_DIR
+from rlalloc.forecaster.history import check_history
 
 HALF_LIVES_MIN: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 """Candidate half-lives searched at fit time (0.25 is practically the last value)."""

@@ -16,18 +16,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from env.errors import UserError
-from forecaster.config import ForecasterConfig, NormalisationStats
-from forecaster.features import (
+from rlalloc.env.errors import UserError
+from rlalloc.forecaster.config import ForecasterConfig, NormalisationStats
+from rlalloc.forecaster.features import (
     build_inputs,
     build_targets,
     fit_stats,
     loss_weights,
     usable_origins,
 )
-from forecaster.model import LSTMForecaster
-from forecaster.network import DemandLSTM
-from forecaster.series import DemandSegment
+from rlalloc.forecaster.model import LSTMForecaster
+from rlalloc.forecaster.network import DemandLSTM
+from rlalloc.forecaster.series import DemandSegment
 
 
 @dataclass(frozen=True)

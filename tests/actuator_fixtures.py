@@ -22,20 +22,26 @@ import numpy as np
 import pytest
 import yaml
 
-from actuator.config import ActuatorConfig, Queries
-from actuator.kube import KubeClient, api_client_from
-from actuator.loop import Controller
-from actuator.observe import PrometheusSource
-from actuator.twin.harness import RunningTwin, actuator_settings, prometheus_config, start_twin
-from actuator.twin.kube_api import dump_kubeconfig
-from env.cluster import uniform_cluster
-from env.failures import FailureParams
-from env.params import SimParams
-from env.placement import choose_nodes, free_gpus_for
-from env.scenario import Scenario, job_speeds
-from env.signals import Signals, load_signals
-from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
-from env.workload.spec import JobSpec, Workload
+from rlalloc.actuator.config import ActuatorConfig, Queries
+from rlalloc.actuator.kube import KubeClient, api_client_from
+from rlalloc.actuator.loop import Controller
+from rlalloc.actuator.observe import PrometheusSource
+from rlalloc.actuator.twin.harness import (
+    RunningTwin,
+    actuator_settings,
+    prometheus_config,
+    start_twin,
+)
+from rlalloc.actuator.twin.kube_api import dump_kubeconfig
+from rlalloc.env.cluster import uniform_cluster
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.placement import choose_nodes, free_gpus_for
+from rlalloc.env.scenario import Scenario, job_speeds
+from rlalloc.env.signals import Signals
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from rlalloc.env.workload.spec import JobSpec, Workload
+from rlalloc.forecaster.signals import load_signals
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 SCRAPE_S = 1.0

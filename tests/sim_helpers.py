@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from env.cluster import uniform_cluster
-from env.params import SimParams
-from env.placement import choose_nodes
-from env.profiles import GENERIC_SCALING
-from env.simulator import JobSpeed, Simulator
-from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
-from env.workload.spec import JobSpec, Workload
+from rlalloc.env.cluster import uniform_cluster
+from rlalloc.env.params import SimParams
+from rlalloc.env.placement import choose_nodes
+from rlalloc.env.profiles import GENERIC_SCALING
+from rlalloc.env.simulator import JobSpeed, Simulator
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
+from rlalloc.env.workload.spec import JobSpec, Workload
 
 GENERIC = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
                    GENERIC_SCALING.beta)
@@ -25,7 +25,7 @@ def job(job_id: str, submit_s: float, gpus: int, work: float, restore_s: float =
 def simulator(jobs: list[JobSpec], nodes: int = 2, gpus: int = 4, seed: int = 0,
               params: SimParams | None = None) -> Simulator:
     """A simulator over `jobs` on `nodes` x `gpus`, with failures off unless `params` say."""
-    from env.failures import FailureParams
+    from rlalloc.env.failures import FailureParams
 
     params = params or SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
     return Simulator(uniform_cluster(nodes, gpus), Workload("test", tuple(jobs)),

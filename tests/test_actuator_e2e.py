@@ -14,10 +14,11 @@ import threading
 import pytest
 import yaml
 
-from actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS
-from actuator.twin.runtime import ScriptedFailure
-from env.state import ActionKind
-from tests.actuator_fixtures import (
+from rlalloc.actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS
+from rlalloc.actuator.twin.runtime import ScriptedFailure
+from rlalloc.env.state import ActionKind
+
+from actuator_fixtures import (
     PrometheusServer,
     TinyElastic,
     controller,
@@ -159,8 +160,8 @@ def test_dry_run_writes_nothing(tmp_path):
 def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
     import json
 
-    from actuator.config import load_config
-    from env.cli import main
+    from rlalloc.actuator.config import load_config
+    from rlalloc.cli.main import main
 
     out = tmp_path / "twin"
     argv = ["twin", "--workload", "synthetic:5", "--cluster", "2x4", "--kube-port", "0",
@@ -199,13 +200,13 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
     import sys
     import types
 
-    from actuator.twin.harness import actuator_settings
-    from actuator.twin.kube_api import dump_kubeconfig
-    from env.cli import main
+    from rlalloc.actuator.twin.harness import actuator_settings
+    from rlalloc.actuator.twin.kube_api import dump_kubeconfig
+    from rlalloc.cli.main import main
 
-    registry = types.ModuleType("agent.registry")
+    registry = types.ModuleType("rlalloc.agent.registry")
     registry.load_policy = lambda name: TinyElastic()
-    monkeypatch.setitem(sys.modules, "agent.registry", registry)
+    monkeypatch.setitem(sys.modules, "rlalloc.agent.registry", registry)
     root = logging.getLogger()  # the actuator installs its JSON handler here: restored after
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)
@@ -245,7 +246,7 @@ def test_twin_command_gives_back_the_signal_handlers(tmp_path):
     # place, so in a process that goes on (a test session) Ctrl-C only set a dead Event
     import signal
 
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     assert main(_twin_argv(tmp_path / "twin")) == 0
@@ -262,7 +263,7 @@ def test_twin_command_gives_back_the_signal_handlers(tmp_path):
 ])
 def test_twin_command_refuses_impossible_failure_times_and_durations(tmp_path, capsys, flags,
                                                                       named):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     assert main(_twin_argv(tmp_path / "twin", *flags)) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -277,7 +278,7 @@ def test_twin_command_that_cannot_write_its_files_is_one_line_and_closes_its_por
     # and the demo files half replaced.
     import socket
 
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     out = tmp_path / "twin"
     out.mkdir()
@@ -315,7 +316,7 @@ def test_twin_command_stopped_by_sigterm_while_starting_is_one_line(tmp_path):
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(5)\n"
         "harness.start_twin = start_twin\n"
-        "from env.cli import main\n"
+        "from rlalloc.cli.main import main\n"
         f"sys.exit(main({_twin_argv(out)!r}))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
@@ -327,7 +328,7 @@ def test_twin_command_stopped_by_sigterm_while_starting_is_one_line(tmp_path):
 def test_twin_command_takes_a_failure_scripted_for_its_first_seconds(tmp_path, capsys):
     # the first tick jumps the simulator to its next event (~13 s in): a failure at 1 s was
     # refused as "not after the twin's now" whenever that tick ran before it was scheduled
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     for attempt in range(3):
         assert main(_twin_argv(tmp_path / f"demo-{attempt}",

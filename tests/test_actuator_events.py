@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actuator.events import EventRecorder
-from actuator.kube import KubeError
+from rlalloc.actuator.events import EventRecorder
+from rlalloc.actuator.kube import KubeError
 
 JOB = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "a", "namespace": "d",
        "uid": "u-1"}

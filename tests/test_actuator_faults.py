@@ -24,16 +24,21 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
-from actuator.config import ActuatorConfig, Queries
-from actuator.guardrails import DecisionHistory, decide
-from actuator.kube import KubeClient, KubeError, api_client_from
-from actuator.leader import LeaderElector
-from actuator.loop import Controller
-from actuator.observe import MetricsSnapshot, ObserveError, PrometheusSource, RecordedMetrics
-from actuator.server import StatusServer
-from actuator.state_builder import Ledger, Observation, build_state
-from actuator.twin.exporter import NodeTelemetry, PodTelemetry, TelemetryFrame, TwinExporter
-from actuator.twin.kube_api import (
+from rlalloc.actuator.config import ActuatorConfig, Queries
+from rlalloc.actuator.guardrails import DecisionHistory, decide
+from rlalloc.actuator.kube import KubeClient, KubeError, api_client_from
+from rlalloc.actuator.leader import LeaderElector
+from rlalloc.actuator.loop import Controller
+from rlalloc.actuator.observe import (
+    MetricsSnapshot,
+    ObserveError,
+    PrometheusSource,
+    RecordedMetrics,
+)
+from rlalloc.actuator.server import StatusServer
+from rlalloc.actuator.state_builder import Ledger, Observation, build_state
+from rlalloc.actuator.twin.exporter import NodeTelemetry, PodTelemetry, TelemetryFrame, TwinExporter
+from rlalloc.actuator.twin.kube_api import (
     EVENTS,
     LEASES,
     NODES,
@@ -43,12 +48,12 @@ from actuator.twin.kube_api import (
     TwinKubeAPI,
     dump_kubeconfig,
 )
-from actuator.twin.render import cluster_objects, query_results
-from agent.registry import load_policy
-from env.cli import main as cli_main
-from env.errors import UserError
-from env.failures import STRESS_FAILURES_PER_GPU_DAY
-from env.state import (
+from rlalloc.actuator.twin.render import cluster_objects, query_results
+from rlalloc.agent.registry import load_policy
+from rlalloc.cli.main import main as cli_main
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import STRESS_FAILURES_PER_GPU_DAY
+from rlalloc.env.state import (
     Action,
     ActionKind,
     ClusterState,
@@ -59,7 +64,8 @@ from env.state import (
     NodeInfo,
     Nodes,
 )
-from tests.actuator_fixtures import (
+
+from actuator_fixtures import (
     EmptyPrometheus,
     PrometheusServer,
     Scripted,
@@ -652,7 +658,7 @@ def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
             raise KubeError(f"create lease {namespace}: HTTP 409 Conflict", 409)
 
     elector = LeaderElector(RacedKube(), ActuatorConfig(), "replica-b")
-    with caplog.at_level(logging.DEBUG, logger="actuator.leader"):
+    with caplog.at_level(logging.DEBUG, logger="rlalloc.actuator.leader"):
         assert not elector.try_acquire()
     assert elector.last_error is None  # a standby, not blind
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
@@ -660,7 +666,7 @@ def test_losing_the_race_for_the_lease_is_a_standby_not_a_warning(caplog):
 
 
 class _CountingPlanner:
-    """Counts as the planner (`agent.lookahead.LookaheadPolicy`) does: every call contested,
+    """Counts as the planner (`rlalloc.agent.lookahead.LookaheadPolicy`) does: every call contested,
     every other one deviating from its base; proposes nothing."""
 
     def __init__(self) -> None:
@@ -733,8 +739,8 @@ def test_stop_retrying_ends_a_call_to_an_api_that_has_gone_at_once(tmp_path):
 
 _ACTUATE_WITH_PLANNER = """\
 import pathlib, sys, types
-from env.cli import main
-from env.state import Action, ActionKind
+from rlalloc.cli.main import main
+from rlalloc.env.state import Action, ActionKind
 
 class Planner:
     def __init__(self):
@@ -746,9 +752,9 @@ class Planner:
         pathlib.Path(sys.argv[2]).touch()  # the test waits for a first decision
         return Action(ActionKind.NOOP)
 
-registry = types.ModuleType("agent.registry")
+registry = types.ModuleType("rlalloc.agent.registry")
 registry.load_policy = lambda name: Planner()
-sys.modules["agent.registry"] = registry
+sys.modules["rlalloc.agent.registry"] = registry
 sys.exit(main(["actuate", "--config", sys.argv[1]]))
 """
 """`rlalloc actuate` with a policy that counts as the planner does (see `_CountingPlanner`)."""
@@ -836,7 +842,7 @@ def test_a_lease_left_short_by_a_longer_interval_flag_blames_the_flag(capsys):
 
 
 def test_config_precedence_file_env_flags(tmp_path):
-    from actuator.config import load_config
+    from rlalloc.actuator.config import load_config
 
     path = tmp_path / "actuator.yaml"
     path.write_text("interval_s: 10\ndry_run: true\nnamespaces: [a, b]\n")
@@ -851,7 +857,7 @@ def test_config_precedence_file_env_flags(tmp_path):
 
 
 def test_an_unknown_environment_variable_is_one_clear_error():
-    from actuator.config import load_config
+    from rlalloc.actuator.config import load_config
 
     assert load_config(None, {"RLALLOC_ACTUATOR_CONFIG": "x.yaml"}).interval_s == 30.0
     with pytest.raises(UserError) as err:
@@ -864,7 +870,7 @@ def test_an_unknown_environment_variable_is_one_clear_error():
 
 
 def test_service_link_variables_of_a_service_named_like_the_actuator_are_no_settings():
-    from actuator.config import load_config
+    from rlalloc.actuator.config import load_config
 
     # what Kubernetes puts into the pod for Services rlalloc-actuator (port "http" 8080) and
     # rlalloc-actuator-metrics in its namespace, unless enableServiceLinks is false
@@ -901,9 +907,9 @@ def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
     in-process with `policy` (default: the tiny one), no look-ahead signals, any status port,
     no API retries and `settings`; its exit code, the stderr lines that are not JSON log lines,
     and the JSON log lines (its stdout lines into `stdout`)."""
-    registry = types.ModuleType("agent.registry")
+    registry = types.ModuleType("rlalloc.agent.registry")
     registry.load_policy = lambda name: policy or TinyElastic()
-    monkeypatch.setitem(sys.modules, "agent.registry", registry)
+    monkeypatch.setitem(sys.modules, "rlalloc.agent.registry", registry)
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # the actuator installs its JSON handler here
     monkeypatch.setattr(root, "level", root.level)
@@ -1136,7 +1142,7 @@ def test_twin_port_in_use_is_one_line(tmp_path, capsys, flag):
 
 def test_twin_takes_a_failure_rate_as_simulate_and_evaluate_do(tmp_path, capsys, monkeypatch):
     """--failures is a preset or failures per GPU-day, read by `parse_failure_rate`."""
-    from actuator.twin import harness
+    from rlalloc.actuator.twin import harness
 
     start_twin, rates = harness.start_twin, []
 

@@ -26,17 +26,19 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from actuator.config import ActuatorConfig
-from actuator.loop import Controller
-from actuator.observe import MetricsSnapshot
-from actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
-from actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
-from env.failures import FailureParams
-from env.params import SimParams
-from env.scenario import Scenario, build_scenario
-from env.simulator import Simulator
-from env.state import NOOP, Action, ActionKind, ClusterState
-from tests.actuator_fixtures import TinyElastic, kube_client
+from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.loop import Controller
+from rlalloc.actuator.observe import MetricsSnapshot
+from rlalloc.actuator.twin.kube_api import NODES, PODS, PYTORCHJOBS, ApiServerThread, TwinKubeAPI
+from rlalloc.actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import Scenario, build_scenario
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
+from rlalloc.forecaster.signals import default_signals
+
+from actuator_fixtures import TinyElastic, kube_client
 
 NAMESPACE = "default"
 MAX_DECISIONS = 100
@@ -48,19 +50,19 @@ def _policies() -> list:
     """TinyElastic, plus the project's heuristics when the agent package provides them."""
     policies = [pytest.param(TinyElastic, id="tiny-elastic")]
     try:
-        registry = importlib.import_module("agent.registry")
+        registry = importlib.import_module("rlalloc.agent.registry")
         make = {name: (lambda n=name: registry.load_policy(n))
                 for name in ("static", "tiresias", "elastic", "proactive", "elastic-srpt-0.25")}
     except ImportError:
         try:
-            heuristics = importlib.import_module("agent.heuristics")
+            heuristics = importlib.import_module("rlalloc.agent.heuristics")
             make = {"static": heuristics.StaticPolicy, "tiresias": heuristics.TiresiasPolicy,
                     "proactive": lambda: heuristics.ElasticPolicy(
                         heuristics.ElasticConfig(proactive=True), "proactive")}
         except (ImportError, AttributeError):
             make = {}
     policies += [pytest.param(factory, id=name) for name, factory in make.items()]
-    if make and importlib.util.find_spec("agent.planner"):
+    if make and importlib.util.find_spec("rlalloc.agent.planner"):
         policies.append(pytest.param(_planner, id="planner"))
     return policies
 
@@ -69,16 +71,17 @@ def _planner() -> object:
     """The planning policy over the elastic heuristics (sizes estimated from progress), its
     futures drawn from two other synthetic workloads: it forks a simulator rebuilt from the
     state it is shown, so the actuator's state must rebuild into the same copy."""
-    from agent.heuristics import ElasticPolicy
-    from agent.lookahead import HistoryArrivals
-    from agent.planner import planning_policy
-    from agent.registry import HEURISTICS
+    from rlalloc.agent.heuristics import ElasticPolicy
+    from rlalloc.agent.lookahead import HistoryArrivals
+    from rlalloc.agent.planner import planning_policy
+    from rlalloc.agent.registry import HEURISTICS
 
     base, *alternatives = [HEURISTICS[name]() for name in
                            ("elastic-srpt-0.25", "elastic-srpt", "elastic")]
     assert all(isinstance(policy, ElasticPolicy) for policy in (base, *alternatives))
     history = HistoryArrivals.of_scenarios(
-        [build_scenario("synthetic:30:1.2", "8x4", seed=seed) for seed in (5, 6)], 3600.0,
+        [build_scenario("synthetic:30:1.2", "8x4", seed=seed, signals=default_signals())
+         for seed in (5, 6)], 3600.0,
         samples=2, seed=0)
     return planning_policy(base, alternatives, history, "planner")
 
@@ -86,7 +89,7 @@ def _planner() -> object:
 def _scenario() -> Scenario:
     """30 synthetic jobs on 8x4 GPUs, submitted at distinct whole seconds (the API's
     timestamps have second precision)."""
-    base = build_scenario("synthetic:30:1.2", "8x4", seed=SEED)
+    base = build_scenario("synthetic:30:1.2", "8x4", seed=SEED, signals=default_signals())
     jobs, last = [], -1.0
     for spec in base.workload.jobs:
         submit = max(float(round(spec.submit_s)), last + 1.0)
@@ -285,10 +288,11 @@ def test_a_scripted_failure_is_the_simulators_own(tmp_path):
     # work since its checkpoint and is requeued, and the node is repaired after `repair_s`.
     # The twin used to fake it on its side only: the simulator kept the node up, the job kept
     # its progress (it was merely re-scaled) and the node stayed down for ever.
-    from actuator.apply import placement_patch
-    from actuator.state_builder import JobRef
-    from actuator.twin.runtime import ScriptedFailure, Twin
-    from tests.actuator_fixtures import job, quiet_params, scenario
+    from rlalloc.actuator.apply import placement_patch
+    from rlalloc.actuator.state_builder import JobRef
+    from rlalloc.actuator.twin.runtime import ScriptedFailure, Twin
+
+    from actuator_fixtures import job, quiet_params, scenario
 
     params = quiet_params(60.0, 1.0)
     sim = scenario([job("a", 0, 2, 2, 2, work=1e5)], nodes=2, gpus=2).simulator(params)

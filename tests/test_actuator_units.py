@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import yaml
 
-from actuator.apply import merge_patch, misplaced_pods, placement_patch
-from actuator.config import (
+from rlalloc.actuator.apply import merge_patch, misplaced_pods, placement_patch
+from rlalloc.actuator.config import (
     NORMAL_BUSY_RISE_C,
     NORMAL_IDLE_TEMPERATURE_C,
     ActuatorConfig,
     load_config,
 )
-from actuator.guardrails import (
+from rlalloc.actuator.guardrails import (
     DecisionHistory,
     decide,
     history_annotations,
@@ -31,10 +31,14 @@ from actuator.guardrails import (
     recorded_history,
     rule_of,
 )
-from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REQUESTED_WORKERS_ANNOTATION
-from actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
-from actuator.twin.harness import actuator_settings, prometheus_config, prometheus_duration
-from actuator.twin.kube_api import (
+from rlalloc.actuator.k8s_names import (
+    HOSTNAME_LABEL,
+    PLACEMENT_ANNOTATION,
+    REQUESTED_WORKERS_ANNOTATION,
+)
+from rlalloc.actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
+from rlalloc.actuator.twin.harness import actuator_settings, prometheus_config, prometheus_duration
+from rlalloc.actuator.twin.kube_api import (
     NODES,
     PODS,
     PYTORCHJOBS,
@@ -42,12 +46,16 @@ from actuator.twin.kube_api import (
     TwinKubeAPI,
     dump_kubeconfig,
 )
-from actuator.twin.render import cluster_objects, pod_object, query_results, telemetry_results
-from env.errors import UserError
-from env.failures import NODE_FEATURE_NAMES
-from env.params import SimParams
-from env.signals import load_signals
-from env.state import (
+from rlalloc.actuator.twin.render import (
+    cluster_objects,
+    pod_object,
+    query_results,
+    telemetry_results,
+)
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import NODE_FEATURE_NAMES
+from rlalloc.env.params import SimParams
+from rlalloc.env.state import (
     NOOP,
     Action,
     ActionKind,
@@ -59,8 +67,10 @@ from env.state import (
     NodeInfo,
     Nodes,
 )
-from tests.actuator_fixtures import Scripted
-from trainer_jobs.crd_schema import validate_pytorchjob
+from rlalloc.forecaster.signals import load_signals
+from rlalloc.trainer_jobs.crd_schema import validate_pytorchjob
+
+from actuator_fixtures import Scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "actuator" / "deploy"
@@ -441,8 +451,8 @@ def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
     """Serve `state` from a twin API (its pod and job objects edited by `edit`), carry out
     `actions` with an `Applier` over a real `KubeClient`, and return (the state built from the
     API afterwards, the objects the API then holds by kind)."""
-    from actuator.apply import Applier
-    from actuator.kube import KubeClient, api_client_from
+    from rlalloc.actuator.apply import Applier
+    from rlalloc.actuator.kube import KubeClient, api_client_from
 
     names = {j: j for j in state.jobs.job_id}
     nodes, pods, jobs = cluster_objects(state, "default", names)
@@ -530,7 +540,7 @@ def test_a_move_deletes_a_pod_on_the_failing_node_beyond_the_worker_count(tmp_pa
 def test_a_delete_retried_after_the_pod_was_replaced_spares_the_replacement(tmp_path):
     # the delete of run-worker-1 went through but its answer was lost; the operator recreated
     # the worker under the same name; the retry, by name alone, killed the replacement
-    from actuator.kube import KubeClient, api_client_from
+    from rlalloc.actuator.kube import KubeClient, api_client_from
 
     state = _world()
     server = _serve(state)
@@ -691,7 +701,7 @@ def test_twin_configs_write_durations_prometheus_accepts(tmp_path):
 
 
 def test_twin_default_ports_leave_the_training_example_its_own():
-    from env.cli import build_parser
+    from rlalloc.cli.main import build_parser
 
     args = build_parser(["twin"]).parse_args(["twin"])
     # run side by side as documented, the twin and the example trainer must not share a port
@@ -708,7 +718,7 @@ def test_twin_default_ports_leave_the_training_example_its_own():
     ("bench actuator", {"-h", "--out", "--force"}),
 ])
 def test_help_shows_every_default(monkeypatch, capsys, command, without_default):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside a default
     with pytest.raises(SystemExit) as exited:
@@ -733,8 +743,9 @@ def test_twin_shows_a_job_the_simulator_failed_as_pending_in_the_same_tick(caplo
     # still bound, holding GPUs the simulator freed), and the twin must not hand the simulator
     # the old placement again: it refused that as "not enough free GPUs on node-0001". The
     # scheduler then binds them anew, within the affinity, on the node that is still up.
-    from actuator.twin.runtime import Twin
-    from tests.actuator_fixtures import job, quiet_params, scenario
+    from rlalloc.actuator.twin.runtime import Twin
+
+    from actuator_fixtures import job, quiet_params, scenario
 
     sim = scenario([job("a", 0, 2, 2, 2)], nodes=2, gpus=4).simulator(quiet_params(60.0, 0.2))
     api = TwinKubeAPI()
@@ -748,7 +759,7 @@ def test_twin_shows_a_job_the_simulator_failed_as_pending_in_the_same_tick(caplo
     assert _bound_nodes(api, name) == ["node-0000", "node-0001"] == [
         sim.node_names[i] for i in sim.state().jobs.placement[0]]
     sim.schedule_failure("node-0001", sim.time_s + 1.0)
-    with caplog.at_level("WARNING", logger="actuator.twin.runtime"):
+    with caplog.at_level("WARNING", logger="rlalloc.actuator.twin.runtime"):
         twin.tick(0.2)  # the failure: the simulator releases a's GPUs on both nodes
         assert sim.state().jobs.placement[0] == ()
         assert _bound_nodes(api, name) == []
@@ -761,8 +772,9 @@ def test_twin_shows_a_job_the_simulator_failed_as_pending_in_the_same_tick(caplo
 def test_a_stopped_twin_closes_both_its_ports():
     import socket
 
-    from actuator.twin.harness import start_twin
-    from tests.actuator_fixtures import job, quiet_params, scenario
+    from rlalloc.actuator.twin.harness import start_twin
+
+    from actuator_fixtures import job, quiet_params, scenario
 
     running = start_twin(scenario([job("a", 0, 1, 1, 1)], nodes=1, gpus=1),
                          params=quiet_params(60.0, 0.2))
@@ -777,8 +789,9 @@ def test_a_stopped_twin_closes_both_its_ports():
 
 # ------------------------------------------------------------------------------ benchmark
 def test_bench_measures_a_cycle():
-    from actuator.bench import measure, synthetic_state
-    from tests.actuator_fixtures import TinyElastic
+    from rlalloc.cli.bench_actuator import measure, synthetic_state
+
+    from actuator_fixtures import TinyElastic
 
     result = measure(TinyElastic(), n_nodes=50, n_jobs=100, repeats=1)
     assert result["cycle_s"] > 0 and result["nodes"] == 50 and result["jobs"] == 100
@@ -791,9 +804,9 @@ def test_bench_measures_a_cycle():
 
 
 def test_bench_cli_writes_cycle_s(tmp_path, capsys):
-    pytest.importorskip("agent.registry")
-    from actuator.bench import synthetic_state
-    from env.cli import main
+    pytest.importorskip("rlalloc.agent.registry")
+    from rlalloc.cli.bench_actuator import synthetic_state
+    from rlalloc.cli.main import main
 
     out = tmp_path / "bench.json"
     assert main(["bench", "actuator", "--nodes", "20", "--jobs", "40", "--repeats", "1",
@@ -810,12 +823,12 @@ def test_actuator_needs_neither_the_simulator_nor_the_training_stack():
     import subprocess
     import sys
 
-    code = ("import sys, actuator.main, actuator.loop, actuator.bench; "
+    code = ("import sys, rlalloc.cli.actuate, actuator.loop, rlalloc.cli.bench_actuator; "
             "print(' '.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split())
-    forbidden = {"env.simulator", "env.scenario", "env.gym_env", "torch", "stable_baselines3",
-                 "sb3_contrib", "trainer_jobs.train", "actuator.twin.runtime"}
+    forbidden = {"rlalloc.env.simulator", "rlalloc.env.scenario", "rlalloc.env.gym_env", "torch", "stable_baselines3",
+                 "sb3_contrib", "rlalloc.trainer_jobs.train", "rlalloc.actuator.twin.runtime"}
     assert not loaded & forbidden, loaded & forbidden
 
 

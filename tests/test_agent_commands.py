@@ -16,15 +16,15 @@ import pytest
 import torch
 import yaml
 
-from agent import training
-from agent.evaluation import run_policy
-from agent.registry import load_policy
-from agent.training import TrainConfig, train
-from env.cli import main
-from env.cluster import parse_cluster
-from env.errors import UserError
-from env.scenario import build_scenario
-from env.simulator import GiveUp
+from rlalloc.agent import training
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.registry import load_policy
+from rlalloc.agent.training import TrainConfig, train
+from rlalloc.cli.main import main
+from rlalloc.env.cluster import parse_cluster
+from rlalloc.env.errors import UserError
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.simulator import GiveUp
 
 torch.set_num_threads(1)
 TINY = ("synthetic:12:1.5",)
@@ -55,7 +55,7 @@ def files(directory) -> dict[str, bytes]:
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, float]:
     """Exit code, the one stderr line and wall seconds of `rlalloc ARGV` run in this process
-    (flag errors included: `env.cli` turns argparse's into one line too)."""
+    (flag errors included: `rlalloc.cli.main` turns argparse's into one line too)."""
     started = time.perf_counter()
     code = main(argv)
     elapsed = time.perf_counter() - started
@@ -394,7 +394,7 @@ def test_evaluate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatc
     def stopped(spec):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("agent.evaluate_cmd._run_one", stopped)
+    monkeypatch.setattr("rlalloc.cli.evaluate._run_one", stopped)
     out = tmp_path / "new" / "eval"
     assert main([*EVALUATE, "--policies", "static", "--out", str(out)]) == 130
     assert "rlalloc: interrupted" in capsys.readouterr().err
@@ -551,7 +551,7 @@ def test_an_evaluation_far_worse_than_static_is_given_up_early():
     15 minutes on one Pollux workload) to score "unfinished"; it now stops once its average
     JCT is sure to exceed give_up_factor x static's (or a job waited that many times static's
     longest JCT), and scores the same."""
-    from env.state import NOOP
+    from rlalloc.env.state import NOOP
 
     config = replace(CONFIG, give_up_factor=TrainConfig().give_up_factor)
     static = run_policy(build_scenario(TINY[0], config.cluster).simulator(config.sim_params()),
@@ -599,7 +599,7 @@ def test_a_damaged_checkpoint_is_a_one_line_error_naming_it(tmp_path, capsys):
 def test_a_policy_killed_while_being_exported_keeps_the_earlier_one(tmp_path, monkeypatch):
     """Exported at every better evaluation: written in place, a kill mid-write left a
     truncated policy.pt that neither a resume nor the actuator could load."""
-    from agent import deployed
+    from rlalloc.agent import deployed
 
     train(replace(CONFIG, timesteps=0), tmp_path, log=quiet)
     before = (tmp_path / "policy.pt").read_bytes()
@@ -615,7 +615,7 @@ def test_heuristic_scores_keep_told_names_apart_and_say_unfinished():
     """A told heuristic's name has commas in it, so the scores are "name: value" split by
     semicolons; a heuristic that left jobs unfinished (null in card.json) reads so instead of
     crashing `train`'s last line."""
-    from agent.training import heuristic_scores
+    from rlalloc.agent.training import heuristic_scores
 
     line = heuristic_scores({"heuristic_avg_jct_s": {
         "elastic-srpt-0.25, sizes learned, speeds profiled": 2885.2, "static": None}})
@@ -650,7 +650,7 @@ def test_one_workload_file_by_two_paths_is_given_twice(tmp_path, capsys):
 def test_efficiency_takes_a_workload_without_applications_beside_one_with_them(tmp_path):
     """Refused only where it would change nothing at all: beside a workload whose jobs name an
     application, a generic workload's jobs simply stay generic."""
-    from env.scenario import build_scenario, require_applications
+    from rlalloc.env.scenario import build_scenario, require_applications
 
     pollux = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "pollux"
                  / "workloads" / "workload-1.csv")

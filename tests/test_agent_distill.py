@@ -12,24 +12,24 @@ import numpy as np
 import pytest
 import torch
 
-from agent.distill import (
+from rlalloc.agent.distill import (
     ADVANTAGE_SCALE_S,
     LookaheadRecorder,
     load_recordings,
     prefer_base,
     residual_index,
 )
-from agent.evaluation import run_policy
-from agent.lookahead import Future, LookaheadPolicy
-from agent.registry import load_policy
-from agent.residual import residual_featurizer
-from agent.training import TrainConfig, train
-from env.errors import UserError
-from env.failures import FailureParams
-from env.featurizer import FeatureSpec
-from env.params import SimParams
-from env.scenario import build_scenario
-from env.state import NOOP, ActionKind
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.lookahead import Future, LookaheadPolicy
+from rlalloc.agent.registry import load_policy
+from rlalloc.agent.residual import residual_featurizer
+from rlalloc.agent.training import TrainConfig, train
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.featurizer import FeatureSpec
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import NOOP, ActionKind
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the known-future lookahead deviates from elastic-srpt-0.25."""

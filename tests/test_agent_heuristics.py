@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.heuristics import (
+from rlalloc.agent.heuristics import (
     ElasticConfig,
     ElasticPolicy,
     StaticPolicy,
@@ -13,12 +13,12 @@ from agent.heuristics import (
     TiresiasPolicy,
     gpu_budget,
 )
-from agent.policy import Policy
-from agent.registry import HEURISTICS, load_policy
-from env.failures import FailureParams
-from env.params import SimParams
-from env.scenario import build_scenario
-from env.state import (
+from rlalloc.agent.policy import Policy
+from rlalloc.agent.registry import HEURISTICS, load_policy
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import (
     NOOP,
     ActionKind,
     ClusterState,

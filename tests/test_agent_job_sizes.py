@@ -10,27 +10,27 @@ import sys
 
 import numpy as np
 import pytest
+from test_agent_heuristics import job, make_state
 
-from agent.evaluation import run_policy
-from agent.heuristics import ElasticConfig, ElasticPolicy
-from agent.job_sizes import SIZES_FILE, JobSizeHistory, learn_sizes
-from agent.registry import load_policy
-from env.errors import UserError
-from env.failures import FailureParams
-from env.params import SimParams
-from env.profiles import DEFAULT_PROFILES_ROOT
-from env.scenario import build_scenario
-from env.state import ActionKind, JobStatus
-from tests.test_agent_heuristics import job, make_state
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy
+from rlalloc.agent.job_sizes import SIZES_FILE, JobSizeHistory, learn_sizes
+from rlalloc.agent.registry import load_policy
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import ActionKind, JobStatus
 
-POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
-needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+from shared_data import POLLUX_WORKLOADS, needs_pollux
+
+POLLUX = POLLUX_WORKLOADS
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 R = JobStatus.RUNNING
 
 
 def _cli(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "env.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlalloc.cli.main", *argv], capture_output=True,
                           text=True, timeout=timeout)
 
 

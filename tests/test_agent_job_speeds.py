@@ -1,4 +1,4 @@
-"""Job speeds from the applications' profiles (`agent.job_speeds`): the speed-ups an elastic
+"""Job speeds from the applications' profiles (`rlalloc.agent.job_speeds`): the speed-ups an elastic
 heuristic ranks growth by, on hand-made curves and on the Pollux profiles."""
 
 from __future__ import annotations
@@ -10,23 +10,29 @@ import sys
 
 import numpy as np
 import pytest
+from test_agent_heuristics import job, make_state
 
-from agent.evaluation import run_policy
-from agent.heuristics import ElasticConfig, ElasticPolicy, curve_speedups
-from agent.job_sizes import SIZES_FILE, JobSizeHistory, curve_key
-from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, assumed_shape, read_copied_profiles
-from agent.registry import load_policy
-from env.errors import UserError
-from env.failures import FailureParams
-from env.params import SimParams
-from env.placement import placement_shape
-from env.profiles import DEFAULT_PROFILES_ROOT
-from env.scenario import build_scenario
-from env.state import JobStatus
-from tests.test_agent_heuristics import job, make_state
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, curve_speedups
+from rlalloc.agent.job_sizes import SIZES_FILE, JobSizeHistory, curve_key
+from rlalloc.agent.job_speeds import (
+    PROFILES_DIR,
+    ProfiledSpeedups,
+    assumed_shape,
+    read_copied_profiles,
+)
+from rlalloc.agent.registry import load_policy
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.placement import placement_shape
+from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import JobStatus
 
-POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
-needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+from shared_data import POLLUX_WORKLOADS, needs_pollux
+
+POLLUX = POLLUX_WORKLOADS
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 R = JobStatus.RUNNING
 
@@ -84,7 +90,7 @@ def test_a_heuristic_told_speeds_grows_the_job_its_profile_says_scales():
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "env.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlalloc.cli.main", *argv], capture_output=True,
                           text=True, timeout=300)
 
 

@@ -16,15 +16,15 @@ import pandas as pd
 import pytest
 import torch
 
-from agent.deployed import load_deployed
-from agent.evaluation import run_policy
-from agent.export import export_model
-from agent.registry import MODELS_DIR, SHIPPED_MODELS, load_policy
-from agent.training import ScaledReward, TrainConfig, train
-from env.errors import UserError
-from env.gym_env import ClusterAllocEnv
-from env.scenario import build_scenario
-from env.state import ActionKind
+from rlalloc.agent.deployed import load_deployed
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.export import export_model
+from rlalloc.agent.registry import MODELS_DIR, SHIPPED_MODELS, load_policy
+from rlalloc.agent.training import ScaledReward, TrainConfig, train
+from rlalloc.env.errors import UserError
+from rlalloc.env.gym_env import ClusterAllocEnv
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import ActionKind
 
 torch.set_num_threads(1)
 TINY = ("synthetic:12:1.5",)
@@ -108,7 +108,7 @@ def test_resume_adds_to_the_wall_time_and_keeps_the_evaluations(tmp_path):
 def _tiny_vec_env(config: TrainConfig):
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import make_training_env
+    from rlalloc.agent.training import make_training_env
 
     return DummyVecEnv([lambda: make_training_env(config)] * config.n_envs)
 
@@ -129,7 +129,7 @@ def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_
     epsilon-greedily from the first step (epsilon 0 here, so greedily) once started (as
     `train` marks a warm-started one), and a resume too; one from SB3's random initialisation
     keeps SB3's uniform warm-up, its exploration."""
-    from agent.training import _load_model, build_model, save_checkpoint
+    from rlalloc.agent.training import _load_model, build_model, save_checkpoint
 
     config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=2, net_arch=(32,),
                          dqn_buffer_size=500, dqn_exploration=(0.0, 0.0))
@@ -150,7 +150,7 @@ def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
     """SB3's load seeds the envs and torch with the run's seed again, so every resume replayed
     the run's first episodes. A resume seeds them by `resumed_seed` (the same for the same
     checkpoint, so it is reproducible); a fresh run keeps the config's seed as before."""
-    from agent.training import _load_model, build_model, save_checkpoint
+    from rlalloc.agent.training import _load_model, build_model, save_checkpoint
 
     config = TrainConfig(workloads=TINY, cluster="2x4", n_envs=2, n_steps=32, batch_size=32,
                          n_epochs=1, net_arch=(32,), seed=3)
@@ -185,7 +185,7 @@ def test_warm_start_value_targets_are_the_rewards_rl_trains_on(monkeypatch):
     """The critic's warm start was fitted to returns without --action-cost, while PPO trains
     on the charged reward. At gamma 0 a demonstration's return is its step's reward, which
     must be the training environment's (`ScaledReward`), charge included."""
-    from agent import training
+    from rlalloc.agent import training
 
     config = TrainConfig(workloads=TINY, cluster="2x4", gamma=0.0, action_cost=0.05,
                          dagger_rounds=0, bc_epochs=1)
@@ -217,7 +217,7 @@ def test_shipped_models_load_and_run(name):
 @pytest.mark.parametrize("bad", ["nope", "/definitely/not/a/model"])
 def test_evaluate_rejects_unknown_policies_in_one_line(tmp_path, bad):
     proc = subprocess.run(
-        [sys.executable, "-m", "env.cli", "evaluate", "--policies", f"static,{bad}",
+        [sys.executable, "-m", "rlalloc.cli.main", "evaluate", "--policies", f"static,{bad}",
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2  # a user error, not a crash (1)
     lines = proc.stderr.strip().splitlines()
@@ -274,7 +274,7 @@ def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
 
 def test_evaluate_writes_results_with_cis(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "env.cli", "evaluate", "--workload", "synthetic:15:1.0",
+        [sys.executable, "-m", "rlalloc.cli.main", "evaluate", "--workload", "synthetic:15:1.0",
          "--cluster", "2x4", "--policies", "static,elastic", "--seeds", "2", "--jobs", "1",
          "--failures", "none", "--out", str(tmp_path)], capture_output=True, text=True,
         timeout=300)
@@ -300,7 +300,7 @@ def test_evaluate_writes_results_with_cis(tmp_path):
 
 
 def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
-    from agent.evaluate_cmd import RunSpec, confidence, paired_changes, paired_table
+    from rlalloc.cli.evaluate import RunSpec, confidence, paired_changes, paired_table
 
     base_jct = {("w1", 0): 1_000.0, ("w2", 0): 5_000.0, ("w3", 0): 20_000.0}
     results = {}
@@ -339,8 +339,8 @@ def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
 def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from agent import evaluate_cmd
-    from agent.evaluate_cmd import RunSpec
+    from rlalloc.agent import evaluate_cmd
+    from rlalloc.cli.evaluate import RunSpec
 
     drawn = {}
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
@@ -378,7 +378,7 @@ def _capture_figures(monkeypatch):
 
 def _runs_against_static(factors):
     """Two seeds of static and of each policy at `factors` times static's avg JCT."""
-    from agent.evaluate_cmd import RunSpec
+    from rlalloc.cli.evaluate import RunSpec
 
     results = {}
     for policy, factor in {"static": 1.0, **factors}.items():
@@ -395,7 +395,7 @@ def _runs_against_static(factors):
 def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_policy(
         tmp_path, monkeypatch, factors, scale):
     """One policy 5x slower squeezed the close ones into a few pixels of a linear axis."""
-    from agent import evaluate_cmd
+    from rlalloc.agent import evaluate_cmd
 
     drawn = _capture_figures(monkeypatch)
     evaluate_cmd._plots(*_runs_against_static(factors), tmp_path, reference="static")
@@ -414,7 +414,7 @@ def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_pol
 
 
 def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
-    from agent.evaluate_cmd import paired_axis_is_log
+    from rlalloc.cli.evaluate import paired_axis_is_log
 
     assert not paired_axis_is_log([])
     assert not paired_axis_is_log([0.7, 1.0, 1.3])
@@ -423,7 +423,7 @@ def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
 
 def test_policy_plots_say_what_they_show_and_keep_the_legend_off_the_data(tmp_path,
                                                                           monkeypatch):
-    from agent import evaluate_cmd
+    from rlalloc.agent import evaluate_cmd
 
     drawn = _capture_figures(monkeypatch)
     evaluate_cmd._plots(*_runs_against_static({"a": 0.9}), tmp_path, reference="static")
@@ -453,7 +453,7 @@ def _report_of(means, paired_reference=None):
 
 
 def test_results_table_has_units_one_format_per_column_and_changes_against_the_reference():
-    from agent.evaluate_cmd import markdown_table, table_reference
+    from rlalloc.cli.evaluate import markdown_table, table_reference
 
     means = {"static": {"avg_jct_s": 29_331.0, "avg_queue_s": 27_066.0, "gpu_util": 0.7,
                         "restarts_per_job": 0.02, "progress_preserved": 1.0},
@@ -479,7 +479,7 @@ def test_results_table_has_units_one_format_per_column_and_changes_against_the_r
 
 
 def test_evaluate_rejects_a_reference_not_evaluated(tmp_path, capsys):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     assert main(["evaluate", "--policies", "static,elastic", "--reference", "tiresias",
                  "--out", str(tmp_path)]) == 2
@@ -522,7 +522,7 @@ def load_policy_from(model, env, directory):
 
 
 def test_paired_tick_labels_keep_every_digit_of_the_tick():
-    from agent.evaluate_cmd import _percent
+    from rlalloc.cli.evaluate import _percent
 
     # `.0f` rounded half to even: a tick at +12.5 % read "+12%", at -37.5 % "-38%"
     assert [_percent(v) for v in (12.5, -37.5, 1.25, 0.0, 1900.0, 0.1 + 0.2)] == [

@@ -13,19 +13,26 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agent import headroom_cmd
-from agent.distill import load_recordings
-from agent.evaluation import run_policy
-from agent.headroom_cmd import RECORDINGS_DIR, recording_path
-from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go, parse_future
-from agent.registry import MODELS_DIR, load_policy
-from env.cli import main
-from env.failures import FAILURE_PRESETS, FailureParams
-from env.params import SimParams
-from env.scenario import build_scenario
-from env.simulator import Simulator
-from env.workload.spec import JobSpec
-from tests.sim_helpers import GENERIC, run_decisions
+from rlalloc.agent.distill import load_recordings
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.lookahead import (
+    Future,
+    HistoryArrivals,
+    LookaheadPolicy,
+    cost_to_go,
+    parse_future,
+)
+from rlalloc.agent.registry import MODELS_DIR, load_policy
+from rlalloc.cli import headroom as headroom_cmd
+from rlalloc.cli.headroom import RECORDINGS_DIR, recording_path
+from rlalloc.cli.main import main
+from rlalloc.env.failures import FAILURE_PRESETS, FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.workload.spec import JobSpec
+
+from sim_helpers import GENERIC, run_decisions
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the lookahead deviates from elastic-srpt-0.25 (4 times, known future)."""
@@ -174,7 +181,7 @@ def test_lookahead_without_alternatives_is_its_base():
                                           (["--base", "nope"], "nope"),
                                           (["--alternatives", ","], "--alternatives")])
 def test_headroom_rejects_bad_flags_in_one_line(tmp_path, flags, named):
-    proc = subprocess.run([sys.executable, "-m", "env.cli", "headroom", *flags,
+    proc = subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "headroom", *flags,
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -186,7 +193,7 @@ def test_headroom_rejects_bad_flags_in_one_line(tmp_path, flags, named):
 
 def test_headroom_writes_its_report(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
+        [sys.executable, "-m", "rlalloc.cli.main", "headroom", "--workload", SMALL[0], "--cluster",
          SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
          "--history", OTHER, "--jobs", "2", "--record", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
@@ -194,7 +201,7 @@ def test_headroom_writes_its_report(tmp_path):
     assert proc.returncode == 2 and "--samples 5: --history (less " in proc.stderr
     assert "holds 1 past day" in proc.stderr and not (tmp_path / "headroom.json").exists()
     proc = subprocess.run(
-        [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
+        [sys.executable, "-m", "rlalloc.cli.main", "headroom", "--workload", SMALL[0], "--cluster",
          SMALL[1], "--futures", "known,none,1h,sampled-1h", "--history", SMALL[0],
          "--history", OTHER, "--samples", "1", "--jobs", "2", "--record", "--out",
          str(tmp_path)], capture_output=True, text=True, timeout=300)
@@ -213,7 +220,7 @@ def test_headroom_writes_its_report(tmp_path):
         recording = load_recordings([recording_path(tmp_path, SMALL[0], future)],
                                     ("elastic-srpt-0.25", "elastic-srpt", "elastic"))
         assert recording.deviations().sum() == row[future]["deviations"]
-    again = subprocess.run([sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0],
+    again = subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "headroom", "--workload", SMALL[0],
                             "--record", "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--force" in again.stderr
@@ -226,7 +233,7 @@ def test_headroom_runs_a_learned_base_in_its_workers(tmp_path):
     if not (MODELS_DIR / "ppo").is_dir():
         pytest.skip("models/ppo not trained yet")
     proc = subprocess.run(
-        [sys.executable, "-m", "env.cli", "headroom", "--workload", SMALL[0], "--cluster",
+        [sys.executable, "-m", "rlalloc.cli.main", "headroom", "--workload", SMALL[0], "--cluster",
          SMALL[1], "--base", "ppo", "--futures", "none", "--jobs", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -13,29 +13,29 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_agent_job_sizes import NO_FAILURES
 
-from agent.evaluate_cmd import _planner_warnings
-from agent.evaluation import run_policy
-from agent.heuristics import ElasticConfig, ElasticPolicy
-from agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
-from agent.planner import PROFILES_DIR, drawn_from, planning_policy
-from agent.registry import PLANNER_FILE, load_policy
-from env.errors import UserError
-from env.profiles import DEFAULT_PROFILES_ROOT
-from env.rebuild import simulator_from_state
-from env.scenario import Scenario, build_scenario
-from env.simulator import Simulator
-from env.state import Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes
-from tests.sim_helpers import run_decisions
-from tests.test_agent_job_sizes import NO_FAILURES
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy
+from rlalloc.agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
+from rlalloc.agent.planner import PROFILES_DIR, drawn_from, planning_policy
+from rlalloc.agent.registry import PLANNER_FILE, load_policy
+from rlalloc.cli.evaluate import _planner_warnings
+from rlalloc.env.errors import UserError
+from rlalloc.env.rebuild import simulator_from_state
+from rlalloc.env.scenario import Scenario, build_scenario
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.state import Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes
 
-POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
-needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+from shared_data import POLLUX_WORKLOADS, needs_pollux
+from sim_helpers import run_decisions
+
+POLLUX = POLLUX_WORKLOADS
 SMALL = ("synthetic:40:3:3", "1x4")
 
 
 def _cli(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "env.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlalloc.cli.main", *argv], capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -317,8 +317,9 @@ def test_a_copy_where_a_queued_job_can_never_start_costs_infinity_not_for_ever()
     """A node down in the copy stays down: a queued job of 8 minimum workers on the 4 GPUs left
     never starts, and `cost_to_go` advanced the clock for ever, freezing every contested
     decision of the planner (evaluate, simulate, the actuator's loop)."""
-    from env.workload.spec import JobSpec
-    from tests.sim_helpers import simulator
+    from rlalloc.env.workload.spec import JobSpec
+
+    from sim_helpers import simulator
 
     base = load_policy("elastic-srpt-0.25")
     sim = simulator([JobSpec("a", 0.0, 4, 5000.0, 1, 8, 30.0),
@@ -338,8 +339,9 @@ def test_a_running_job_at_progress_one_is_rebuilt_finishing_not_as_zero_work():
     still runs: the copy got a job of no work, progress 0/0, a warning every cycle."""
     import warnings
 
-    from env.workload.spec import JobSpec
-    from tests.sim_helpers import simulator
+    from rlalloc.env.workload.spec import JobSpec
+
+    from sim_helpers import simulator
 
     base = load_policy("elastic-srpt-0.25")
     sim = simulator([JobSpec("a", 0.0, 4, 5000.0, 1, 8, 30.0),

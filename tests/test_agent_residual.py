@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from agent.deployed import PolicyNet, load_deployed
-from agent.evaluation import run_policy
-from agent.export import export_model, in_memory_policy
-from agent.imitation import encode_action
-from agent.job_sizes import JobSizeHistory, told_sizes
-from agent.job_speeds import ProfiledSpeedups, profile_models
-from agent.registry import load_policy
-from agent.residual import (
+from rlalloc.agent.deployed import PolicyNet, load_deployed
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.export import export_model, in_memory_policy
+from rlalloc.agent.imitation import encode_action
+from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
+from rlalloc.agent.job_speeds import ProfiledSpeedups, profile_models
+from rlalloc.agent.registry import load_policy
+from rlalloc.agent.residual import (
     PROPOSAL_FEATURES,
     SIZE_FEATURES,
     follow_first,
@@ -25,13 +25,15 @@ from agent.residual import (
     make_residual,
     residual_featurizer,
 )
-from agent.training import TrainConfig, train
-from env.errors import UserError
-from env.featurizer import FeatureSpec, Featurizer, select_slots
-from env.gym_env import ClusterAllocEnv
-from env.profiles import DEFAULT_PROFILES_ROOT, cached_profiles
-from env.scenario import build_scenario
-from env.state import ActionKind
+from rlalloc.agent.training import TrainConfig, train
+from rlalloc.env.errors import UserError
+from rlalloc.env.featurizer import FeatureSpec, Featurizer, select_slots
+from rlalloc.env.gym_env import ClusterAllocEnv
+from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT, cached_profiles
+from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import ActionKind
+
+from shared_data import POLLUX_WORKLOADS, needs_pollux
 
 torch.set_num_threads(1)
 # busy enough that elastic admits, shrinks and grows, and resizes jobs outside the 4 slots
@@ -189,8 +191,7 @@ def test_residual_dqn_refuses_lookahead_recordings(tmp_path):
     assert not (tmp_path / "dqn").exists()
 
 
-POLLUX = DEFAULT_PROFILES_ROOT.parent / "workloads"
-needs_pollux = pytest.mark.skipif(not POLLUX.is_dir(), reason="shared Pollux workloads absent")
+POLLUX = POLLUX_WORKLOADS
 SIZED_TEACHERS = ("elastic-srpt-0.25", "elastic")
 
 

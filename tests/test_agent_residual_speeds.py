@@ -12,21 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.deployed import META_FILE
-from agent.evaluation import run_policy
-from agent.heuristics import curve_speedups
-from agent.job_sizes import JobSizeHistory, told_sizes
-from agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, profile_models
-from agent.registry import load_policy
-from agent.training import TrainConfig, train
-from env.errors import UserError
-from env.failures import FailureParams
-from env.params import SimParams
-from env.profiles import DEFAULT_PROFILES_ROOT, cached_profiles
-from env.scenario import build_scenario
+from rlalloc.agent.deployed import META_FILE
+from rlalloc.agent.evaluation import run_policy
+from rlalloc.agent.heuristics import curve_speedups
+from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
+from rlalloc.agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, profile_models
+from rlalloc.agent.registry import load_policy
+from rlalloc.agent.training import TrainConfig, train
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT, cached_profiles
+from rlalloc.env.scenario import build_scenario
+
+from shared_data import POLLUX_WORKLOADS
 
 torch.set_num_threads(1)
-WORKLOAD_1 = DEFAULT_PROFILES_ROOT.parent / "workloads" / "workload-1.csv"
+WORKLOAD_1 = POLLUX_WORKLOADS / "workload-1.csv"
 pytestmark = pytest.mark.skipif(not WORKLOAD_1.is_file(), reason="shared Pollux data absent")
 CLUSTER = "8x4"
 TEACHERS = ("elastic-srpt-0.25", "elastic")
@@ -123,7 +125,7 @@ def test_a_resume_keeps_the_speeds_the_run_started_with(trained, tmp_path, monke
     would have switched the teachers to the curves halfway through."""
     model, _, workload = trained
     run = _copy(model, tmp_path)
-    monkeypatch.setattr("agent.training.default_profiles_root", lambda: None)
+    monkeypatch.setattr("rlalloc.agent.training.default_profiles_root", lambda: None)
     config = TrainConfig(workloads=(workload,), cluster=CLUSTER, timesteps=384, n_envs=1,
                          n_steps=128, batch_size=64, eval_every=256, residual=TEACHERS,
                          learn_sizes=True, bc_epochs=1, net_arch=(32,))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 
-from agent.smdp import SemiMdpRolloutBuffer
-from agent.train_cmd import add_arguments, config_from_args
-from agent.training import TrainConfig
+from rlalloc.agent.smdp import SemiMdpRolloutBuffer
+from rlalloc.agent.training import TrainConfig
+from rlalloc.cli.train import add_arguments, config_from_args
 
 REWARDS = [-1.0, -2.0, -0.5]
 VALUES = [-3.0, -2.5, -0.4]
@@ -95,7 +95,7 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     at a decision point, below 1 for steps that advanced the clock."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import ScaledReward, _discount_callbacks, build_model, make_env
+    from rlalloc.agent.training import ScaledReward, _discount_callbacks, build_model, make_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
                          batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
@@ -114,7 +114,7 @@ def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agent.training import _discount_callbacks, build_model, make_training_env
+    from rlalloc.agent.training import _discount_callbacks, build_model, make_training_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="4x4", n_envs=1, n_steps=8,
                          batch_size=8, n_epochs=1, time_discount_s=600.0, gamma=0.9,

@@ -7,8 +7,8 @@ import re
 import pytest
 import yaml
 
-from env.cluster import cluster_record, parse_cluster
-from env.errors import UserError
+from rlalloc.env.cluster import cluster_record, parse_cluster
+from rlalloc.env.errors import UserError
 
 
 def test_short_spec_gives_uniform_racked_nodes():

@@ -9,24 +9,26 @@ import json
 import numpy as np
 import pytest
 
-from env.cli import main
-from env.cluster import uniform_cluster
-from env.efficiency import (
+from rlalloc.cli.main import main
+from rlalloc.env.cluster import uniform_cluster
+from rlalloc.env.efficiency import (
     AdaptiveBatchGoodput,
     FixedBatchGoodput,
     GradientNoise,
     batch_candidates,
     goodput_speeds,
 )
-from env.failures import FailureParams
-from env.params import SimParams
-from env.profiles import DEFAULT_PROFILES_ROOT, load_profiles, packed_shape
-from env.scenario import build_scenario, job_speeds
-from env.simulator import Simulator
-from env.workload.spec import JobSpec, Workload
-from tests.sim_helpers import check_invariants, fifo
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.params import SimParams
+from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT, load_profiles, packed_shape
+from rlalloc.env.scenario import build_scenario, job_speeds
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.workload.spec import JobSpec, Workload
 
-POLLUX_DATA = DEFAULT_PROFILES_ROOT.parent
+from shared_data import POLLUX_DATA
+from sim_helpers import check_invariants, fifo
+
+POLLUX_DATA = POLLUX_DATA
 WORKLOAD_7 = POLLUX_DATA / "workloads" / "workload-7.csv"
 pytestmark = pytest.mark.skipif(not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared data absent")
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
@@ -164,8 +166,8 @@ def test_scenarios_by_mode_keep_jobs_and_change_only_what_they_should(profiles):
 
 
 def test_adaptive_runs_are_deterministic_and_beat_fixed_under_the_same_policy():
-    from agent.evaluation import run_policy
-    from agent.registry import load_policy
+    from rlalloc.agent.evaluation import run_policy
+    from rlalloc.agent.registry import load_policy
 
     policy = load_policy("elastic").act
     scores = {}
@@ -205,9 +207,9 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
 
 
 def test_training_environment_and_config_carry_the_mode():
-    from agent.train_cmd import config_from_args
-    from agent.training import make_env
-    from env.cli import build_parser
+    from rlalloc.agent.training import make_env
+    from rlalloc.cli.main import build_parser
+    from rlalloc.cli.train import config_from_args
 
     argv = ["train", "--workload", str(WORKLOAD_7), "--efficiency", "adaptive", "--out", "x"]
     args = build_parser(argv).parse_args(argv)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -10,12 +12,11 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import env
-from env.failures import FailureParams
-from env.featurizer import FeatureSpec, Featurizer, select_slots
-from env.gym_env import ClusterAllocEnv, RewardWeights
-from env.params import SimParams
-from env.state import ActionKind
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.featurizer import FeatureSpec, Featurizer, select_slots
+from rlalloc.env.gym_env import ENV_ID, ClusterAllocEnv, RewardWeights
+from rlalloc.env.params import SimParams
+from rlalloc.env.state import ActionKind
 
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 
@@ -25,9 +26,17 @@ def small_env(**kwargs) -> ClusterAllocEnv:
 
 
 def test_registered_id_makes_the_environment():
-    made = gym.make(env.ENV_ID)
+    made = gym.make(ENV_ID)
     assert isinstance(made.unwrapped, ClusterAllocEnv)
     made.close()
+
+
+def test_a_fresh_interpreter_makes_the_environment_by_its_module_qualified_id():
+    """Gymnasium's ``module:id`` form imports the module that registers the id."""
+    code = ("import gymnasium; e = gymnasium.make('rlalloc.env.gym_env:rlalloc/ClusterAlloc-v0'); "
+            "print(type(e.unwrapped).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ClusterAllocEnv"
 
 
 def test_gymnasium_and_sb3_checkers_pass():
@@ -81,7 +90,7 @@ def test_episode_return_is_minus_total_jct_in_hours():
         action = 0
         for k, row in enumerate(slots):
             if environment._state.jobs.status[row] == 0:
-                from env.state import Strategy
+                from rlalloc.env.state import Strategy
                 index = featurizer.encode_scale(k, None, Strategy.PACKED)
                 if mask[index]:
                     action = index
@@ -98,7 +107,7 @@ def test_episode_return_is_minus_total_jct_in_hours():
 
 def _start_oldest_or_wait(environment: ClusterAllocEnv) -> int:
     """Start the oldest queued job at its requested size when possible, else no-op."""
-    from env.state import Strategy
+    from rlalloc.env.state import Strategy
 
     featurizer, state = environment.featurizer, environment._state
     for k, row in enumerate(featurizer.slots(state)):
@@ -250,8 +259,9 @@ def test_each_action_index_decodes_to_its_action_on_a_hand_made_cluster():
     """2 nodes of 4 GPUs; node-0 warns and runs job r on 2 GPUs, node-1 is empty; job q
     (2 GPUs) queues. With 2 slots of 14 actions (suspend, 6 targets x 2 strategies, migrate),
     the layout and what each index means are known by hand; warned nodes come last."""
-    from env.state import NOOP, Action, JobStatus, Strategy
-    from tests.test_agent_heuristics import job, make_state
+    from test_agent_heuristics import job, make_state
+
+    from rlalloc.env.state import NOOP, Action, JobStatus, Strategy
 
     state = make_state([2, 4], [job("r", JobStatus.RUNNING, 2, placement=(0, 0), submit_s=0.0),
                                 job("q", JobStatus.QUEUED, 2, submit_s=5.0)], warned=(0,))
@@ -281,13 +291,15 @@ def test_each_action_index_decodes_to_its_action_on_a_hand_made_cluster():
 
 
 def test_signals_without_the_shipped_models_are_one_line(monkeypatch, tmp_path):
-    """A non-editable install has no models/ beside its code: a FileNotFoundError traceback
-    from deep in the forecaster, where every command promises one line."""
-    import forecaster.standin
-    from env.errors import UserError
-    from env.signals import load_signals
+    """A damaged install (a model file gone): a one-line error, not a FileNotFoundError
+    traceback from deep in the forecaster."""
+    import rlalloc.forecaster.signals as signals
+    import rlalloc.forecaster.standin as standin
+    from rlalloc.env.errors import UserError
 
-    monkeypatch.setattr(forecaster, "load_standin",
-                        lambda: forecaster.standin.load_standin(tmp_path / "absent"))
+    monkeypatch.setattr(signals, "load_standin",
+                        lambda: standin.load_standin(tmp_path / "absent"))
+    signals.load_signals.cache_clear()
     with pytest.raises(UserError, match="the shipped model file .*absent.* is missing"):
-        load_signals("standin")
+        signals.load_signals("standin")
+    signals.load_signals.cache_clear()

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from agent import evaluate_cmd, registry
-from agent.evaluate_cmd import RunSpec, repeated_runs, results_markdown, summarise
-from agent.evaluation import lookahead_counts, run_policy
-from agent.lookahead import HistoryArrivals, LookaheadPolicy
-from agent.planner import planning_policy
-from env.cli import main
-from env.failures import FailureParams
-from env.metrics import METRIC_KEYS
-from env.params import SimParams
-from env.scenario import build_scenario
+from rlalloc.agent import registry
+from rlalloc.agent.evaluation import lookahead_counts, run_policy
+from rlalloc.agent.lookahead import HistoryArrivals, LookaheadPolicy
+from rlalloc.agent.planner import planning_policy
+from rlalloc.cli import evaluate as evaluate_cmd
+from rlalloc.cli.evaluate import RunSpec, repeated_runs, results_markdown, summarise
+from rlalloc.cli.main import main
+from rlalloc.env.failures import FailureParams
+from rlalloc.env.metrics import METRIC_KEYS
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import build_scenario
 
 EVALUATE = ["evaluate", "--cluster", "2x4", "--seeds", "2", "--jobs", "1", "--failures", "none",
             "--policies", "static,elastic"]
@@ -159,7 +160,7 @@ def test_policies_whose_seeds_repeat_on_different_workloads_are_weighed_alike():
 def test_a_run_that_stalls_is_not_counted_better(tmp_path):
     """A policy that starts no job finished none: over finished jobs only its JCT was 0 s,
     "-100 % ✓" and "2/2 better" than static. Its jobs count at their time in the system."""
-    from env.state import NOOP
+    from rlalloc.env.state import NOOP
 
     scenario = build_scenario("synthetic:6:1:2", "2x4", seed=0)
     stalled = run_policy(scenario.simulator(seed=0), lambda state: NOOP)

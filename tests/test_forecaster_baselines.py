@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forecaster.baselines import (
+from rlalloc.forecaster.baselines import (
     HOLT_WINTERS_MIN_HISTORY_MIN,
     HoltWintersParams,
     holt_winters,

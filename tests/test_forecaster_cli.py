@@ -14,14 +14,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import forecaster.train
-from env.cli import main
-from forecaster import evaluate_cmd, train_cmd
-from forecaster.baselines import HoltWintersParams
-from forecaster.evaluate import Evaluation
-from forecaster.evaluate_cmd import format_table
-from forecaster.model import LSTMForecaster
-from forecaster.train import TrainingReport
+import rlalloc.forecaster.train as forecaster_train
+from rlalloc.cli import forecast_evaluate as evaluate_cmd
+from rlalloc.cli import forecast_train as train_cmd
+from rlalloc.cli.forecast_evaluate import format_table
+from rlalloc.cli.main import main
+from rlalloc.forecaster.baselines import HoltWintersParams
+from rlalloc.forecaster.evaluate import Evaluation
+from rlalloc.forecaster.model import LSTMForecaster
+from rlalloc.forecaster.train import TrainingReport
 
 
 def write_cycle(path, days, seed, every_min=1):
@@ -59,7 +60,7 @@ def test_train_writes_plain_artifacts(trained_dir):
 
 
 def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path, monkeypatch):
-    import forecaster.plot as plot
+    import rlalloc.forecaster.plot as plot
 
     shown = []
     monkeypatch.setattr(plot.plt, "close", shown.append)
@@ -80,7 +81,7 @@ def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path, monkeypat
 
 def test_sample_day_plot_names_the_series_and_draws_the_actual_over_the_forecasts(
         monkeypatch):
-    import forecaster.plot as plot
+    import rlalloc.forecaster.plot as plot
 
     shown = []
     monkeypatch.setattr(plot.plt, "close", shown.append)
@@ -125,7 +126,7 @@ def fast_training(monkeypatch, trained_dir):
     """`forecast train` with the fits replaced by instant stand-ins (the files are real)."""
     monkeypatch.setattr(train_cmd, "fit_holt_winters", lambda demand: HoltWintersParams(
         smoothing_level=0.5, smoothing_trend=0.1, smoothing_seasonal=0.1, damping_trend=0.9))
-    monkeypatch.setattr(forecaster.train, "train_forecaster", lambda *a, **k: (
+    monkeypatch.setattr(forecaster_train, "train_forecaster", lambda *a, **k: (
         LSTMForecaster.load(trained_dir), TrainingReport(1, 1, (1.0,), 1, 0.0)))
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from forecaster.config import ForecasterConfig
-from forecaster.model import LSTMForecaster, load_demand_forecaster
-from forecaster.series import DemandSegment
-from forecaster.standin import EWMAForecaster, fit_ewma
-from forecaster.train import train_forecaster
+from rlalloc.forecaster.config import ForecasterConfig
+from rlalloc.forecaster.model import LSTMForecaster, load_demand_forecaster
+from rlalloc.forecaster.series import DemandSegment
+from rlalloc.forecaster.standin import EWMAForecaster, fit_ewma
+from rlalloc.forecaster.train import train_forecaster
 
 torch.set_num_threads(2)
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from env.failures import NodeTelemetrySample
-from forecaster.risk import RiskConfig, RiskModel, lagged
-from forecaster.risk_eval import any_xid_rule, roc_auc, score_risk
-from forecaster.risk_train import simulate, train_risk_model
+from rlalloc.env.failures import NodeTelemetrySample
+from rlalloc.forecaster.risk import RiskConfig, RiskModel, lagged
+from rlalloc.forecaster.risk_eval import any_xid_rule, roc_auc, score_risk
+from rlalloc.forecaster.risk_train import simulate, train_risk_model
 
 SMALL = replace(RiskConfig(), n_nodes=16, duration_days=4.0, epochs=150)
 
@@ -79,7 +79,7 @@ def test_the_shipped_card_scores_the_model_where_the_policies_act_on_it():
     at risk from `RISKY_NODE_SCORE` on, so that is where the shipped model must be scored."""
     from pathlib import Path
 
-    from env.featurizer import RISKY_NODE_SCORE
+    from rlalloc.env.featurizer import RISKY_NODE_SCORE
 
     risk = Path(__file__).resolve().parents[1] / "models" / "risk"
     card = json.loads((risk / "card.json").read_text())

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from env.errors import UserError
-from forecaster.history import check_history
-from forecaster.series import check_filled_share, load_demand_series
+from rlalloc.env.errors import UserError
+from rlalloc.forecaster.history import check_history
+from rlalloc.forecaster.series import check_filled_share, load_demand_series
 
 
 def write_series(path, minutes, active, total=100, time_format="%Y-%m-%d %H:%M:%S"):

@@ -18,8 +18,8 @@ def imported_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["env.state", "env.featurizer", "env.placement",
-                                    "env.telemetry_names", "env.failures"])
+@pytest.mark.parametrize("module", ["rlalloc.env.state", "rlalloc.env.featurizer", "rlalloc.env.placement",
+                                    "rlalloc.env.telemetry_names", "rlalloc.env.failures"])
 def test_contract_modules_import_nothing_heavy(module):
     loaded = imported_after(f"import {module}")
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
@@ -46,6 +46,6 @@ def test_a_heuristic_loads_without_torch_and_a_learned_policy_with_it():
 
 def test_an_evaluate_run_of_a_heuristic_does_not_load_torch():
     """Each evaluate worker would pay ~1 s and ~180 MB for a torch it never uses."""
-    loaded = imported_after("from agent.evaluate_cmd import RunSpec, _run_one; "
+    loaded = imported_after("from rlalloc.cli.evaluate import RunSpec, _run_one; "
                             "_run_one(RunSpec('elastic', 'synthetic:8:1.0', 0, '2x4', 0.0))")
     assert "torch" not in loaded

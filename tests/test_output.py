@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from env.argtypes import SEED, above, at_least, within
-from env.cli import main
-from env.errors import UserError
-from env.output import out_dir_for_run, prepare_out_dir, prepare_out_file, write_atomic
+from rlalloc.cli.argtypes import SEED, above, at_least, within
+from rlalloc.cli.main import main
+from rlalloc.env.errors import UserError
+from rlalloc.env.output import out_dir_for_run, prepare_out_dir, prepare_out_file, write_atomic
 
 
 def test_written_results_get_the_mode_open_would_give(tmp_path):
@@ -76,7 +76,7 @@ def test_help_says_where_results_go_by_default(capsys, command, default):
 def test_ctrl_c_while_a_command_is_still_loading_is_one_line(monkeypatch, capsys):
     """The first half second of a command imports its modules; Ctrl-C there is an interrupt,
     exit 130, not a KeyboardInterrupt traceback."""
-    from env import cli
+    import rlalloc.cli.main as cli
 
     def loading(argv: list[str]) -> None:
         raise KeyboardInterrupt
@@ -87,7 +87,7 @@ def test_ctrl_c_while_a_command_is_still_loading_is_one_line(monkeypatch, capsys
 
 
 def test_simulate_shows_each_metric_in_one_readable_format():
-    from env.simulate_cmd import metric_text
+    from rlalloc.cli.simulate import metric_text
 
     # `.4g` mixed 1.134e+04 with 9,375 in one table
     assert [metric_text(v) for v in (11_340.4, 9_375.0, 0.3671, 12, 1.0)] == [

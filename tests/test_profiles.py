@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from env.errors import UserError
-from env.profiles import (
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import (
     DEFAULT_PROFILES_ROOT,
     GENERIC_ALPHA,
     GENERIC_BETA,
@@ -156,6 +157,18 @@ def test_work_and_bounds(profiles):
     assert profiles["yolov3"].max_local_bsz == 8
 
 
-def test_profiles_root_constant_points_beside_checkout():
-    assert DEFAULT_PROFILES_ROOT.parts[-4:] == ("data", "traces", "pollux", "app_profiles")
-    assert Path(__file__).resolve().parents[1].parent in DEFAULT_PROFILES_ROOT.parents
+def test_the_default_profiles_are_the_shipped_copy_of_the_pollux_ones():
+    """The program reads the profiles it ships (with their licence), never ../shared; the
+    shipped files are the published ones, byte for byte."""
+    assert DEFAULT_PROFILES_ROOT == Path(str(files("rlalloc.env") / "app_profiles"))
+    assert (DEFAULT_PROFILES_ROOT / "LICENSE").is_file()
+    shipped = sorted(p.relative_to(DEFAULT_PROFILES_ROOT)
+                     for p in DEFAULT_PROFILES_ROOT.rglob("*.csv"))
+    assert {p.parts[0] for p in shipped} == set(RESTORE_S)  # the six Pollux applications
+    if (POLLUX_DATA / "app_profiles").is_dir():
+        published = sorted(p.relative_to(POLLUX_DATA / "app_profiles")
+                           for p in (POLLUX_DATA / "app_profiles").rglob("*.csv"))
+        assert shipped == published
+        for relative in shipped:
+            assert ((DEFAULT_PROFILES_ROOT / relative).read_bytes()
+                    == (POLLUX_DATA / "app_profiles" / relative).read_bytes()), relative

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from env.cluster import ClusterSpec, NodeSpec, uniform_cluster
-from env.errors import UserError
-from env.failures import (
+from rlalloc.env.cluster import ClusterSpec, NodeSpec, uniform_cluster
+from rlalloc.env.errors import UserError
+from rlalloc.env.failures import (
     FAILURE_PRESETS,
     FailureParams,
     HealthEvent,
@@ -23,12 +23,14 @@ from env.failures import (
     node_features,
     parse_failure_rate,
 )
-from env.params import GPU_POWER_W, SimParams
-from env.signals import load_signals
-from env.simulator import GiveUp, Simulator, time_limit_s
-from env.state import NOOP, Action, ActionKind, ClusterState, JobStatus
-from env.workload.spec import Workload
-from tests.sim_helpers import (
+from rlalloc.env.params import GPU_POWER_W, SimParams
+from rlalloc.env.simulator import GiveUp, Simulator, time_limit_s
+from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus
+from rlalloc.env.workload.spec import Workload
+from rlalloc.forecaster.signals import load_signals
+
+from shared_data import POLLUX_WORKLOADS
+from sim_helpers import (
     GENERIC,
     WorkLedger,
     check_accounting,
@@ -324,7 +326,7 @@ def test_invalid_actions_change_nothing_and_are_counted():
 
 @pytest.mark.parametrize("failures", [0.0, 5.0])
 def test_invariants_hold_under_random_valid_actions(failures):
-    from env.featurizer import Featurizer
+    from rlalloc.env.featurizer import Featurizer
 
     params = SimParams(failures=FailureParams(failures_per_gpu_day=failures))
     rng = np.random.default_rng(3)
@@ -383,7 +385,7 @@ def test_a_seed_gives_the_same_run_in_processes_with_other_hash_seeds(tmp_path):
     salts str hashes per process) while a run repeated in one process would still agree."""
     def simulate(hash_seed: str) -> dict:
         out = tmp_path / hash_seed
-        subprocess.run([sys.executable, "-m", "env.cli", "simulate", "--workload",
+        subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "simulate", "--workload",
                         "synthetic:40:1.5", "--cluster", "3x4", "--policy", "elastic",
                         "--failures", "5", "--seed", "3", "--out", str(out)],
                        env={**os.environ, "PYTHONHASHSEED": hash_seed}, check=True,
@@ -413,10 +415,9 @@ def test_bench_sim_writes_every_figure(tmp_path, capsys):
     every arrival and completion, and the PPO run spent part (not all) of its time in the env."""
     import json
 
-    from env.cli import main
-    from env.profiles import DEFAULT_PROFILES_ROOT
+    from rlalloc.cli.main import main
 
-    trace = DEFAULT_PROFILES_ROOT.parent / "workloads" / "workload-1.csv"
+    trace = POLLUX_WORKLOADS / "workload-1.csv"
     if not trace.is_file():
         pytest.skip("shared Pollux workloads absent")
     out = tmp_path / "new-dir" / "sim.json"  # a missing directory is created
@@ -440,7 +441,7 @@ def test_bench_sim_replays_a_synthetic_workload(tmp_path, capsys):
     generator's jobs, and bad generator numbers are a one-line error before any measuring."""
     import json
 
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     out = tmp_path / "sim.json"
     assert main(["bench", "sim", "--trace", "synthetic:30:1:2", "--cluster", "4x4",
@@ -525,7 +526,7 @@ def test_the_time_limit_leaves_room_for_a_job_longer_than_a_month():
 def _every_policy_is(monkeypatch, name: str, act) -> None:
     """Make every policy name load a policy called `name` that answers `act(state)`."""
     stub = SimpleNamespace(name=name, act=act)
-    monkeypatch.setattr("agent.registry.load_policy", lambda _: stub)
+    monkeypatch.setattr("rlalloc.agent.registry.load_policy", lambda _: stub)
 
 
 def _never_finishes(monkeypatch) -> None:
@@ -536,8 +537,8 @@ def _never_finishes(monkeypatch) -> None:
 def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatch, capsys):
     import json
 
-    from env.cli import main
-    from env.simulate_cmd import UNFINISHED_EXIT_CODE
+    from rlalloc.cli.main import main
+    from rlalloc.cli.simulate import UNFINISHED_EXIT_CODE
 
     _never_finishes(monkeypatch)
     workload = tmp_path / "jobs.csv"
@@ -554,7 +555,7 @@ def test_simulate_reports_unfinished_jobs_at_the_time_limit(tmp_path, monkeypatc
 
 
 def test_simulate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatch, capsys):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     def stop(state):
         raise KeyboardInterrupt
@@ -587,7 +588,7 @@ def test_failure_rates_and_presets():
 @pytest.mark.parametrize("flags", [["--seed", "-1"], ["--failures", "nan"],
                                    ["--checkpoint-interval", "inf"]])
 def test_simulate_refuses_bad_numbers_before_running(tmp_path, capsys, flags):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     out = tmp_path / "out"
     code = main(["simulate", "--workload", "synthetic:3", "--out", str(out), *flags])
@@ -602,7 +603,7 @@ def test_simulate_refuses_bad_numbers_before_running(tmp_path, capsys, flags):
     (["--bogus", "simulate"], "(see rlalloc --help)"),
 ])
 def test_an_unknown_flag_points_to_the_help_of_the_command_given_it(capsys, argv, help_of):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -619,7 +620,7 @@ def test_an_unknown_flag_points_to_the_help_of_the_command_given_it(capsys, argv
 ])
 def test_help_shows_the_defaults_that_differ_between_commands(capsys, monkeypatch, command,
                                                               shown):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     monkeypatch.setenv("COLUMNS", "1000")  # one line per flag
     with pytest.raises(SystemExit):
@@ -632,15 +633,15 @@ def test_help_shows_the_defaults_that_differ_between_commands(capsys, monkeypatc
                                    ["--env-cluster", "abc"], ["--trace", "/no/such.csv"],
                                    ["--trace", __file__]])  # a file, but no workload's header
 def test_bench_sim_checks_its_flags_before_measuring(monkeypatch, tmp_path, capsys, flags):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     def measured(*args, **kwargs):
         raise AssertionError("a benchmark ran before the flags were checked")
 
     trace = tmp_path / "trace.csv"
     trace.write_text("job_id,submit_s,num_gpus,duration_s\na,0,1,60\n")
-    monkeypatch.setattr("env.bench_sim.bench_env_steps", measured)
-    monkeypatch.setattr("env.bench_sim.DEFAULT_TRACE", trace)
+    monkeypatch.setattr("rlalloc.cli.bench_sim.bench_env_steps", measured)
+    monkeypatch.setattr("rlalloc.cli.bench_sim.DEFAULT_TRACE", trace)
     assert main(["bench", "sim", "--ppo-steps", "0", *flags]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and flags[1] in error[0], error
@@ -652,7 +653,7 @@ def test_the_failure_process_has_its_documented_rates_and_warnings():
     repair); warned_share of them are warned 600-3,600 s ahead (a warning is cut at the start
     of the 7-day chunk drawn); false alarms come at lambda x warned_share x 1.0 and calm
     after false_warning_duration_s. Pulled in uneven steps, the events are the same ones."""
-    from env.failures import SECONDS_PER_DAY, NodeHealthTimeline
+    from rlalloc.env.failures import SECONDS_PER_DAY, NodeHealthTimeline
 
     params = FailureParams(failures_per_gpu_day=0.5)  # 8-GPU nodes: lambda = 4 per day
     days, nodes = 60, 4

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from agent.train_cmd import add_arguments, config_from_args
-from agent.training import TrainConfig
+from rlalloc.agent.training import TrainConfig
+from rlalloc.cli.train import add_arguments, config_from_args
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])

@@ -19,14 +19,14 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from env.errors import UserError
-from trainer_jobs import layout
-from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
-from trainer_jobs.config import TrainConfig
-from trainer_jobs.data import DataPosition
-from trainer_jobs.model import ModelConfig
-from trainer_jobs.runlog import RunLog
-from trainer_jobs.staging import ReusingStager
+from rlalloc.env.errors import UserError
+from rlalloc.trainer_jobs import layout
+from rlalloc.trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from rlalloc.trainer_jobs.config import TrainConfig
+from rlalloc.trainer_jobs.data import DataPosition
+from rlalloc.trainer_jobs.model import ModelConfig
+from rlalloc.trainer_jobs.runlog import RunLog
+from rlalloc.trainer_jobs.staging import ReusingStager
 
 CONFIG = TrainConfig(model=ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
                                        seq_len=8), num_samples=256)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from env.telemetry_names import (
+from rlalloc.env.telemetry_names import (
     TRAINER_CHECKPOINT_DURATION,
     TRAINER_LAST_CHECKPOINT_STEP,
     TRAINER_LAST_CHECKPOINT_TIME,
@@ -28,15 +28,15 @@ from env.telemetry_names import (
     TRAINER_TOTAL_STEPS,
     TRAINER_WORLD_SIZE,
 )
-from trainer_jobs import layout
-from trainer_jobs.launch import (
+from rlalloc.trainer_jobs import layout
+from rlalloc.trainer_jobs.launch import (
     final_timeline,
     free_port,
     start_torchrun,
     wait_for_event,
     worker_pids,
 )
-from trainer_jobs.runlog import read_events
+from rlalloc.trainer_jobs.runlog import read_events
 
 TINY = ["--vocab-size", "64", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
         "--seq-len", "8", "--global-batch", "8", "--lr", "1e-2", "--num-samples", "4096"]
@@ -60,9 +60,9 @@ def _assert_no_sample_twice_in_an_epoch(timeline: dict[int, dict]) -> None:
 
 
 def _run_single(args: list[str], log: Path) -> subprocess.CompletedProcess:
-    """The trainer without torchrun (a world of one), as `python -m trainer_jobs.train`."""
+    """The trainer without torchrun (a world of one), as `python -m rlalloc.trainer_jobs.train`."""
     return subprocess.run(
-        [sys.executable, "-m", "trainer_jobs.train", "--log-jsonl", str(log), *args],
+        [sys.executable, "-m", "rlalloc.trainer_jobs.train", "--log-jsonl", str(log), *args],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
         timeout=TIMEOUT_S)
 
@@ -174,7 +174,7 @@ def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
 def test_each_step_is_logged_with_the_epoch_its_batch_was_drawn_from(tmp_path):
     # 64 samples, batches of 8: steps 1-8 draw from epoch 0, 9-12 from epoch 1 (the position
     # after step 8 is already epoch 1, which labelled step 8's batch "epoch 1")
-    from trainer_jobs.data import DataPosition, GlobalBatchSampler
+    from rlalloc.trainer_jobs.data import DataPosition, GlobalBatchSampler
 
     log = tmp_path / "run.jsonl"
     args = [*TINY[:-1], "64", "--max-steps", "12", "--checkpoint-dir", str(tmp_path / "ckpt")]
@@ -199,7 +199,7 @@ def test_a_resumed_job_reports_its_restart_as_its_last_checkpoint_time(tmp_path)
     assert first.returncode == 0, first.stderr
     saved_unix = layout.latest_valid(ckpt)[0].created_unix
     job = subprocess.Popen(
-        [sys.executable, "-m", "trainer_jobs.train", "--log-jsonl", str(log), *TINY,
+        [sys.executable, "-m", "rlalloc.trainer_jobs.train", "--log-jsonl", str(log), *TINY,
          "--max-steps", "100000", "--checkpoint-every-steps", "0", "--checkpoint-dir", str(ckpt),
          "--metrics-port", str(port), "--job-name", "lm-test"],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,

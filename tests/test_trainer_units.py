@@ -21,9 +21,10 @@ import pytest
 import yaml
 from torch.distributed.run import get_args_parser
 
-from env.cli import main as rlalloc_main
-from env.errors import UserError
-from env.telemetry_names import (
+from rlalloc.cli import bench_recovery
+from rlalloc.cli.main import main as rlalloc_main
+from rlalloc.env.errors import UserError
+from rlalloc.env.telemetry_names import (
     MANAGED_LABEL,
     TRAINER_LAST_CHECKPOINT_STEP,
     TRAINER_LAST_CHECKPOINT_TIME,
@@ -31,13 +32,18 @@ from env.telemetry_names import (
     TRAINER_TOTAL_STEPS,
     TRAINER_WORLD_SIZE,
 )
-from trainer_jobs import bench_recovery, layout
-from trainer_jobs.config import TrainConfig, add_train_arguments, config_from_args, resume_conflicts
-from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
-from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
-from trainer_jobs.metrics import TrainerMetrics
-from trainer_jobs.model import ModelConfig, format_count
-from trainer_jobs.train import _open_outputs, main
+from rlalloc.trainer_jobs import layout
+from rlalloc.trainer_jobs.config import (
+    TrainConfig,
+    add_train_arguments,
+    config_from_args,
+    resume_conflicts,
+)
+from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
+from rlalloc.trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from rlalloc.trainer_jobs.metrics import TrainerMetrics
+from rlalloc.trainer_jobs.model import ModelConfig, format_count
+from rlalloc.trainer_jobs.train import _open_outputs, main
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "trainer_jobs" / "manifests"
@@ -334,7 +340,7 @@ def test_manifest_command_runs_in_the_trainer_image():
             "containers"][0]["command"]
         assert command[0] == "torchrun"
         launch = get_args_parser().parse_args(command[1:])
-        assert launch.module and launch.training_script == "trainer_jobs.train"
+        assert launch.module and launch.training_script == "rlalloc.trainer_jobs.train"
         module = importlib.util.find_spec(launch.training_script)
         assert Path(module.origin).is_relative_to(REPO / "trainer_jobs")  # the image copies it
         trainer_flags = argparse.ArgumentParser(exit_on_error=False)
@@ -374,7 +380,7 @@ def test_bench_recovery_removes_its_temporary_work_dir_on_sigterm():
     import sys
 
     script = ("import os, signal\n"
-              "from trainer_jobs.bench_recovery import _work_dir\n"
+              "from rlalloc.cli.bench_recovery import _work_dir\n"
               "with _work_dir(None) as work_dir:\n"
               "    (work_dir / 'checkpoint').write_bytes(b'x' * 1024)\n"
               "    print(work_dir, flush=True)\n"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from actuator.twin import runtime
-from actuator.twin.kube_api import (
+from rlalloc.actuator.twin import runtime
+from rlalloc.actuator.twin.kube_api import (
     EVENTS,
     NODES,
     PODS,
@@ -27,10 +27,11 @@ from actuator.twin.kube_api import (
     TwinKubeAPI,
     dump_kubeconfig,
 )
-from actuator.twin.runtime import _HEALTH_KINDS, ScriptedFailure, Twin, TwinEvent
-from actuator.twin.tables import human_age
-from env.failures import HealthEvent, WarningEpisode
-from tests.actuator_fixtures import job, quiet_params, scenario
+from rlalloc.actuator.twin.runtime import _HEALTH_KINDS, ScriptedFailure, Twin, TwinEvent
+from rlalloc.actuator.twin.tables import human_age
+from rlalloc.env.failures import HealthEvent, WarningEpisode
+
+from actuator_fixtures import job, quiet_params, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 0.2
@@ -62,8 +63,8 @@ def _run_until(twin: Twin, sim_s: float) -> None:
 
 # ------------------------------------------------------------------------- simulator hook
 def test_the_simulator_tells_its_health_listener_what_takes_effect_and_a_fork_tells_nobody():
-    from tests.sim_helpers import job as sim_job
-    from tests.sim_helpers import simulator
+    from sim_helpers import job as sim_job
+    from sim_helpers import simulator
 
     sim = simulator([sim_job("a", 0, 4, 1e6)])
     told: list[tuple[str, int, float]] = []
@@ -144,7 +145,7 @@ def test_a_scripted_failure_of_a_node_already_down_is_no_failure_and_not_the_scr
     # node-0000 fails by the failure process (scheduled on the simulator, as its draws are);
     # the failure scripted 50 s later finds it down, so the simulator fails nothing: the one
     # failure is the random one. The summary used to count it as scripted.
-    from actuator.twin_cmd import _summary_text
+    from rlalloc.cli.twin import _summary_text
 
     twin = _twin([job("a", 0, 4, 4, 4)], [])
     name = _start(twin, "a", 4)
@@ -187,7 +188,7 @@ def test_each_scripted_failure_of_one_node_is_counted_once_with_its_own_hits():
 
 
 def test_the_printed_prometheus_command_listens_where_the_actuator_looks():
-    from actuator.twin_cmd import prometheus_command
+    from rlalloc.cli.twin import prometheus_command
 
     out = Path("twin")
     base = "prometheus --config.file=twin/prometheus.yml --storage.tsdb.path=twin/tsdb"
@@ -322,7 +323,7 @@ def _argv(out: Path, *flags: str) -> list[str]:
 
 
 def test_twin_command_prints_the_scripted_failure_and_a_summary(tmp_path, capsys):
-    from env.cli import main
+    from rlalloc.cli.main import main
 
     assert main(_argv(tmp_path / "twin", "--fail-node", "node-0001:30:90",
                       "--duration-s", "3", "--prometheus-url", "http://127.0.0.1:9091")) == 0
@@ -344,7 +345,7 @@ def test_twin_command_prints_the_scripted_failure_and_a_summary(tmp_path, capsys
 
 def test_twin_command_stopped_by_sigterm_prints_its_summary(tmp_path):
     out = tmp_path / "twin"
-    script = f"import sys\nfrom env.cli import main\nsys.exit(main({_argv(out)!r}))\n"
+    script = f"import sys\nfrom rlalloc.cli.main import main\nsys.exit(main({_argv(out)!r}))\n"
     process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -363,9 +364,9 @@ def test_twin_command_stopped_by_sigterm_prints_its_summary(tmp_path):
 def test_the_simulator_tells_its_listener_no_warning_episode_end():
     """Warning episodes end ("calm", false alarms included) without a line for the user: the
     listener hears warnings, failures and repairs only, so the twin maps every kind it hears."""
-    from env.failures import FAILURE_PRESETS, FailureParams
-    from env.params import SimParams
-    from env.scenario import build_scenario
+    from rlalloc.env.failures import FAILURE_PRESETS, FailureParams
+    from rlalloc.env.params import SimParams
+    from rlalloc.env.scenario import build_scenario
 
     params = SimParams(failures=FailureParams(failures_per_gpu_day=FAILURE_PRESETS["stress"] * 50))
     sim = build_scenario("synthetic:40:1.0", "4x4", seed=1).simulator(params, 1)

@@ -11,7 +11,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from env.workers import worker_pool
+from rlalloc.env.workers import worker_pool
 
 
 def _wait_until_exited(pid: int, timeout_s: float = 20.0) -> None:

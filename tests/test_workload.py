@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from env.cluster import parse_cluster
-from env.errors import UserError
-from env.profiles import (
+from rlalloc.env.cluster import parse_cluster
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import (
     DEFAULT_PROFILES_ROOT,
     GENERIC_RESTORE_S,
     GENERIC_SCALING,
@@ -18,10 +18,11 @@ from env.profiles import (
     load_profiles,
     packed_shape,
 )
-from env.workload.loader import load_workload
-from env.workload.synthetic import PHILLY_GPU_MIX, SyntheticConfig, generate
+from rlalloc.env.workload.loader import load_workload
+from rlalloc.env.workload.synthetic import PHILLY_GPU_MIX, SyntheticConfig, generate
 
-POLLUX_DATA = DEFAULT_PROFILES_ROOT.parent
+from shared_data import POLLUX_DATA
+
 PHILLY_CSV = POLLUX_DATA / "philly.csv"
 needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(), reason="shared philly.csv absent")
 needs_profiles = pytest.mark.skipif(
@@ -258,7 +259,7 @@ def test_unknown_header(tmp_path):
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
-    monkeypatch.setattr("env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+    monkeypatch.setattr("rlalloc.env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
     path = write_csv(tmp_path, text)
     message = rejected(path)
     assert message.startswith(f"{path}: ") and problem in message
@@ -275,8 +276,8 @@ def test_philly_timestamps_with_different_utc_offsets_are_one_clock(tmp_path):
 def test_philly_timestamps_of_one_offset_are_in_utc_too(tmp_path):
     """Mixed offsets came out in UTC, one offset in local time: the same instants read other
     hours of the day (as the workload sampler takes them) by how many offsets a file held."""
-    from env.workload.philly import PHILLY_COLUMNS, submit_timestamps
-    from env.workload.table import read_table
+    from rlalloc.env.workload.philly import PHILLY_COLUMNS, submit_timestamps
+    from rlalloc.env.workload.table import read_table
 
     one = write_csv(tmp_path, PHILLY_HEADER + "2017-10-01 10:00:00+02:00,10,1,10,a\n"
                     "2017-10-01 11:00:00+02:00,10,1,10,a\n")
@@ -300,7 +301,7 @@ def test_a_non_utf8_workload_is_one_line(tmp_path):
 
 
 def test_application_without_profiles(tmp_path, monkeypatch):
-    monkeypatch.setattr("env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+    monkeypatch.setattr("rlalloc.env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
     path = write_csv(
         tmp_path, "job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,2,,ncf,256\n"
     )

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from env.cli import main
-from env.cluster import parse_cluster
-from env.errors import UserError
-from env.profiles import DEFAULT_PROFILES_ROOT, load_profiles
-from env.workload.loader import load_workload
-from env.workload.pollux_sampler import (
+from rlalloc.cli.main import main
+from rlalloc.env.cluster import parse_cluster
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT, load_profiles
+from rlalloc.env.workload.loader import load_workload
+from rlalloc.env.workload.pollux_sampler import (
     GPU_HOUR_TIERS,
     SampleConfig,
     configurations,
@@ -21,7 +21,9 @@ from env.workload.pollux_sampler import (
     sample_workload,
 )
 
-POLLUX_DATA = DEFAULT_PROFILES_ROOT.parent
+from shared_data import POLLUX_DATA
+
+POLLUX_DATA = POLLUX_DATA
 PHILLY_CSV = POLLUX_DATA / "philly.csv"
 pytestmark = pytest.mark.skipif(
     not (PHILLY_CSV.is_file() and DEFAULT_PROFILES_ROOT.is_dir()), reason="shared data absent"

@@ -46,12 +46,12 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.serialization import config as serialization_config
 
-from env.errors import UserError
-from trainer_jobs import layout
-from trainer_jobs.config import resume_conflicts
-from trainer_jobs.data import DataPosition
-from trainer_jobs.runlog import RunLog
-from trainer_jobs.staging import ReusingStager
+from rlalloc.env.errors import UserError
+from rlalloc.trainer_jobs import layout
+from rlalloc.trainer_jobs.config import resume_conflicts
+from rlalloc.trainer_jobs.data import DataPosition
+from rlalloc.trainer_jobs.runlog import RunLog
+from rlalloc.trainer_jobs.staging import ReusingStager
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The trainer's configuration: one frozen dataclass, built from command-line flags.
 
-Every knob is a flag of `python -m trainer_jobs.train` (and of torchrun running it), and the
+Every knob is a flag of `python -m rlalloc.trainer_jobs.train` (and of torchrun running it), and the
 resolved configuration is written next to every checkpoint, so a run can be repeated from what it
 left behind and a resume can be checked against it (`resume_conflicts`). Bad values end in a
 `UserError` naming the flag and the fix.
@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from env.errors import UserError
-from trainer_jobs.model import ModelConfig
+from rlalloc.env.errors import UserError
+from rlalloc.trainer_jobs.model import ModelConfig
 
 PARALLELISMS = ("ddp", "fsdp")
 CHECKPOINT_MODES = ("sync", "async")

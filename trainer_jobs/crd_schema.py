@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from env.errors import UserError
+from rlalloc.env.errors import UserError
 
 CRD_PATH_ENV = "RLALLOC_CRD_PATH"
 DEFAULT_CRD_PATH = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "k8s"

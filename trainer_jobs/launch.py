@@ -1,6 +1,6 @@
 """Start local torchrun jobs and watch their event logs (used by the benchmark and fault tests).
 
-The job runs exactly as in a pod — `torchrun ... -m trainer_jobs.train` with c10d rendezvous —
+The job runs exactly as in a pod — `torchrun ... -m rlalloc.trainer_jobs.train` with c10d rendezvous —
 only on 127.0.0.1 with CPU workers. Observation goes through the run's JSON-lines log
 (`runlog.py`), so nothing here reaches into the trainer's internals.
 """
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer_jobs.runlog import read_events
+from rlalloc.trainer_jobs.runlog import read_events
 
 Event = dict[str, object]
 
@@ -42,7 +42,7 @@ def start_torchrun(nproc: int, train_args: list[str], log_path: Path, max_restar
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
         f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
         f"--rdzv-id=job-{port}", f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
-        "-m", "trainer_jobs.train", "--log-jsonl", str(log_path), *train_args,
+        "-m", "rlalloc.trainer_jobs.train", "--log-jsonl", str(log_path), *train_args,
     ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}

@@ -1,6 +1,6 @@
 """Rank 0's Prometheus exporter: throughput, progress and checkpoint age of the training job.
 
-The names come from `env.telemetry_names` so the actuator that queries them and the simulator that
+The names come from `rlalloc.env.telemetry_names` so the actuator that queries them and the simulator that
 imitates them cannot drift. Labels: `job` (the PyTorchJob), `namespace`, `rank` (always "0":
 one exporter per job keeps the series count flat when the job scales).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from env.telemetry_names import (
+from rlalloc.env.telemetry_names import (
     TRAINER_CHECKPOINT_DURATION,
     TRAINER_LAST_CHECKPOINT_STEP,
     TRAINER_LAST_CHECKPOINT_TIME,

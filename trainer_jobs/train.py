@@ -1,7 +1,7 @@
-"""Elastic, checkpointing training program: `python -m trainer_jobs.train` or under torchrun.
+"""Elastic, checkpointing training program: `python -m rlalloc.trainer_jobs.train` or under torchrun.
 
     torchrun --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
-        --max-restarts=3 -m trainer_jobs.train --checkpoint-dir /ckpt
+        --max-restarts=3 -m rlalloc.trainer_jobs.train --checkpoint-dir /ckpt
 
 Batch and learning-rate rule: the global batch (`--global-batch`) is fixed for the whole job;
 each of the W ranks takes a contiguous slice of it (sizes differ by at most one) and scales its
@@ -41,19 +41,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from env.errors import UserError
-from trainer_jobs.checkpoint import Checkpointer, Progress, TrainState, first_failure
-from trainer_jobs.config import (
+from rlalloc.env.errors import UserError
+from rlalloc.trainer_jobs.checkpoint import Checkpointer, Progress, TrainState, first_failure
+from rlalloc.trainer_jobs.config import (
     TrainConfig,
     add_train_arguments,
     config_from_args,
     resume_fixed_flags,
 )
-from trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
-from trainer_jobs.launch import free_port
-from trainer_jobs.metrics import TrainerMetrics
-from trainer_jobs.model import TransformerLM, count_parameters, format_count
-from trainer_jobs.runlog import RunLog
+from rlalloc.trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
+from rlalloc.trainer_jobs.launch import free_port
+from rlalloc.trainer_jobs.metrics import TrainerMetrics
+from rlalloc.trainer_jobs.model import TransformerLM, count_parameters, format_count
+from rlalloc.trainer_jobs.runlog import RunLog
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 PEER_FAILURE_EXIT_CODE = 1
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2,
     a peer failure (after the emergency save) in one line and `PEER_FAILURE_EXIT_CODE`."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainer_jobs.train", description="Elastic, checkpointing LM training job.",
+        prog="python -m rlalloc.trainer_jobs.train", description="Elastic, checkpointing LM training job.",
         epilog="A restart resumes from the newest valid checkpoint in --checkpoint-dir and "
                f"refuses to if any of {', '.join(resume_fixed_flags())} differs from it.")
     add_train_arguments(parser)

@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from env.telemetry_names import (
+from rlalloc.env.telemetry_names import (
     DCGM_ECC_DBE_VOLATILE,
     DCGM_GPU_TEMP,
     DCGM_GPU_UTIL,

@@ -11,13 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from actuator.config import Queries
-from actuator.server import listen_error
-from actuator.twin.exporter import CLOCK_METRIC, TwinExporter
-from actuator.twin.kube_api import ApiServerThread, TwinKubeAPI
-from actuator.twin.runtime import ScriptedFailure, Twin, TwinEvent
-from env.params import SimParams
-from env.scenario import Scenario
+from rlalloc.actuator.config import Queries
+from rlalloc.actuator.server import listen_error
+from rlalloc.actuator.twin.exporter import CLOCK_METRIC, TwinExporter
+from rlalloc.actuator.twin.kube_api import ApiServerThread, TwinKubeAPI
+from rlalloc.actuator.twin.runtime import ScriptedFailure, Twin, TwinEvent
+from rlalloc.env.params import SimParams
+from rlalloc.env.scenario import Scenario
 
 
 @dataclass

@@ -50,10 +50,10 @@ import attrs
 import kmock
 from kmock import KubernetesEmulator, Server, action
 
-from actuator.apply import merge_patch
-from actuator.k8s_names import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL, PYTORCHJOB_VERSION
-from actuator.twin.tables import as_table, wants_table
-from trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
+from rlalloc.actuator.apply import merge_patch
+from rlalloc.actuator.k8s_names import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL, PYTORCHJOB_VERSION
+from rlalloc.actuator.twin.tables import as_table, wants_table
+from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 
 log = logging.getLogger(__name__)
 

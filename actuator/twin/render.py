@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from actuator.config import NORMAL_BUSY_RISE_C, NORMAL_IDLE_TEMPERATURE_C
-from actuator.k8s_names import (
+from rlalloc.actuator.config import NORMAL_BUSY_RISE_C, NORMAL_IDLE_TEMPERATURE_C
+from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
     HOSTNAME_LABEL,
@@ -29,10 +29,10 @@ from actuator.k8s_names import (
     RESTORE_ANNOTATION,
     SPEED_ANNOTATION,
 )
-from actuator.state_builder import MetricResults
-from env.failures import NODE_FEATURE_NAMES
-from env.state import ClusterState, JobStatus
-from env.telemetry_names import APPLICATION_LABEL, DCGM_HOSTNAME_LABEL, MANAGED_LABEL
+from rlalloc.actuator.state_builder import MetricResults
+from rlalloc.env.failures import NODE_FEATURE_NAMES
+from rlalloc.env.state import ClusterState, JobStatus
+from rlalloc.env.telemetry_names import APPLICATION_LABEL, DCGM_HOSTNAME_LABEL, MANAGED_LABEL
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RACK_LABEL = "topology.rlalloc.io/rack"

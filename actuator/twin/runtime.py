@@ -38,19 +38,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, parse_placement
-from actuator.twin.exporter import JobTelemetry, NodeTelemetry, PodTelemetry, TelemetryFrame
-from actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS, TwinKubeAPI
-from actuator.twin.render import (
+from rlalloc.actuator.k8s_names import HOSTNAME_LABEL, PLACEMENT_ANNOTATION, parse_placement
+from rlalloc.actuator.twin.exporter import JobTelemetry, NodeTelemetry, PodTelemetry, TelemetryFrame
+from rlalloc.actuator.twin.kube_api import EVENTS, NODES, PODS, PYTORCHJOBS, TwinKubeAPI
+from rlalloc.actuator.twin.render import (
     TOTAL_STEPS,
     k8s_name,
     node_object,
     pod_object,
     pytorchjob_object,
 )
-from env.failures import HealthEvent
-from env.simulator import Simulator
-from env.state import Action, ActionKind, ClusterState, JobStatus
+from rlalloc.env.failures import HealthEvent
+from rlalloc.env.simulator import Simulator
+from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Workloads: the jobs a simulation replays, from real traces, the user's CSV or the generator."""
 
-from env.workload.spec import JobSpec, Workload
+from rlalloc.env.workload.spec import JobSpec, Workload
 
 __all__ = ["JobSpec", "Workload"]

@@ -28,7 +28,7 @@ Optional (a column may be absent, or a cell empty):
 
 Every row has as many fields as the header (an empty cell keeps its comma); any other column is
 refused, since a misspelt optional one would be ignored; limits are the ``MAX_*`` constants of
-`env.workload.table`.
+`rlalloc.env.workload.table`.
 
 Example::
 
@@ -45,12 +45,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from env.cluster import ClusterSpec
-from env.errors import UserError
-from env.profiles import PROFILES_ENV_VAR, AppProfile, packed_shape, restore_s
-from env.workload.pollux import check_applications, profiled_max_workers
-from env.workload.spec import JobSpec, Workload
-from env.workload.table import (
+from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import PROFILES_ENV_VAR, AppProfile, packed_shape, restore_s
+from rlalloc.env.workload.pollux import check_applications, profiled_max_workers
+from rlalloc.env.workload.spec import JobSpec, Workload
+from rlalloc.env.workload.table import (
     MAX_DURATION_S,
     MAX_RESTORE_S,
     MAX_SUBMIT_S,

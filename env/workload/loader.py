@@ -3,9 +3,9 @@ CSV path (MAX_HOURS caps generated run times; see `SyntheticConfig.max_duration_
 
 A CSV's format is recognised from its header (see docs/workloads.md):
 
-* Philly: ``timestamp,duration,num_gpus,...`` (`env.workload.philly`)
-* Pollux: ``name,time,application,num_replicas,batch_size`` (`env.workload.pollux`)
-* canonical: ``job_id,submit_s,num_gpus,duration_s,...`` (`env.workload.canonical`)
+* Philly: ``timestamp,duration,num_gpus,...`` (`rlalloc.env.workload.philly`)
+* Pollux: ``name,time,application,num_replicas,batch_size`` (`rlalloc.env.workload.pollux`)
+* canonical: ``job_id,submit_s,num_gpus,duration_s,...`` (`rlalloc.env.workload.canonical`)
 """
 
 from __future__ import annotations
@@ -13,18 +13,22 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from env.cluster import ClusterSpec
-from env.errors import UserError
-from env.profiles import AppProfile, default_profiles_root, require_profiles
-from env.workload.canonical import CANONICAL_COLUMNS, CANONICAL_OPTIONAL_COLUMNS, load_canonical
-from env.workload.philly import PHILLY_COLUMNS, load_philly
-from env.workload.pollux import POLLUX_COLUMNS, load_pollux
-from env.workload.spec import Workload
-from env.workload.synthetic import SyntheticConfig, generate
-from env.workload.table import reject_directory, require_columns
+from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import profiles_or_default
+from rlalloc.env.workload.canonical import (
+    CANONICAL_COLUMNS,
+    CANONICAL_OPTIONAL_COLUMNS,
+    load_canonical,
+)
+from rlalloc.env.workload.philly import PHILLY_COLUMNS, load_philly
+from rlalloc.env.workload.pollux import POLLUX_COLUMNS, load_pollux
+from rlalloc.env.workload.spec import Workload
+from rlalloc.env.workload.synthetic import SyntheticConfig, generate
+from rlalloc.env.workload.table import reject_directory, require_columns
 
 SYNTHETIC = "synthetic"
-"""Source name of the embedded generator (`env.workload.synthetic`)."""
+"""Source name of the embedded generator (`rlalloc.env.workload.synthetic`)."""
 EMBEDDED_DEFAULT = "synthetic:160:3:12"
 """The default workload of every command: 160 Philly-like jobs (the size of a Pollux workload)
 at offered load 3, so that queues form on a 16x4 cluster, with run times capped at 12 h so one
@@ -44,8 +48,8 @@ def load_workload(
     """The workload named by `source`, sized for `cluster`.
 
     `profiles_root` is the Pollux ``app_profiles`` folder, needed by Pollux workloads and by
-    canonical rows that name an application; by default `RLALLOC_PROFILES` or the shared data
-    beside the checkout. `seed` seeds the synthetic generator (files are deterministic).
+    canonical rows that name an application; by default `RLALLOC_PROFILES` or the shipped
+    Pollux profiles. `seed` seeds the synthetic generator (files are deterministic).
     """
     if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
         return generate(_synthetic_config(source, seed), cluster)
@@ -55,9 +59,9 @@ def load_workload(
     if fmt == "Philly":
         return load_philly(path, cluster)
     if fmt == "Pollux":
-        return load_pollux(path, cluster, _profiles(profiles_root, path, required=True))
+        return load_pollux(path, cluster, profiles_or_default(profiles_root))
     needs_profiles = "application" in header
-    profiles = _profiles(profiles_root, path, required=False) if needs_profiles else None
+    profiles = profiles_or_default(profiles_root) if needs_profiles else None
     return load_canonical(path, cluster, profiles)
 
 
@@ -113,10 +117,3 @@ def _header(path: Path) -> set[str]:
         raise UserError(f"{path}: cannot read ({err.strerror}); check the file") from err
     return {column.strip() for column in first}
 
-
-def _profiles(
-    root: Path | None, path: Path, required: bool
-) -> dict[str, AppProfile] | None:
-    if not required and root is None and default_profiles_root() is None:
-        return None
-    return require_profiles(root, f"{path}: a Pollux workload")

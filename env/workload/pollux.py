@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from env.cluster import ClusterSpec
-from env.profiles import AppProfile, restore_s
-from env.workload.spec import JobSpec, Workload
-from env.workload.table import (
+from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.profiles import AppProfile, restore_s
+from rlalloc.env.workload.spec import JobSpec, Workload
+from rlalloc.env.workload.table import (
     MAX_SUBMIT_S,
     MIN_WORKERS,
     read_table,

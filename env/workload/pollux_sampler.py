@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from env.errors import UserError
-from env.profiles import AppProfile, packed_shape
-from env.workload.philly import PHILLY_COLUMNS, submit_timestamps
-from env.workload.pollux import POLLUX_COLUMNS
-from env.workload.table import MAX_DURATION_S, read_table, seconds
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import AppProfile, packed_shape
+from rlalloc.env.workload.philly import PHILLY_COLUMNS, submit_timestamps
+from rlalloc.env.workload.pollux import POLLUX_COLUMNS
+from rlalloc.env.workload.table import MAX_DURATION_S, read_table, seconds
 
 WORKER_COUNTS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """Worker counts a configuration may ask for (the artifact's list)."""

@@ -26,11 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.cluster import ClusterSpec
-from env.errors import UserError
-from env.profiles import GENERIC_RESTORE_S
-from env.workload.spec import JobSpec, Workload
-from env.workload.table import MAX_DURATION_S, MIN_WORKERS, generic_max_workers, generic_work
+from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import GENERIC_RESTORE_S
+from rlalloc.env.workload.spec import JobSpec, Workload
+from rlalloc.env.workload.table import (
+    MAX_DURATION_S,
+    MIN_WORKERS,
+    generic_max_workers,
+    generic_work,
+)
 
 PHILLY_GPU_MIX: tuple[tuple[int, int], ...] = (
     (1, 76627),

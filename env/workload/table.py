@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from env.errors import UserError
-from env.profiles import GENERIC_SCALING, GenericScaling, packed_shape
+from rlalloc.env.errors import UserError
+from rlalloc.env.profiles import GENERIC_SCALING, GenericScaling, packed_shape
 
 MIN_WORKERS = 1
 """Every job may shrink to one worker: all profiled models fit on one GPU (with gradient

@@ -1,0 +1,111 @@
+"""`rlalloc bench forecast`: training wall time of the shipped config and per-call latency.
+
+    rlalloc bench forecast [--out bench.json] [--epochs N]
+
+Training runs the shipped model's config on the series named in its card (or ``--series``);
+latency is the median of many single `predict` calls, as the simulator and actuator make them,
+for the LSTM, the EWMA stand-in and the risk model over 64 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlalloc.cli.argtypes import POSITIVE_INT
+from rlalloc.cli.forecast_train import TORCH_THREADS
+from rlalloc.env.errors import UserError
+from rlalloc.env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
+from rlalloc.forecaster.artifacts import read_card
+from rlalloc.forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
+from rlalloc.forecaster.series import load_demand_series
+from rlalloc.forecaster.standin import load_standin
+
+LATENCY_CALLS = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc bench forecast`."""
+    add_bench_out_flags(parser)
+    parser.add_argument("--series", nargs="+", type=Path, default=None,
+                        help="training series (default: those in the shipped model's card)")
+    parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
+                        help="train fewer epochs than the shipped config (time scales linearly)")
+    parser.add_argument("--skip-training", action="store_true", help="measure latency only")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure and print; write JSON when asked."""
+    prepare_out_file(args.out, args.force)
+    torch.set_num_threads(TORCH_THREADS)
+    result: dict[str, object] = {"torch_threads": TORCH_THREADS}
+    if not args.skip_training:
+        result["training"] = _training_time(args)
+    result["latency_ms"] = _latencies()
+    print(json.dumps(result, indent=2))
+    save_bench_figures(args.out, result)
+    return 0
+
+
+def _training_time(args: argparse.Namespace) -> dict[str, object]:
+    """Wall time of training the shipped config from scratch."""
+    from rlalloc.forecaster.train import train_forecaster
+
+    card = read_card(SHIPPED_MODEL_DIR)
+    lstm = load_demand_forecaster()
+    config = lstm.config if args.epochs is None else replace(lstm.config, epochs=args.epochs)
+    # the card names its series relative to the checkout (models/forecaster's grandparent), not
+    # to wherever the command runs
+    checkout = SHIPPED_MODEL_DIR.resolve().parents[1]
+    paths = args.series or [checkout / p for p in card["trained_on"]]
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        raise UserError(f"training series not found: {', '.join(missing)}; pass --series or "
+                        "--skip-training")
+    segments = [s for p in paths for s in
+                load_demand_series(p, min_points=config.min_history_min + 61).segments]
+    _, report = train_forecaster(segments, config, show_progress=True)
+    return {
+        "series": [str(p) for p in paths],
+        "epochs": config.epochs,
+        "train_windows": report.train_windows,
+        "wall_time_s": round(report.wall_time_s, 1),
+        "wall_time_per_epoch_s": round(report.wall_time_s / config.epochs, 1),
+    }
+
+
+def _latencies() -> dict[str, float]:
+    """Median milliseconds of one forecast (one node-set risk update) as callers make it."""
+    from rlalloc.forecaster.risk import load_risk_model
+
+    rng = np.random.default_rng(0)
+    lstm = load_demand_forecaster()
+    standin = load_standin()
+    history = np.clip(0.5 + np.cumsum(rng.normal(0, 0.01, lstm.min_history_min + 10)), 0, 2)
+    risk = load_risk_model()
+    now = rng.poisson(0.2, (64, len(risk.feature_names))).astype(np.float64)
+    return {
+        "lstm_predict": _median_ms(lambda: lstm.predict(history, last_minute_of_day=600)),
+        "ewma_standin_predict": _median_ms(lambda: standin.predict(history)),
+        "risk_64_nodes": _median_ms(lambda: risk.predict_proba(now, now * 0.5)),
+    }
+
+
+def _median_ms(call: Callable[[], object]) -> float:
+    """Median wall time of `LATENCY_CALLS` calls after a warm-up, in milliseconds."""
+    for _ in range(10):
+        call()
+    times = []
+    for _ in range(LATENCY_CALLS):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return round(1000.0 * statistics.median(times), 4)

@@ -1,0 +1,115 @@
+"""The `rlalloc` command line: one entry point, subcommands implemented next to what they drive.
+
+Each subcommand lives in the module that owns the capability and exposes two functions:
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their
+subcommand runs, so `rlalloc simulate` never pays for torch or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
+from rlalloc.env.errors import UserError
+
+# (words of the subcommand, module implementing it, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("simulate",), "rlalloc.cli.simulate", "replay a workload through the simulator under one policy"),
+    (("workload", "sample"), "rlalloc.cli.workload_sample",
+     "draw new Pollux-style workloads from the Philly trace"),
+    (("bench", "sim"), "rlalloc.cli.bench_sim", "benchmark trace replay and environment step speed"),
+    (("bench", "recovery"), "rlalloc.cli.bench_recovery",
+     "benchmark recovery time and checkpoint stalls of the training jobs"),
+    (("bench", "forecast"), "rlalloc.cli.bench_forecast", "benchmark forecaster training and inference"),
+    (("bench", "actuator"), "rlalloc.cli.bench_actuator", "benchmark one actuator decision cycle"),
+    (("train",), "rlalloc.cli.train", "train a PPO or DQN allocation policy"),
+    (("evaluate",), "rlalloc.cli.evaluate", "compare allocation policies over workloads and seeds"),
+    (("sizes", "fit"), "rlalloc.cli.sizes",
+     "fit job sizes from past workloads for an elastic heuristic (a policy directory)"),
+    (("planner", "fit"), "rlalloc.cli.planner",
+     "fit the planning policy (lookahead over size-told heuristics) on past workloads"),
+    (("headroom",), "rlalloc.cli.headroom",
+     "measure what one-step lookahead over heuristics gains, with and without the future"),
+    (("forecast", "train"), "rlalloc.cli.forecast_train",
+     "train the demand forecaster or the node-failure risk model (--model)"),
+    (("forecast", "evaluate"), "rlalloc.cli.forecast_evaluate", "evaluate forecasters on a series"),
+    (("actuate",), "rlalloc.cli.actuate", "run the in-cluster actuator control loop"),
+    (("twin",), "rlalloc.cli.twin", "run the digital twin: simulator exposed as Prometheus + K8s"),
+]
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends like every other bad input: one line naming it and where
+    to look, exit 2 (`main` prints the `UserError`), not a usage block before the error.
+    Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the parse error as a `UserError`."""
+        command = self.prog.removeprefix("rlalloc").strip()
+        raise UserError(f"{command + ': ' if command else ''}{message} (see {self.prog} --help)")
+
+    def parse_args(self, args: list[str] | None = None,
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, but a flag no parser knows is reported by the subcommand it was given
+        to (whose --help lists its flags), not by the top-level parser as argparse does."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            report = getattr(parsed, "_error", self.error)
+            report(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+
+def _match(argv: list[str]) -> tuple[tuple[str, ...], str, str] | None:
+    """The command whose words start `argv`, if any."""
+    for words, module, help_text in COMMANDS:
+        if tuple(argv[: len(words)]) == words:
+            return words, module, help_text
+    return None
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser tree; only the module of the command named in `argv` is imported."""
+    parser = _OneLineParser(
+        prog="rlalloc",
+        description="RL resource allocation for distributed training jobs on Kubernetes.",
+    )
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
+        (): parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    }
+    chosen = _match(argv)
+    for words, module, help_text in COMMANDS:
+        for depth in range(1, len(words)):
+            prefix = words[:depth]
+            if prefix not in groups:
+                group = groups[words[: depth - 1]].add_parser(
+                    prefix[-1], help=f"{prefix[-1]} subcommands")
+                groups[prefix] = group.add_subparsers(
+                    dest=f"command_{depth}", required=True, metavar="COMMAND")
+        sub = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
+        if chosen is not None and chosen[0] == words:
+            implementation = importlib.import_module(module)
+            implementation.add_arguments(sub)
+            sub.set_defaults(_run=implementation.run, _error=sub.error)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rlalloc` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:  # Ctrl-C while the subcommand's modules are still importing is an interrupt too
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        return int(args._run(args) or 0)
+    except UserError as err:
+        print(f"rlalloc: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as interrupt:  # its text, if any, says how to go on
+        print(f"rlalloc: interrupted{f'; {interrupt}' if str(interrupt) else ''}",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`rlalloc workload sample`: write new Pollux-style workloads drawn from the Philly trace
+(`rlalloc.env.workload.pollux_sampler`), e.g. to train a policy on more than the six published ones."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+from rlalloc.cli.argtypes import POSITIVE_INT, within
+from rlalloc.env.errors import UserError
+from rlalloc.env.output import add_out_flags, prepare_out_dir, write_atomic
+from rlalloc.env.profiles import PROFILES_ENV_VAR, profiles_or_default
+from rlalloc.env.workload.pollux_sampler import (
+    SampleConfig,
+    model_configurations,
+    read_philly_pool,
+    sample_workload,
+)
+from rlalloc.env.workload.table import reject_directory
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rlalloc workload sample`."""
+    parser.add_argument("--philly", type=Path, required=True,
+                        help="the Pollux artifact's philly.csv (timestamp,duration,num_gpus,"
+                             "gpu_time,...)")
+    parser.add_argument("--profiles", type=Path, default=None,
+                        help=f"Pollux app_profiles folder (default: ${PROFILES_ENV_VAR} or the "
+                             "Pollux profiles rlalloc ships)")
+    parser.add_argument("--seeds", default="0",
+                        help="seeds to draw, one workload each: S, S1,S2,... or FIRST-LAST "
+                             "(default: %(default)s)")
+    parser.add_argument("--num-jobs", type=POSITIVE_INT, default=SampleConfig.num_jobs,
+                        help="jobs per workload: 160 as Pollux's workloads/, 240 as its "
+                             "workloads-1.5/ (default: %(default)s)")
+    parser.add_argument("--start-hour", type=within(0, 23, int), default=SampleConfig.start_hour,
+                        help="hour of day the submission window opens (default: %(default)s)")
+    parser.add_argument("--hours", type=within(1, 24, int), default=SampleConfig.hours,
+                        help="length of the submission window in hours (default: %(default)s)")
+    add_out_flags(parser, Path("runs/workloads"))
+
+
+MAX_SEEDS = 10_000
+"""Most workloads one `workload sample` writes (a file each): a range of 10^8 seeds built its
+list in 12 GB before writing anything."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds` value: ``S``, ``S1,S2,...`` or ``FIRST-LAST`` (inclusive), at most
+    `MAX_SEEDS` of them."""
+    try:
+        if "-" in text.strip("-"):
+            first, last = (int(part) for part in text.split("-", 1))
+            if last - first >= MAX_SEEDS:
+                raise UserError(f"--seeds {text!r}: {last - first + 1:,} seeds, at most "
+                                f"{MAX_SEEDS:,} in one run; split the range")
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        seeds = []
+    if len(seeds) > MAX_SEEDS:
+        raise UserError(f"--seeds {text[:40]!r}...: {len(seeds):,} seeds, at most {MAX_SEEDS:,} "
+                        "in one run; split the list")
+    if not seeds or min(seeds) < 0:
+        raise UserError(f"--seeds {text!r}: give S, S1,S2,... or FIRST-LAST with seeds >= 0 "
+                        "and FIRST <= LAST")
+    repeated = sorted(seed for seed, count in Counter(seeds).items() if count > 1)
+    if repeated:
+        raise UserError(f"--seeds {text!r}: {', '.join(map(str, repeated))} given more than "
+                        "once; name each seed once (a seed always draws the same workload)")
+    return seeds
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
+    seeds = parse_seeds(args.seeds)
+    reject_directory(args.philly, "--philly needs a file: the Pollux artifact's philly.csv")
+    if args.profiles is not None and not args.profiles.is_dir():
+        raise UserError(f"--profiles {args.profiles}: no such folder; give a Pollux app_profiles "
+                        "directory, or leave --profiles out for the shipped Pollux profiles")
+    options_of = model_configurations(
+        profiles_or_default(args.profiles))
+    pool = read_philly_pool(args.philly)
+    names = [f"sampled-{seed}.csv" for seed in seeds]
+    out = prepare_out_dir(args.out, names, args.force)
+    for seed, name in zip(seeds, names, strict=True):
+        config = SampleConfig(num_jobs=args.num_jobs, start_hour=args.start_hour,
+                              hours=args.hours, seed=seed)
+        write_atomic(out / name, sample_workload(pool, options_of, config).to_csv(index=False))
+    print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/sampled-*.csv")
+    return 0
