@@ -339,7 +339,7 @@ def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
 def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from rlalloc.agent import evaluate_cmd
+    from rlalloc.cli import evaluate as evaluate_cmd
     from rlalloc.cli.evaluate import RunSpec
 
     drawn = {}
@@ -395,7 +395,7 @@ def _runs_against_static(factors):
 def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_policy(
         tmp_path, monkeypatch, factors, scale):
     """One policy 5x slower squeezed the close ones into a few pixels of a linear axis."""
-    from rlalloc.agent import evaluate_cmd
+    from rlalloc.cli import evaluate as evaluate_cmd
 
     drawn = _capture_figures(monkeypatch)
     evaluate_cmd._plots(*_runs_against_static(factors), tmp_path, reference="static")
@@ -423,7 +423,7 @@ def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
 
 def test_policy_plots_say_what_they_show_and_keep_the_legend_off_the_data(tmp_path,
                                                                           monkeypatch):
-    from rlalloc.agent import evaluate_cmd
+    from rlalloc.cli import evaluate as evaluate_cmd
 
     drawn = _capture_figures(monkeypatch)
     evaluate_cmd._plots(*_runs_against_static({"a": 0.9}), tmp_path, reference="static")
