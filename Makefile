@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo prometheus test lint bench
+.PHONY: setup demo prometheus test test-fast lint layers bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,18 @@ prometheus:  ## the real Prometheus server the actuator tests start (Debian's pa
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup prometheus lint  ## the one gate: lint, then every test (CI runs exactly this)
-	$(BIN)/python -m pytest -q
+# import-linter reads the installed tree; the editable install maps folders it cannot walk,
+# so the layer contract (.importlinter) is checked on a plain build of the package
+layers: setup  ## the layer contract: no lower layer imports a higher one, no import cycles
+	@rm -rf build/layers
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target build/layers .
+	cd build/layers && ../../$(BIN)/lint-imports ../../.importlinter
+
+test: setup prometheus lint layers  ## the one gate: lint, layers, then every test (CI runs this)
+	$(BIN)/pytest -q
+
+test-fast: setup lint layers  ## the inner loop: the tests not marked expensive
+	$(BIN)/pytest -q -m "not expensive"
 
 bench: setup  ## the benchmarks whose figures are in the README (replacing an earlier run's)
 	$(BIN)/rlalloc bench sim --out runs/bench/sim.json --force

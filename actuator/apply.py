@@ -25,7 +25,8 @@
   restarted the same job every cycle.
 
 Every PyTorchJob patch is validated against the Training Operator's CRD schema before it is
-sent (the API server would reject or prune it; an emulator would not).
+sent (`validate`: in `rlalloc actuate`, the CRD the cluster has installed), and sent with strict
+field validation, so the API server refuses a field it does not know instead of dropping it.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ from rlalloc.actuator.k8s_names import (
 from rlalloc.actuator.kube import KubeClient
 from rlalloc.actuator.state_builder import BuiltState, JobRef, PodRef
 from rlalloc.env.state import Action, ActionKind
-from rlalloc.trainer_jobs.crd_schema import validate_pytorchjob
 
 
 class Applier:
     """Carries out accepted actions on the cluster through a `KubeClient`."""
 
     def __init__(self, kube: KubeClient, config: ActuatorConfig,
-                 validate: Callable[[dict], None] = validate_pytorchjob) -> None:
+                 validate: Callable[[dict], None]) -> None:
+        """`validate`: raises `PyTorchJobValidationError` for a PyTorchJob the CRD would refuse
+        (a `crd_schema.PyTorchJobValidator`)."""
         self._kube = kube
         self._config = config
         self._validate = validate

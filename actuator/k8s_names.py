@@ -14,6 +14,8 @@ PYTORCHJOB_GROUP = "kubeflow.org"
 PYTORCHJOB_VERSION = "v1"
 PYTORCHJOB_PLURAL = "pytorchjobs"
 PYTORCHJOB_KIND = "PyTorchJob"
+PYTORCHJOB_CRD = f"{PYTORCHJOB_PLURAL}.{PYTORCHJOB_GROUP}"
+"""Name of the PyTorchJob CustomResourceDefinition."""
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 """Label the training operator puts on every pod of a job."""

@@ -35,6 +35,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from rlalloc.actuator.config import ActuatorConfig
 from rlalloc.actuator.k8s_names import (
+    PYTORCHJOB_CRD,
     PYTORCHJOB_GROUP,
     PYTORCHJOB_KIND,
     PYTORCHJOB_PLURAL,
@@ -123,6 +124,7 @@ class KubeClient:
         self._core = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
+        self._apiextensions = k8s.ApiextensionsV1Api(api_client)
         self._stopping = threading.Event()
         self._sleep = sleep or self._stopping.wait
         self.server_url: str = api_client.configuration.host
@@ -177,19 +179,35 @@ class KubeClient:
                 label_selector=label_selector, **self._raw()), "list pytorchjobs")
         return [job for job in items if has_labels(job, selector)]
 
+    def read_pytorchjob_crd(self) -> dict:
+        """The PyTorchJob CustomResourceDefinition installed in the cluster, as a dict: what
+        the API server checks PyTorchJobs against. Raises `KubeError` (403: no RBAC to read
+        it, 404: not installed)."""
+        what = f"read customresourcedefinition {PYTORCHJOB_CRD}"
+        response = self._call(lambda: self._apiextensions.read_custom_resource_definition(
+            PYTORCHJOB_CRD, **self._raw()), what)
+        try:
+            return json.loads(response.data)
+        except ValueError as err:
+            raise KubeError(f"{what}: the answer is not JSON; is this a Kubernetes API "
+                            "server?") from err
+
     # ------------------------------------------------------------------------------ writes
     def patch_pytorchjob(self, namespace: str, name: str, patch: dict) -> None:
-        """JSON merge patch of a PyTorchJob (one request: all of it applies or none)."""
+        """JSON merge patch of a PyTorchJob (one request: all of it applies or none); a field
+        the CRD does not know is refused (`fieldValidation=Strict`), not silently dropped."""
         self._call(lambda: self._custom.patch_namespaced_custom_object(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name, patch,
-            _request_timeout=self._timeout()), f"patch pytorchjob {namespace}/{name}")
+            field_validation="Strict", _request_timeout=self._timeout()),
+            f"patch pytorchjob {namespace}/{name}")
 
     def scale_pytorchjob(self, namespace: str, name: str, replicas: int) -> None:
-        """Set the worker count through the PyTorchJob's /scale subresource."""
+        """Set the worker count through the PyTorchJob's /scale subresource (strict field
+        validation, as `patch_pytorchjob`)."""
         self._call(lambda: self._custom.patch_namespaced_custom_object_scale(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name,
-            {"spec": {"replicas": replicas}}, _request_timeout=self._timeout()),
-            f"scale pytorchjob {namespace}/{name}")
+            {"spec": {"replicas": replicas}}, field_validation="Strict",
+            _request_timeout=self._timeout()), f"scale pytorchjob {namespace}/{name}")
 
     def cordon(self, node: str) -> None:
         """Mark `node` unschedulable."""

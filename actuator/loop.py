@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from rlalloc.actuator.apply import Applier
 from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.crd_schema import PyTorchJobValidationError
 from rlalloc.actuator.events import EventRecorder
 from rlalloc.actuator.guardrails import (
     Decision,
@@ -42,7 +44,6 @@ from rlalloc.actuator.state_builder import BuiltState, Ledger, Observation, buil
 from rlalloc.env.signals import Signals
 from rlalloc.env.state import Action, ActionKind
 from rlalloc.forecaster.signals import load_signals
-from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError
 
 log = logging.getLogger("rlalloc.actuator")
 
@@ -89,9 +90,12 @@ class Controller:
     """One actuator replica."""
 
     def __init__(self, config: ActuatorConfig, kube: KubeClient, metrics_source: MetricsSource,
-                 policy: Policy, identity: str, signals: Signals | None = None,
-                 metrics: ActuatorMetrics | None = None, health: Health | None = None) -> None:
-        """`signals`: the look-ahead functions (default: `load_signals(config.signals)`)."""
+                 policy: Policy, identity: str, validate: Callable[[dict], None],
+                 signals: Signals | None = None, metrics: ActuatorMetrics | None = None,
+                 health: Health | None = None) -> None:
+        """`validate`: checks each PyTorchJob patch against the CRD before it is sent (a
+        `crd_schema.PyTorchJobValidator`); `signals`: the look-ahead functions (default:
+        `load_signals(config.signals)`)."""
         self.config = config
         self.identity = identity
         self.metrics = metrics or ActuatorMetrics()
@@ -100,7 +104,7 @@ class Controller:
         self._source = metrics_source
         self._policy = policy
         self._signals = load_signals(config.signals) if signals is None else signals
-        self._applier = Applier(kube, config)
+        self._applier = Applier(kube, config, validate)
         self._events = EventRecorder(kube)
         self._elector = (LeaderElector(kube, config, identity)
                          if config.leader_election and not config.dry_run else None)

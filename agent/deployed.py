@@ -10,8 +10,8 @@ A saved model directory holds
   policy, the heuristics its extra "follow" actions defer to, the job-size table they are
   told, if any, and the applications whose profiles tell them job speeds: see
   `rlalloc.agent.residual`);
-- ``profiles/``: copies of those applications' measured profiles (`rlalloc.agent.job_speeds`), so that
-  the model runs where the shared data is not.
+- ``profiles/``: copies of those applications' measured profiles (`rlalloc.agent.job_speeds`),
+  so that the model runs where the shared data is not.
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
 break across Python versions) never enters the cluster. `rlalloc.agent.export` writes it from a
@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlalloc.agent.catalogue import HEURISTICS
 from rlalloc.agent.job_sizes import JobSizeHistory
-from rlalloc.agent.registry import MODEL_META_FILE as META_FILE
+from rlalloc.agent.model_files import META_FILE, WEIGHTS_FILE
 from rlalloc.env.errors import UserError
 from rlalloc.env.featurizer import FeatureSpec, Featurizer
 from rlalloc.env.output import write_atomic
@@ -49,7 +50,6 @@ READABLE_VERSIONS = (1, 2, 3, 4)
 told heuristics rank by the state's speed curves)."""
 RETRAIN_TOLD = "rlalloc train --residual ... --learn-sizes"
 """The command that writes a model told sizes and speeds again, for errors naming it."""
-WEIGHTS_FILE = "policy.pt"
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -221,8 +221,6 @@ def _check_algo(raw: dict) -> None:
 def _residual_names(value: object) -> tuple[str, ...]:
     """``residual`` as the heuristics' names; a ValueError for anything but a list of built-in
     heuristic names (a damaged one was reported as an observation size mismatch)."""
-    from rlalloc.agent.registry import HEURISTICS
-
     if not isinstance(value, list) or not all(name in HEURISTICS for name in value):
         raise ValueError(f"residual {value!r}: not a list of heuristic names "
                          f"({', '.join(HEURISTICS)})")

@@ -78,11 +78,12 @@ def collect_demonstrations(env: gym.Env, policy: Policy, episodes: int, seed: in
     """Roll out `episodes` episodes of `env`, labelling every state with `policy`'s action.
 
     `env` is a `ClusterAllocEnv`, possibly wrapped: the returns are of the rewards it gives,
-    so pass the environment RL trains in (`rlalloc.agent.training.make_training_env`) and the value
-    targets are those of the reward RL trains on. Without `driver` the teacher's own actions
-    are taken (behaviour cloning); with one, the driver (the student: observation, mask ->
-    index) chooses and the teacher only labels the states the student visits (DAgger), which
-    corrects the student where its own mistakes take it. Episodes stop after `max_steps` steps.
+    so pass the environment RL trains in (`rlalloc.agent.training_env.make_training_env`) and
+    the value targets are those of the reward RL trains on. Without `driver` the teacher's own
+    actions are taken (behaviour cloning); with one, the driver (the student: observation,
+    mask -> index) chooses and the teacher only labels the states the student visits (DAgger),
+    which corrects the student where its own mistakes take it. Episodes stop after `max_steps`
+    steps.
     """
     cluster_env: ClusterAllocEnv = env.unwrapped
     featurizer = cluster_env.featurizer

@@ -134,7 +134,7 @@ def speedups_of(models: dict[CurveKey, ThroughputFn]) -> ProfiledSpeedups | None
 
 def copy_profiles(sizes: JobSizeHistory, profiles_root: Path | None, target: Path) -> list[str]:
     """Copy into `target`/`PROFILES_DIR` the profiles under `profiles_root` of the
-    applications `sizes` names, with the licence beside that folder if there is one (the
+    applications `sizes` names, with the licence in or beside that folder if there is one (the
     Pollux profiles are Apache-2.0, which asks for it to travel with copies); the
     applications copied, sorted (none without a root)."""
     applications = sorted({application for kinds in sizes.kinds.values()
@@ -146,8 +146,10 @@ def copy_profiles(sizes: JobSizeHistory, profiles_root: Path | None, target: Pat
         folder.mkdir(parents=True)
         for path in sorted((profiles_root / application).glob("*.csv")):
             shutil.copyfile(path, folder / path.name)
-    licence = profiles_root.parent / "LICENSE" if profiles_root is not None else None
-    if copied and licence is not None and licence.is_file():
+    licences = ([profiles_root / "LICENSE", profiles_root.parent / "LICENSE"]
+                if profiles_root is not None else [])
+    licence = next((path for path in licences if path.is_file()), None)
+    if copied and licence is not None:
         shutil.copyfile(licence, target / PROFILES_DIR / "LICENSE")
     return copied
 

@@ -3,9 +3,9 @@
 `rlalloc headroom --futures sampled-1h` measured the one gain over the size-told heuristic that
 held on every workload tried (docs/agent.md, "Where this stands"), but it forked the simulator
 the run happened in. Here the same `LookaheadPolicy` forks a simulator rebuilt from the
-`ClusterState` alone (`rlalloc.env.rebuild`), so it reads nothing a controller lacks and the simulator,
-`rlalloc evaluate` and the actuator can all run it. What it needs besides the state is saved in
-one policy directory by `rlalloc planner fit`:
+`ClusterState` alone (`rlalloc.env.rebuild`), so it reads nothing a controller lacks and the
+simulator, `rlalloc evaluate` and the actuator can all run it. What it needs besides the state is
+saved in one policy directory by `rlalloc planner fit`:
 
 - a size table (`rlalloc.agent.job_sizes`) that tells the base heuristic and its alternatives each
   job's remaining work;
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from rlalloc.agent.heuristics import ElasticPolicy
-from rlalloc.agent.job_sizes import JobSizeHistory, read_saved_policy, told_sizes
+from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
 from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     copy_profiles,
@@ -43,7 +43,7 @@ from rlalloc.agent.job_speeds import (
     speedups_of,
 )
 from rlalloc.agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
-from rlalloc.agent.registry import PLANNER_FILE
+from rlalloc.agent.sized_policy import read_saved_policy
 from rlalloc.env.errors import UserError
 from rlalloc.env.rebuild import SpeedOf, curve_speed, simulator_from_state
 from rlalloc.env.scenario import Scenario
@@ -51,6 +51,8 @@ from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import ClusterState
 from rlalloc.env.workload.spec import JobSpec
 
+PLANNER_FILE = "planner.json"
+"""A saved planner: what it was fitted with, its size table and history (`save_planner`)."""
 FORMAT_VERSION = 1
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
                    "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta")

@@ -1,9 +1,10 @@
 """`load_policy`: any allocation policy by name or by saved-model path.
 
-Built-in names are the heuristics of `rlalloc.agent.heuristics` and the learned models shipped in
-``models/`` (``ppo``, ``dqn``); anything else must be a directory written by ``rlalloc train``
-or by ``rlalloc sizes fit`` (a heuristic told job sizes, `rlalloc.agent.job_sizes`) or ``rlalloc planner
-fit`` (a lookahead over such heuristics, `rlalloc.agent.planner`).
+Built-in names are those of `rlalloc.agent.catalogue` (the heuristics and the learned models
+shipped in ``models/``); anything else must be a directory written by ``rlalloc train`` (a
+trained model, `rlalloc.agent.deployed`), ``rlalloc sizes fit`` (a heuristic told job sizes,
+`rlalloc.agent.sized_policy`) or ``rlalloc planner fit`` (a lookahead over such heuristics,
+`rlalloc.agent.planner`), each kind recognised by its own file and loaded by its own loader.
 The actuator, `rlalloc evaluate` and the simulator all go through here, so one string picks
 the same policy everywhere.
 """
@@ -12,68 +13,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
-from rlalloc.agent.job_sizes import SIZES_FILE
+from rlalloc.agent.catalogue import HEURISTICS, MODELS_DIR, SHIPPED_MODELS, builtin_names
+from rlalloc.agent.model_files import META_FILE
 from rlalloc.agent.policy import Policy
 from rlalloc.env.errors import UserError
-from rlalloc.models import shipped
-
-MODELS_DIR = shipped("ppo").parent
-"""The shipped models (``models/ppo``, ``models/dqn``), package data of `rlalloc.models`."""
 
 
-def elastic_srpt(remaining_power: float, name: str) -> Policy:
-    """`elastic` with each step up ranked by speed-up gain per GPU / remaining work **
-    `remaining_power` (`ElasticConfig.remaining_power`): the strength of the pull towards
-    shortest remaining time first. On Pollux workload-1..6 (failures none, seed 0) 0.25 gave
-    3,060 s average JCT, 0.5 3,113 s, 0.75 3,229 s, 1.0 3,326 s, 0 (elastic) 3,473 s."""
-    return ElasticPolicy(ElasticConfig(remaining_power=remaining_power), name=name)
+class SavedKind(NamedTuple):
+    """A kind of saved policy directory."""
+
+    description: str
+    """What it holds and the command that writes it, for messages."""
+    load: Callable[[Path, str], Policy]
+    """Its loader: the policy saved in a directory, given a name."""
 
 
-HEURISTICS: dict[str, Callable[[], Policy]] = {
-    "static": StaticPolicy,
-    "tiresias": TiresiasPolicy,
-    "elastic": ElasticPolicy,
-    "reactive": lambda: ElasticPolicy(ElasticConfig(failover=True), name="reactive"),
-    "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
-    "elastic-srpt": lambda: elastic_srpt(0.5, "elastic-srpt"),
-    "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
-}
-"""Built-in heuristics by name."""
-PLANNER_FILE = "planner.json"
-"""A planner's file (`rlalloc planner fit`, `rlalloc.agent.planner`), named here so that recognising one
-imports nothing of it."""
-MODEL_META_FILE = "policy.json"
-"""A saved model's metadata file (`rlalloc.agent.deployed` writes it), named here so that recognising a
-saved model imports no torch."""
-POLICY_FILES = {SIZES_FILE: "a size table (`rlalloc sizes fit`)",
-                MODEL_META_FILE: "a trained model (`rlalloc train`)",
-                PLANNER_FILE: "a planner (`rlalloc planner fit`)"}
-"""The file that makes a directory each kind of saved policy, with what writes it."""
-SHIPPED_MODELS = ("ppo", "dqn")
-"""Names of the learned policies shipped in `MODELS_DIR`."""
+def saved_kinds() -> dict[str, SavedKind]:
+    """Each kind of saved policy by the file that makes a directory one. The kinds' modules are
+    imported here, not at the top: a size table and a planner bring the simulator and the
+    measured profiles, which commands running only heuristics never need."""
+    from rlalloc.agent.planner import PLANNER_FILE, load_planner
+    from rlalloc.agent.sized_policy import SIZES_FILE, load_sized_policy
 
-
-def builtin_names() -> tuple[str, ...]:
-    """Every built-in policy name, heuristics first."""
-    return (*HEURISTICS, *SHIPPED_MODELS)
-
-
-def elastic_names() -> tuple[str, ...]:
-    """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
-    they can be told them (`rlalloc.agent.job_sizes.told_sizes`)."""
-    return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))
+    return {SIZES_FILE: SavedKind("a size table (`rlalloc sizes fit`)", load_sized_policy),
+            META_FILE: SavedKind("a trained model (`rlalloc train`)", _load_learned),
+            PLANNER_FILE: SavedKind("a planner (`rlalloc planner fit`)", load_planner)}
 
 
 def refuse_other_policy(out: Path, own: str) -> None:
     """A one-line `UserError` if `out` holds a saved policy of a kind other than the one whose
-    file is `own` (a `POLICY_FILES` key): each writes card.md, so a `--force` of one command
+    file is `own` (a `saved_kinds` key): each writes card.md, so a `--force` of one command
     into another's directory would replace that card and leave a directory that is neither."""
-    for name, kind in POLICY_FILES.items():
+    for name, kind in saved_kinds().items():
         if name != own and (Path(out) / name).exists():
-            raise UserError(f"--out {out}: holds {kind} ({name}), which --force does not "
-                            "replace; choose another --out")
+            raise UserError(f"--out {out}: holds {kind.description} ({name}), which --force "
+                            "does not replace; choose another --out")
 
 
 def load_policy(name_or_path: str) -> Policy:
@@ -92,26 +68,19 @@ def load_policy(name_or_path: str) -> Policy:
                             f"{directory}` or pass a model directory")
         return _load_learned(directory, name_or_path)
     path = Path(name_or_path)
-    kinds = [name for name in POLICY_FILES if (path / name).is_file()]
-    if len(kinds) > 1:  # `--force` of one command into another's OUT, before they refused it
-        raise UserError(f"{path}: holds both {POLICY_FILES[kinds[0]]} ({kinds[0]}) and "
-                        f"{POLICY_FILES[kinds[1]]} ({kinds[1]}), so which policy it is is "
+    kinds = saved_kinds()
+    found = [name for name in kinds if (path / name).is_file()]
+    if len(found) > 1:  # `--force` of one command into another's OUT, before they refused it
+        raise UserError(f"{path}: holds both {kinds[found[0]].description} ({found[0]}) and "
+                        f"{kinds[found[1]].description} ({found[1]}), so which policy it is is "
                         "unclear; move one of them to a directory of its own")
-    if PLANNER_FILE in kinds:
-        from rlalloc.agent.planner import load_planner
-
-        return load_planner(path, name=path.name)
-    if SIZES_FILE in kinds:
-        from rlalloc.agent.job_sizes import load_sized_policy
-
-        return load_sized_policy(path, name=path.name)
-    if path.is_dir() and not kinds:
-        raise UserError(f"{path}: not a saved policy (no {', '.join(POLICY_FILES)}); give the "
-                        "directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
+    if found:
+        return kinds[found[0]].load(path, path.name)
     if path.is_dir():
-        return _load_learned(path, path.name)
+        raise UserError(f"{path}: not a saved policy (no {', '.join(kinds)}); give the "
+                        "directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
     if path.is_file():  # e.g. DIR/policy.pt: a saved model is the directory, not one of its files
-        saved = any((path.parent / f).is_file() for f in POLICY_FILES)
+        saved = any((path.parent / f).is_file() for f in kinds)
         hint = (f"give its directory, {path.parent}" if saved else
                 "give the directory that `rlalloc train`, `sizes fit` or `planner fit` wrote")
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")

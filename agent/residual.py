@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from rlalloc.agent.catalogue import HEURISTICS
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
 from rlalloc.agent.policy import Policy
-from rlalloc.agent.registry import HEURISTICS
 from rlalloc.env.errors import UserError
 from rlalloc.env.featurizer import FeatureSpec, Featurizer, speedup
 from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus

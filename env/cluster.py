@@ -14,8 +14,8 @@ may ask for. A YAML file lists node groups so heterogeneous clusters can be desc
         gpu_type: A100
         rack: 9                 # optional: all nodes of this group in rack 9
 
-GPU types are those whose power the simulator knows (`rlalloc.env.params.GPU_POWER_W`: T4, V100, A100,
-H100), in any case; unknown keys, fractional counts and unknown types are one-line errors.
+GPU types are those whose power the simulator knows (`rlalloc.env.params.GPU_POWER_W`: T4, V100,
+A100, H100), in any case; unknown keys, fractional counts and unknown types are one-line errors.
 """
 
 from __future__ import annotations

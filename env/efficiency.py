@@ -137,8 +137,8 @@ class GoodputRates:
 
     def curve(self, epoch: int) -> tuple[float, float, float]:
         """(goodput on one GPU, alpha, beta) during `epoch`: the same curve family, fitted the
-        same way, as the iteration-rate curves of `rlalloc.env.profiles`, so policies read both alike;
-        memoised."""
+        same way, as the iteration-rate curves of `rlalloc.env.profiles`, so policies read both
+        alike; memoised."""
         found = self._curves.get(epoch)
         if found is None:
             single = self.progress_per_s((1,), epoch)

@@ -22,14 +22,13 @@ that `rlalloc simulate` and `rlalloc evaluate` report (keys in `METRIC_KEYS`). D
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
+from rlalloc.env.job_columns import JobColumns
 from rlalloc.env.params import DEFAULT_GPU_POWER_W, GPU_POWER_W, SimParams
-
-if TYPE_CHECKING:
-    from rlalloc.env.simulator import Simulator
 
 METRIC_KEYS = (
     "jobs_completed", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
@@ -40,20 +39,38 @@ METRIC_KEYS = (
 """Every metric of one run, in report order."""
 
 
+class RunCounts(Protocol):
+    """The two live counts `RunAccounting` reads of the run it accounts for."""
+
+    @property
+    def jobs_in_system(self) -> int:
+        """Jobs submitted and not finished."""
+        ...
+
+    @property
+    def invalid_actions(self) -> int:
+        """Actions refused so far."""
+        ...
+
+
 class RunAccounting:
     """Integrates cluster-wide quantities over time and keeps per-job milestones."""
 
-    def __init__(self, sim: Simulator, params: SimParams) -> None:
-        self._sim = sim
+    def __init__(self, jobs: JobColumns, gpus_total: np.ndarray, gpu_types: Sequence[str],
+                 params: SimParams, counts: RunCounts) -> None:
+        """`jobs`: the simulator's job table (read, never written); `gpus_total` and
+        `gpu_types`: per node; `counts`: the simulator's live counts."""
+        self._jobs = jobs
+        self._counts = counts
         self._params = params
-        total = int(sim._gpus_total.sum())
+        total = int(gpus_total.sum())
         self.total_gpus = total
         # per node, what training adds to one GPU's idle draw, and the whole node's idle draw:
         # GPUs are charged at their own node's type, not at a cluster average (which would
         # charge a mixed cluster's busy A100s like its T4s)
-        watts = [GPU_POWER_W.get(t, DEFAULT_GPU_POWER_W) for t in sim._gpu_types]
+        watts = [GPU_POWER_W.get(t, DEFAULT_GPU_POWER_W) for t in gpu_types]
         self._gpu_extra_w = [busy - idle for idle, busy in watts]
-        self._node_gpus = sim._gpus_total.tolist()
+        self._node_gpus = gpus_total.tolist()
         self._node_idle_w = [idle * gpus for (idle, _), gpus in
                              zip(watts, self._node_gpus, strict=True)]
         # current levels
@@ -91,7 +108,7 @@ class RunAccounting:
     def add_jobs(self, n: int) -> None:
         """Room for the milestones of `n` more jobs, the simulator's newest rows."""
         if len(self._finish) == 0 and n:
-            self.first_submit = float(self._sim._submit[0])
+            self.first_submit = float(self._jobs.submit_s[0])
         for name, column in _job_columns(n).items():
             setattr(self, name, np.concatenate([getattr(self, name), column]))
 
@@ -118,7 +135,7 @@ class RunAccounting:
         self.alloc_gpu_s += self.alloc_gpus * dt
         self.busy_gpu_s += self.busy_gpus * dt
         self.energy_j += (self.up_idle_w + self.busy_extra_w) * dt
-        self.jobs_in_system_s += self._sim.jobs_in_system * dt
+        self.jobs_in_system_s += self._counts.jobs_in_system * dt
         self._t = t
 
     def _sample(self, t: float) -> None:
@@ -127,7 +144,7 @@ class RunAccounting:
         series["alloc_gpus"].append(self.alloc_gpus)
         series["busy_gpus"].append(self.busy_gpus)
         series["queued_jobs"].append(float(self.queued_jobs))
-        series["jobs_in_system"].append(float(self._sim.jobs_in_system))
+        series["jobs_in_system"].append(float(self._counts.jobs_in_system))
 
     @property
     def demand_minutes(self) -> int:
@@ -208,7 +225,7 @@ class RunAccounting:
         """JCT of every job finished so far, in job order (what the JCT metrics and a CDF
         plot are taken over)."""
         done = ~np.isnan(self._finish)
-        return self._finish[done] - self._sim._submit[done]
+        return self._finish[done] - self._jobs.submit_s[done]
 
     def summary(self) -> dict[str, float]:
         """All metrics of `METRIC_KEYS` for the run so far.
@@ -217,10 +234,9 @@ class RunAccounting:
         every job finished (the time limit, a give-up), the jobs still in the system, each at
         its time there so far: a lower bound of what it would have been. Over the finished jobs
         alone a policy that stalls looked fastest of all (none finished: 0 s)."""
-        sim = self._sim
         done = ~np.isnan(self._finish)
-        counted = done | (sim._submit <= self._t)
-        submit = sim._submit[counted]
+        counted = done | (self._jobs.submit_s <= self._t)
+        submit = self._jobs.submit_s[counted]
         jct = np.where(done, self._finish, self._t)[counted] - submit
         queue = np.where(np.isnan(self._first_start), self._t, self._first_start)[counted] - submit
         # a run stopped before every job finished (at the time limit) spans up to now, as the
@@ -247,14 +263,15 @@ class RunAccounting:
             "gpu_busy_util": self.busy_gpu_s / capacity if capacity else 0.0,
             "goodput": kept_train_gpu_s / self.alloc_gpu_s if self.alloc_gpu_s else 0.0,
             "lost_gpu_hours": self.lost_gpu_s / 3600.0,
-            "restarts_per_job": float(sim._restarts[counted].mean()) if counted.any() else 0.0,
+            "restarts_per_job": (float(self._jobs.restarts[counted].mean()) if counted.any()
+                                 else 0.0),
             "mean_recovery_s": float(np.mean(self._recoveries)) if self._recoveries else 0.0,
             "progress_preserved": (1.0 - self.lost_train_gpu_s / self.busy_gpu_s
                                    if self.busy_gpu_s else 1.0),
             "ettr": kept_train_s / wall if wall else 0.0,
             "energy_kwh": self.energy_kwh(),
             "failures": self.failures,
-            "invalid_actions": sim.invalid_actions,
+            "invalid_actions": self._counts.invalid_actions,
         }
 
 

@@ -7,7 +7,6 @@ renamed, so an interrupted run leaves either the old file or the new one, never 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -18,16 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlalloc.cli.argtypes import out_path
 from rlalloc.env.errors import UserError
-
-
-def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
-    """The --out directory and --force flags of a command whose results go through here."""
-    parser.add_argument("--out", type=out_path, default=default,
-                        help="output directory (default: %(default)s)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace results already in --out (otherwise refused)")
 
 
 def prepare_out_dir(out: Path, produces: list[str], force: bool, flag: str = "--out") -> Path:
@@ -124,14 +114,6 @@ def _is_abandoned(staging: Path) -> bool:
     except (OSError, OverflowError):  # alive under another user, or no valid process id
         pass
     return False
-
-
-def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
-    """--out FILE.json and --force of the `rlalloc bench` commands."""
-    parser.add_argument("--out", type=out_path, default=None,
-                        help="also write the figures as JSON to this file")
-    parser.add_argument("--force", action="store_true",
-                        help="replace an existing --out file (otherwise refused)")
 
 
 def save_bench_figures(out: Path | None, figures: dict) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -25,3 +29,15 @@ def progress_bar(transient: bool = False) -> Progress:
         console=Console(stderr=True),
         transient=transient,
     )
+
+
+@contextmanager
+def progress_task(progress: Progress, description: str,
+                  total: float) -> Iterator[Callable[[float], None]]:
+    """A bar in `progress` for one phase of a run, removed when the phase ends; yields
+    the function that advances it."""
+    task = progress.add_task(description, total=total)
+    try:
+        yield partial(progress.advance, task)
+    finally:
+        progress.remove_task(task)

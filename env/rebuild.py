@@ -8,8 +8,8 @@ every job's true size and exact speed model. A controller in a real cluster has 
 
 - **Speed**: the caller's `speed_of` maps a job's state curve (speed on one GPU, alpha, beta)
   to a speed model: by default the curve itself, ``speed_1gpu * speedup(n, nodes, alpha,
-  beta)`` (`rlalloc.env.featurizer.speedup`); the planner passes measured profiles where it has them,
-  since on the Pollux workloads the curve fit loses most of what the lookahead gains
+  beta)`` (`rlalloc.env.featurizer.speedup`); the planner passes measured profiles where it has
+  them, since on the Pollux workloads the curve fit loses most of what the lookahead gains
   (docs/agent.md).
   Epochs and batch-size changes are not modelled.
 - **Size**: the caller gives each job's remaining work in seconds on one GPU (told by a size

@@ -41,6 +41,7 @@ from rlalloc.env.failures import (
     WarningEpisode,
     node_features,
 )
+from rlalloc.env.job_columns import JobColumns
 from rlalloc.env.metrics import RunAccounting
 from rlalloc.env.params import SimParams
 from rlalloc.env.placement import placement_shape
@@ -63,7 +64,7 @@ _ARRIVAL, _RESTORED, _COMPLETE, _HEALTH, _EPOCH_END = 0, 1, 2, 3, 4
 _QUEUED, _RUNNING, _RESTARTING = (int(JobStatus.QUEUED), int(JobStatus.RUNNING),
                                   int(JobStatus.RESTARTING))
 _NOOP, _SCALE = ActionKind.NOOP, ActionKind.SCALE
-_NOT_SUBMITTED, _FINISHED = -1, 3  # job status codes beyond JobStatus
+_FINISHED = 3  # job status code beyond JobStatus (and NOT_SUBMITTED)
 _LINGER_S = 3600.0
 """An ended warning episode stays visible in windowed counts for an hour (the longest window),
 and `Signals.risk_lag_s` more in the risk model's earlier reading (`_node_health`)."""
@@ -176,14 +177,15 @@ class Simulator:
         or comes back from repair), with its simulated time: for a live view such as the
         digital twin's, which would otherwise have to guess them from snapshots."""
 
-        # --- jobs: one row each, in numpy columns (`_job_columns`); filled by `_add_jobs` ----
+        # --- jobs: one row each, in numpy columns (`JobColumns`); filled by `_add_jobs` -----
         self.job_ids: tuple[str, ...] = ()
         self._job_row: dict[str, int] = {}
         self._speeds: tuple[JobSpeed, ...] = ()
         self._placement: list[tuple[int, ...]] = []  # node indices per worker, sorted
         self._submit_list: list[float] = []  # submit times, sorted, for arrival counts
-        for name, column in _job_columns((), ()).items():
-            setattr(self, name, column)
+        self.columns = JobColumns.of((), ())
+        """Each job's request, speed model and allocation, one row per job (read-only outside
+        the simulator: its accounting reads it)."""
         self._active: dict[int, None] = {}  # jobs in the system, in arrival order
         # snapshot caches, dropped when membership (None rows) or allocations change
         self._snapshot_rows: np.ndarray | None = None
@@ -192,7 +194,8 @@ class Simulator:
         self._snapshot_nodes: Nodes | None = None
         self._snapshot_health: _NodeHealth | None = None
 
-        self.accounting = RunAccounting(self, self.params)
+        self.accounting = RunAccounting(self.columns, self._gpus_total, self._gpu_types,
+                                        self.params, counts=self)
         self._events: list[tuple[float, int, int, int, int]] = []
         # Epoch ends change a job's rate but are not decision points: kept apart from `_events`
         # so that `advance` never stops at one.
@@ -284,7 +287,7 @@ class Simulator:
         """How long the job longest in the system has been there (0 when none is): the
         oldest arrival still active, as `_active` keeps arrival order."""
         oldest = next(iter(self._active), None)
-        return 0.0 if oldest is None else self.time_s - float(self._submit[oldest])
+        return 0.0 if oldest is None else self.time_s - float(self.columns.submit_s[oldest])
 
     def apply(self, action: Action) -> bool:
         """Carry out `action` now; an invalid one changes nothing, is counted, returns False."""
@@ -349,11 +352,11 @@ class Simulator:
             self._cordoned[self.node_index[name]] = True
         for row, job in enumerate(found):
             self._arrive(row)
-            self._done[row] = job.done
-            self._attained[row] = job.attained_gpu_s
-            self._run_s[row] = job.run_s
-            self._restarts[row] = job.restarts
-            self._started_once[row] = job.started
+            self.columns.done[row] = job.done
+            self.columns.attained_gpu_s[row] = job.attained_gpu_s
+            self.columns.run_s[row] = job.run_s
+            self.columns.restarts[row] = job.restarts
+            self.columns.started_once[row] = job.started
             if job.nodes:
                 self._allocate(row, tuple(sorted(self.node_index[n] for n in job.nodes)),
                                time_s, job.restore_left_s)
@@ -361,10 +364,10 @@ class Simulator:
 
     def _arrive(self, row: int) -> None:
         """The job joins the queue."""
-        self._status[row] = _QUEUED
+        self.columns.status[row] = _QUEUED
         self._active[row] = None
         self._snapshot_rows = None
-        self.accounting.change(queued_gpus=int(self._requested[row]), queued_jobs=1)
+        self.accounting.change(queued_gpus=int(self.columns.requested_gpus[row]), queued_jobs=1)
 
     def fork(self, arrivals_known_s: float = math.inf, extra_jobs: Sequence[JobSpec] = (),
              extra_speeds: Sequence[JobSpeed] = ()) -> Simulator:
@@ -404,8 +407,7 @@ class Simulator:
         assert len(self._job_row) == len(self.job_ids), "job ids must be unique"
         self._speeds = (*self._speeds, *speeds)
         self._placement.extend(() for _ in jobs)
-        for name, column in _job_columns(jobs, speeds).items():
-            setattr(self, name, np.concatenate([getattr(self, name), column]))
+        self.columns.extend(JobColumns.of(jobs, speeds))
         self._submit_list = sorted(self._submit_list + [job.submit_s for job in jobs])
         self.accounting.add_jobs(len(jobs))
         for row, job in enumerate(jobs, start=first):
@@ -420,9 +422,9 @@ class Simulator:
         knowing job sizes would be worth.
         """
         rows = [self._job_row[job_id] for job_id in job_ids]
-        left = np.array([self._work[r] - self._progress(r, self.time_s) for r in rows],
+        left = np.array([self.columns.work[r] - self._progress(r, self.time_s) for r in rows],
                         dtype=np.float64)
-        return np.maximum(left, 0.0) / self._speed1[rows]
+        return np.maximum(left, 0.0) / self.columns.speed_1gpu[rows]
 
     def validate(self, action: Action) -> str:
         """Why `action` cannot be carried out now ("" when it can)."""
@@ -442,7 +444,7 @@ class Simulator:
         if self._snapshot_alloc is None:
             self._refresh_allocation_columns()
         static, alloc = self._snapshot_static, self._snapshot_alloc
-        jobs = SnapshotJobs(
+        jobs = SnapshotJobs.lazy(
             {
                 "job_id": static["job_id"], "status": alloc["status"],
                 "submit_s": static["submit_s"], "requested_gpus": static["requested_gpus"],
@@ -462,29 +464,29 @@ class Simulator:
         self._snapshot_rows = rows
         self._snapshot_static = {
             "job_id": _pick(self.job_ids, rows),
-            "submit_s": self._submit[rows],
-            "requested_gpus": self._requested[rows],
-            "min_workers": self._min_w[rows],
-            "max_workers": self._max_w[rows],
-            "speed_1gpu": self._speed1[rows],
-            "scaling_alpha": self._alpha[rows],
-            "scaling_beta": self._beta[rows],
-            "restore_s": self._restore[rows],
-            "work": self._work[rows],
+            "submit_s": self.columns.submit_s[rows],
+            "requested_gpus": self.columns.requested_gpus[rows],
+            "min_workers": self.columns.min_workers[rows],
+            "max_workers": self.columns.max_workers[rows],
+            "speed_1gpu": self.columns.speed_1gpu[rows],
+            "scaling_alpha": self.columns.scaling_alpha[rows],
+            "scaling_beta": self.columns.scaling_beta[rows],
+            "restore_s": self.columns.restore_s[rows],
+            "work": self.columns.work[rows],
         }
         self._snapshot_alloc = None
 
     def _refresh_allocation_columns(self) -> None:
         rows = self._snapshot_rows
         self._snapshot_alloc = {
-            "status": self._status[rows],
-            "workers": self._workers[rows],
+            "status": self.columns.status[rows],
+            "workers": self.columns.workers[rows],
             "placement": _pick(self._placement, rows),
-            "restarts": self._restarts[rows],
+            "restarts": self.columns.restarts[rows],
             "inputs": {
-                "done": self._done[rows], "rate": self._rate[rows],
-                "busy_from": self._busy_from[rows], "anchor": self._anchor[rows],
-                "attained": self._attained[rows], "run_s": self._run_s[rows],
+                "done": self.columns.done[rows], "rate": self.columns.rate[rows],
+                "busy_from": self.columns.busy_from_s[rows], "anchor": self.columns.anchor_s[rows],
+                "attained": self.columns.attained_gpu_s[rows], "run_s": self.columns.run_s[rows],
                 "work": self._snapshot_static["work"],
             },
         }
@@ -500,19 +502,20 @@ class Simulator:
             return f"unknown node {err.args[0]!r}"
         if action.kind == _SCALE:
             n = action.workers
-            if n and not self._min_w[row] <= n <= self._max_w[row]:
-                return f"{n} workers is outside [{self._min_w[row]}, {self._max_w[row]}]"
-            if n == 0 and self._status[row] == _QUEUED:
+            low, high = self.columns.min_workers[row], self.columns.max_workers[row]
+            if n and not low <= n <= high:
+                return f"{n} workers is outside [{low}, {high}]"
+            if n == 0 and self.columns.status[row] == _QUEUED:
                 return "job is already suspended"
         else:
-            if self._status[row] == _QUEUED:
+            if self.columns.status[row] == _QUEUED:
                 return "job is not running"
             src = self.node_index.get(action.from_node, -1)
             if src not in self._placement[row]:
                 return f"job has no worker on {action.from_node!r}"
             if src in nodes:
                 return "the new placement still uses the node to leave"
-            if len(nodes) != self._workers[row]:
+            if len(nodes) != self.columns.workers[row]:
                 return "a migration keeps the worker count"
         if tuple(sorted(nodes)) == self._placement[row]:
             return "placement unchanged"
@@ -526,16 +529,16 @@ class Simulator:
     def _reallocate(self, row: int, nodes: tuple[int, ...]) -> None:
         """Checkpoint the job (no loss), release its GPUs and start it on `nodes` (may be ())."""
         t = self.time_s
-        if self._status[row] != _QUEUED:
-            self._done[row] = self._progress(row, t)
+        if self.columns.status[row] != _QUEUED:
+            self.columns.done[row] = self._progress(row, t)
             self._release(row, t)
         if not nodes:
             return
-        restarted = self._started_once[row]
+        restarted = self.columns.started_once[row]
         if restarted:
-            self._restarts[row] += 1
+            self.columns.restarts[row] += 1
         pays_restore = restarted or self.params.first_start_restore
-        restore = float(self._restore[row]) if pays_restore else 0.0
+        restore = float(self.columns.restore_s[row]) if pays_restore else 0.0
         self._allocate(row, nodes, t, restore)
 
     def _allocate(self, row: int, nodes: tuple[int, ...], t: float, restore: float) -> None:
@@ -547,42 +550,42 @@ class Simulator:
             self._node_jobs[node].add(row)
             assert self._gpus_free[node] >= 0, ("GPU over-allocated", self.node_names[node])
         self._placement[row] = nodes
-        self._workers[row] = len(nodes)
-        self._rate[row] = rate
-        self._anchor[row] = t
-        self._busy_from[row] = t + restore
-        self._version[row] += 1
-        self._status[row] = _RESTARTING
+        self.columns.workers[row] = len(nodes)
+        self.columns.rate[row] = rate
+        self.columns.anchor_s[row] = t
+        self.columns.busy_from_s[row] = t + restore
+        self.columns.version[row] += 1
+        self.columns.status[row] = _RESTARTING
         self._allocation_changed()
-        if not self._started_once[row]:
-            self._started_once[row] = True
+        if not self.columns.started_once[row]:
+            self.columns.started_once[row] = True
             self.accounting.job_started(row, t)
-        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self._requested[row]),
+        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self.columns.requested_gpus[row]),
                                queued_jobs=-1)
         if restore > 0:
-            self._push(t + restore, _RESTORED, row, int(self._version[row]))
+            self._push(t + restore, _RESTORED, row, int(self.columns.version[row]))
         else:
             self._on_restored(row, t)
 
     def _release(self, row: int, t: float) -> None:
         """Free the job's GPUs; its progress must already be stored in `_done`."""
-        held = t - self._anchor[row]
-        self._attained[row] += self._workers[row] * held
-        self._run_s[row] += held
-        workers = int(self._workers[row])
-        if self._status[row] == _RUNNING:
+        held = t - self.columns.anchor_s[row]
+        self.columns.attained_gpu_s[row] += self.columns.workers[row] * held
+        self.columns.run_s[row] += held
+        workers = int(self.columns.workers[row])
+        if self.columns.status[row] == _RUNNING:
             self.accounting.training_stopped(row, t)
             self.accounting.gpus_busy(self._placement[row], busy=False)
-        self.accounting.change(alloc=-workers, queued_gpus=int(self._requested[row]),
+        self.accounting.change(alloc=-workers, queued_gpus=int(self.columns.requested_gpus[row]),
                                queued_jobs=1)
         for node in self._placement[row]:
             self._gpus_free[node] += 1
             self._node_jobs[node].discard(row)
         self._placement[row] = ()
-        self._workers[row] = 0
-        self._rate[row] = 0.0
-        self._version[row] += 1
-        self._status[row] = _QUEUED
+        self.columns.workers[row] = 0
+        self.columns.rate[row] = 0.0
+        self.columns.version[row] += 1
+        self.columns.status[row] = _QUEUED
         self._allocation_changed()
 
     def _training_rate(self, row: int, shape: tuple[int, ...]) -> float:
@@ -592,14 +595,15 @@ class Simulator:
         if speed.epochs is None:
             rate = speed.iterations_per_s(shape)
         else:
-            rate = speed.epochs.progress_per_s(shape, speed.epochs.epoch_at(self._done[row]))
+            rate = speed.epochs.progress_per_s(shape, speed.epochs.epoch_at(self.columns.done[row]))
         interval = self.params.checkpoint_interval_s
         return rate * interval / (interval + self.params.checkpoint_stall_s)
 
     def _progress(self, row: int, t: float) -> float:
-        if self._status[row] != _RUNNING:
-            return float(self._done[row])
-        return float(self._done[row] + self._rate[row] * (t - self._busy_from[row]))
+        columns = self.columns
+        if columns.status[row] != _RUNNING:
+            return float(columns.done[row])
+        return float(columns.done[row] + columns.rate[row] * (t - columns.busy_from_s[row]))
 
     def checkpointed_progress(self) -> np.ndarray:
         """Progress in each job's latest checkpoint now, in `state()`'s job order: what a job
@@ -609,16 +613,16 @@ class Simulator:
             self._refresh_membership_columns()
         rows = self._snapshot_rows
         done = np.array([self._last_checkpoint(int(row), self.time_s)[0] for row in rows])
-        return np.minimum(done / self._work[rows], 1.0)
+        return np.minimum(done / self.columns.work[rows], 1.0)
 
     def _last_checkpoint(self, row: int, t: float) -> tuple[float, float]:
         """(progress, time) of the job's latest checkpoint at time t."""
-        if self._status[row] != _RUNNING:
-            return float(self._done[row]), float(self._anchor[row])
+        if self.columns.status[row] != _RUNNING:
+            return float(self.columns.done[row]), float(self.columns.anchor_s[row])
         interval = self.params.checkpoint_interval_s
-        trained = math.floor((t - self._busy_from[row]) / interval) * interval
-        return (float(self._done[row] + self._rate[row] * trained),
-                float(self._busy_from[row] + trained))
+        trained = math.floor((t - self.columns.busy_from_s[row]) / interval) * interval
+        return (float(self.columns.done[row] + self.columns.rate[row] * trained),
+                float(self.columns.busy_from_s[row] + trained))
 
     def _allocation_changed(self) -> None:
         self._snapshot_alloc = None
@@ -653,7 +657,7 @@ class Simulator:
             while epoch_ends and epoch_ends[0][0] <= min(target, events[0][0] if events
                                                          else math.inf):
                 t, _, _, a, b = heapq.heappop(epoch_ends)
-                if b == self._version[a]:
+                if b == self.columns.version[a]:
                     self.accounting.advance(t)
                     self.time_s = t
                     self._on_epoch_end(a, t)
@@ -667,10 +671,10 @@ class Simulator:
                 self._arrivals_pending -= 1
                 self._arrive(a)
             elif kind == _RESTORED:
-                if b == self._version[a]:
+                if b == self.columns.version[a]:
                     self._on_restored(a, t)
             elif kind == _COMPLETE:
-                if b == self._version[a]:
+                if b == self.columns.version[a]:
                     self._on_complete(a, t)
                     if self.done:
                         # the run ends at its last finish, so do its integrals (energy), not at
@@ -682,7 +686,7 @@ class Simulator:
         self.time_s = target
 
     def _on_restored(self, row: int, t: float) -> None:
-        self._status[row] = _RUNNING
+        self.columns.status[row] = _RUNNING
         self._allocation_changed()
         self.accounting.gpus_busy(self._placement[row], busy=True)
         self.accounting.training_started(row, t)
@@ -691,35 +695,38 @@ class Simulator:
     def _schedule_run_end(self, row: int, t: float) -> None:
         """Push the end of the job's constant-rate stretch from `t`: its completion, or its
         current epoch's end when the rate changes there."""
-        work, done = self._work[row], self._done[row]
+        work, done = self.columns.work[row], self.columns.done[row]
         epochs = self._speeds[row].epochs
         end = work if epochs is None else min(work, epochs.epoch_ends[epochs.epoch_at(done)])
-        at = t + (end - done) / self._rate[row]
+        at = t + (end - done) / self.columns.rate[row]
         if end < work:
-            self._push(at, _EPOCH_END, row, int(self._version[row]), self._epoch_ends)
+            self._push(at, _EPOCH_END, row, int(self.columns.version[row]), self._epoch_ends)
         else:
-            self._push(at, _COMPLETE, row, int(self._version[row]))
+            self._push(at, _COMPLETE, row, int(self.columns.version[row]))
 
     def _on_epoch_end(self, row: int, t: float) -> None:
         """The job's rate changes with its new epoch. Trainers checkpoint at an epoch's end, so
         the periodic checkpoint clock restarts there, as after a restore."""
         epochs = self._speeds[row].epochs
-        end = epochs.epoch_ends[epochs.epoch_at(self._done[row])]
+        end = epochs.epoch_ends[epochs.epoch_at(self.columns.done[row])]
         assert abs(self._progress(row, t) - end) <= 1e-6 * max(1.0, end)
-        self._done[row] = end
-        self._busy_from[row] = t
-        self._rate[row] = self._training_rate(row, placement_shape(self._placement[row]))
-        self._speed1[row], self._alpha[row], self._beta[row] = epochs.curve(epochs.epoch_at(end))
+        self.columns.done[row] = end
+        self.columns.busy_from_s[row] = t
+        self.columns.rate[row] = self._training_rate(row, placement_shape(self._placement[row]))
+        columns = self.columns
+        columns.speed_1gpu[row], columns.scaling_alpha[row], columns.scaling_beta[row] = (
+            epochs.curve(epochs.epoch_at(end)))
         self._snapshot_rows = None  # the curve columns changed
         self._allocation_changed()
         self._schedule_run_end(row, t)
 
     def _on_complete(self, row: int, t: float) -> None:
-        assert abs(self._progress(row, t) - self._work[row]) <= 1e-6 * max(1.0, self._work[row])
-        self._done[row] = self._work[row]
+        work = self.columns.work[row]
+        assert abs(self._progress(row, t) - work) <= 1e-6 * max(1.0, work)
+        self.columns.done[row] = self.columns.work[row]
         self._release(row, t)
-        self._status[row] = _FINISHED
-        self.accounting.change(queued_gpus=-int(self._requested[row]), queued_jobs=-1)
+        self.columns.status[row] = _FINISHED
+        self.accounting.change(queued_gpus=-int(self.columns.requested_gpus[row]), queued_jobs=-1)
         del self._active[row]
         self._snapshot_rows = None
         self.accounting.job_finished(row, t)
@@ -751,11 +758,11 @@ class Simulator:
         for row in sorted(self._node_jobs[node]):
             ckpt_progress, ckpt_time = self._last_checkpoint(row, t)
             lost_work = self._progress(row, t) - ckpt_progress
-            since = t - max(ckpt_time, float(self._anchor[row]))
-            self.accounting.job_failed(row, t, lost_gpu_s=float(self._workers[row]) * since,
-                                       lost_train_s=lost_work / max(self._rate[row], 1e-12),
-                                       workers=int(self._workers[row]))
-            self._done[row] = ckpt_progress
+            since = t - max(ckpt_time, float(self.columns.anchor_s[row]))
+            self.accounting.job_failed(row, t, lost_gpu_s=float(self.columns.workers[row]) * since,
+                                       lost_train_s=lost_work / max(self.columns.rate[row], 1e-12),
+                                       workers=int(self.columns.workers[row]))
+            self.columns.done[row] = ckpt_progress
             self._release(row, t)
         self._down[node] = True
         self._gpus_free[node] = 0
@@ -768,7 +775,7 @@ class Simulator:
         if self._snapshot_nodes is not None and not self._episodes:
             return self._snapshot_nodes
         health = self._node_health()
-        self._snapshot_nodes = SnapshotNodes(
+        self._snapshot_nodes = SnapshotNodes.lazy(
             {
                 "name": self.node_names, "gpus_total": self._snapshot_totals,
                 "gpus_free": self._gpus_free.copy(), "gpu_type": self._gpu_types,
@@ -850,8 +857,8 @@ class Simulator:
         lo = bisect.bisect_right(self._submit_list, self.time_s - 3600.0)
         hi = bisect.bisect_right(self._submit_list, self.time_s)
         minutes = self.accounting.demand_minutes
-        return SnapshotDemand(self.accounting.queued_gpus, int(hi - lo),
-                              lambda: self._forecast(minutes))
+        return SnapshotDemand.lazy(self.accounting.queued_gpus, int(hi - lo),
+                                   lambda: self._forecast(minutes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -890,41 +897,11 @@ def time_limit_s(sim: Simulator) -> float:
     """
     jobs = sim.workload.jobs
     span = (jobs[-1].submit_s - jobs[0].submit_s) if jobs else 0.0
-    solo_s = sim._work / sim._speed1 + sim._restore
+    solo_s = sim.columns.work / sim.columns.speed_1gpu + sim.columns.restore_s
     if not len(solo_s):
         return STUCK_MIN_S
     serial = DEFAULT_LIMIT_FACTOR * (span + float(solo_s.sum()))
     return min(serial, DEFAULT_LIMIT_FACTOR * span + max(STUCK_MIN_S, 2 * float(solo_s.max())))
-
-
-def _job_columns(jobs: Sequence[JobSpec], speeds: Sequence[JobSpeed]) -> dict[str, np.ndarray]:
-    """The per-job numpy columns of `Simulator` for `jobs`, as they stand before arrival.
-
-    One definition for the constructor and for jobs added to a fork (`Simulator._add_jobs`).
-    """
-    n = len(jobs)
-    return {
-        "_submit": np.array([j.submit_s for j in jobs], dtype=np.float64),
-        "_requested": np.array([j.requested_gpus for j in jobs], dtype=np.int32),
-        "_min_w": np.array([j.min_workers for j in jobs], dtype=np.int32),
-        "_max_w": np.array([j.max_workers for j in jobs], dtype=np.int32),
-        "_work": np.array([j.work for j in jobs], dtype=np.float64),
-        "_restore": np.array([j.restore_s for j in jobs], dtype=np.float32),
-        "_speed1": np.array([s.speed_1gpu for s in speeds], dtype=np.float32),
-        "_alpha": np.array([s.scaling_alpha for s in speeds], dtype=np.float32),
-        "_beta": np.array([s.scaling_beta for s in speeds], dtype=np.float32),
-        "_status": np.full(n, _NOT_SUBMITTED, dtype=np.int8),
-        "_workers": np.zeros(n, dtype=np.int32),
-        "_rate": np.zeros(n, dtype=np.float64),  # iterations/s while training
-        "_done": np.zeros(n, dtype=np.float64),  # progress at the anchor (checkpointed)
-        "_anchor": np.zeros(n, dtype=np.float64),  # when the current allocation began
-        "_busy_from": np.zeros(n, dtype=np.float64),  # restore ends, training starts
-        "_attained": np.zeros(n, dtype=np.float64),  # GPU-s up to the anchor
-        "_run_s": np.zeros(n, dtype=np.float64),  # allocated seconds up to the anchor
-        "_restarts": np.zeros(n, dtype=np.int32),
-        "_version": np.zeros(n, dtype=np.int64),
-        "_started_once": np.zeros(n, dtype=bool),
-    }
 
 
 def _pick(items: Sequence, rows: np.ndarray) -> tuple:

@@ -5,7 +5,8 @@ like static FIFO never reads progress, attained service or time since checkpoint
 are derived from per-allocation inputs (captured when the snapshot is taken, so later simulation
 cannot change them) and the snapshot time, on first access, then cached; node utilisation and
 temperature and the demand forecast likewise. Everything else about the objects is a plain
-`Jobs`, `Nodes` and `Demand`.
+`Jobs`, `Nodes` and `Demand`: `lazy` builds the deferred form, and the constructor takes every
+field, as `dataclasses.replace` passes them (the guardrails replace columns of a state).
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ class SnapshotJobs(Jobs):
     checkpoint are computed from `inputs` (arrays frozen at snapshot time) when one of them is
     first read, all five together (they share their intermediate arrays)."""
 
-    def __init__(self, columns: dict[str, object], inputs: dict[str, np.ndarray], time_s: float,
-                 checkpoint_interval_s: float) -> None:
+    def __init__(self, **columns: object) -> None:
+        """Every column given: nothing left to compute."""
         self.__dict__.update(columns)
-        self.__dict__.update(_inputs=inputs, _time_s=time_s, _interval_s=checkpoint_interval_s)
+
+    @classmethod
+    def lazy(cls, columns: dict[str, object], inputs: dict[str, np.ndarray], time_s: float,
+             checkpoint_interval_s: float) -> SnapshotJobs:
+        """The jobs of `columns`, the time-dependent ones computed from `inputs` when read."""
+        jobs = cls(**columns)
+        jobs.__dict__.update(_inputs=inputs, _time_s=time_s, _interval_s=checkpoint_interval_s)
+        return jobs
 
     def __getattr__(self, name: str) -> np.ndarray:
         # Python calls this only for attributes not set yet: here, the time-dependent columns
@@ -59,10 +67,17 @@ class SnapshotNodes(Nodes):
     exporters read them, the policies do not, and allocations (which change both) happen at
     nearly every environment step."""
 
-    def __init__(self, columns: dict[str, object], temperature: tuple[float, float],
-                 temperature_excess: np.ndarray | float) -> None:
+    def __init__(self, **columns: object) -> None:
+        """Every column given: nothing left to compute."""
         self.__dict__.update(columns)
-        self.__dict__.update(_temperature=temperature, _temperature_excess=temperature_excess)
+
+    @classmethod
+    def lazy(cls, columns: dict[str, object], temperature: tuple[float, float],
+             temperature_excess: np.ndarray | float) -> SnapshotNodes:
+        """The nodes of `columns`, utilisation and temperature computed when read."""
+        nodes = cls(**columns)
+        nodes.__dict__.update(_temperature=temperature, _temperature_excess=temperature_excess)
+        return nodes
 
     def __getattr__(self, name: str) -> np.ndarray:
         # Python calls this only for attributes not set yet: here, utilisation and temperature
@@ -79,11 +94,17 @@ class SnapshotNodes(Nodes):
 class SnapshotDemand(Demand):
     """`Demand` whose forecast is computed by `forecast()` on first access."""
 
-    def __init__(self, pending_gpus: int, arrivals_1h: int,
-                 forecast: Callable[[], tuple[float, float, float]]) -> None:
-        object.__setattr__(self, "pending_gpus", pending_gpus)
-        object.__setattr__(self, "arrivals_1h", arrivals_1h)
-        object.__setattr__(self, "_forecast", forecast)
+    def __init__(self, **fields: object) -> None:
+        """Every field given, the forecast included."""
+        self.__dict__.update(fields)
+
+    @classmethod
+    def lazy(cls, pending_gpus: int, arrivals_1h: int,
+             forecast: Callable[[], tuple[float, float, float]]) -> SnapshotDemand:
+        """Demand whose forecast `forecast()` gives when first read."""
+        demand = cls(pending_gpus=pending_gpus, arrivals_1h=arrivals_1h)
+        demand.__dict__["_forecast"] = forecast
+        return demand
 
     @cached_property
     def forecast_gpus(self) -> tuple[float, float, float]:

@@ -1,11 +1,11 @@
 """Node-failure risk: probability that a node fails within the next `horizon_s`, from telemetry.
 
 No public per-node failure telemetry exists, so the model is trained and scored on the
-simulator's warning process (`rlalloc.env.failures.sample_node_telemetry`): it can only be as right as
-that process is. The model is a logistic regression over the node's current windowed telemetry
-(XID errors, double-bit ECC errors, readiness flaps, temperature excess) and the same features
-`lag_steps` samples earlier, so it sees whether a warning episode is building up. It is small
-enough to store as plain JSON numbers and to run on every node at every decision.
+simulator's warning process (`rlalloc.env.failures.sample_node_telemetry`): it can only be as
+right as that process is. The model is a logistic regression over the node's current windowed
+telemetry (XID errors, double-bit ECC errors, readiness flaps, temperature excess) and the same
+features `lag_steps` samples earlier, so it sees whether a warning episode is building up. It is
+small enough to store as plain JSON numbers and to run on every node at every decision.
 """
 
 from __future__ import annotations

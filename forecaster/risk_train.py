@@ -1,7 +1,7 @@
 """Fitting the node-failure risk model on simulated telemetry (torch is needed only here).
 
-Inference (`rlalloc.forecaster.risk.RiskModel`) is plain numpy, so the simulator and the actuator load
-the shipped model without torch.
+Inference (`rlalloc.forecaster.risk.RiskModel`) is plain numpy, so the simulator and the actuator
+load the shipped model without torch.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ import pytest
 import yaml
 
 from rlalloc.actuator.config import ActuatorConfig, Queries
+from rlalloc.actuator.crd_schema import PyTorchJobValidator
+from rlalloc.actuator.k8s_names import PYTORCHJOB_CRD
 from rlalloc.actuator.kube import KubeClient, api_client_from
 from rlalloc.actuator.loop import Controller
 from rlalloc.actuator.observe import PrometheusSource
@@ -32,7 +34,7 @@ from rlalloc.actuator.twin.harness import (
     prometheus_config,
     start_twin,
 )
-from rlalloc.actuator.twin.kube_api import dump_kubeconfig
+from rlalloc.actuator.twin.kube_api import dump_kubeconfig, installed_crd
 from rlalloc.env.cluster import uniform_cluster
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams
@@ -192,11 +194,20 @@ def twin_config(twin_speed: float, prometheus_url: str, **overrides: object) -> 
     return ActuatorConfig(**settings)
 
 
+def twin_crd_validator() -> PyTorchJobValidator:
+    """A validator of the PyTorchJob CRD the twin has installed: what the actuator checks its
+    patches against when it runs against a twin."""
+    return PyTorchJobValidator(installed_crd(), f"the twin's CRD {PYTORCHJOB_CRD}")
+
+
 def controller(tmp: Path, twin: RunningTwin, config: ActuatorConfig, policy: object,
                identity: str = "actuator-0") -> Controller:
-    """A controller wired to the twin's API and a real Prometheus."""
-    return Controller(config, kube_client(tmp, twin, config), PrometheusSource(config), policy,
-                      identity, signals=signals(config.signals))
+    """A controller wired to the twin's API and a real Prometheus, checking its patches
+    against the CRD it read from the twin, as `rlalloc actuate` does in a cluster."""
+    kube = kube_client(tmp, twin, config)
+    validate = PyTorchJobValidator(kube.read_pytorchjob_crd(), "the twin's API")
+    return Controller(config, kube, PrometheusSource(config), policy, identity, validate,
+                      signals=signals(config.signals))
 
 
 def wait_until(predicate: object, timeout_s: float, step_s: float = 0.2) -> bool:

@@ -311,7 +311,7 @@ def test_twin_command_stopped_by_sigterm_while_starting_is_one_line(tmp_path):
     out = tmp_path / "twin"
     script = (
         "import os, signal, sys, time\n"
-        "import actuator.twin.harness as harness\n"
+        "import rlalloc.actuator.twin.harness as harness\n"
         "def start_twin(*args, **kwargs):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(5)\n"

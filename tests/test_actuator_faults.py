@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from http import HTTPStatus
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
+from rlalloc.actuator import apply
+from rlalloc.actuator.apply import placement_patch
 from rlalloc.actuator.config import ActuatorConfig, Queries
+from rlalloc.actuator.crd_schema import CRD_PATH_ENV
 from rlalloc.actuator.guardrails import DecisionHistory, decide
+from rlalloc.actuator.k8s_names import PYTORCHJOB_CRD
 from rlalloc.actuator.kube import KubeClient, KubeError, api_client_from
 from rlalloc.actuator.leader import LeaderElector
 from rlalloc.actuator.loop import Controller
@@ -39,7 +44,9 @@ from rlalloc.actuator.server import StatusServer
 from rlalloc.actuator.state_builder import Ledger, Observation, build_state
 from rlalloc.actuator.twin.exporter import NodeTelemetry, PodTelemetry, TelemetryFrame, TwinExporter
 from rlalloc.actuator.twin.kube_api import (
+    CRDS,
     EVENTS,
+    INSTALLED_CRD_FILE,
     LEASES,
     NODES,
     PODS,
@@ -77,6 +84,7 @@ from actuator_fixtures import (
     needs_prometheus,
     start_quiet_twin,
     twin_config,
+    twin_crd_validator,
     wait_until,
 )
 
@@ -117,6 +125,12 @@ def _world(tmp_path, state: ClusterState, **overrides: object):
     metrics = RecordedMetrics(MetricsSnapshot(
         query_results(state, "default", names, time.time()), state.time_s))
     return server, config, kube_client(tmp_path, Twinish, config), metrics
+
+
+def _controller(config: ActuatorConfig, kube: KubeClient, metrics: object, policy: object,
+                identity: str) -> Controller:
+    """A controller checking its patches against the CRD the twin has installed."""
+    return Controller(config, kube, metrics, policy, identity, twin_crd_validator())
 
 
 def _writes(api: TwinKubeAPI) -> list[str]:
@@ -177,7 +191,7 @@ def test_slow_prometheus_means_no_moves(tmp_path):
         tmp_path, state, prometheus_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
         prometheus_timeout_s=0.3)
     try:
-        ctl = Controller(config, kube, PrometheusSource(config), TinyElastic(), "a-0")
+        ctl = _controller(config, kube, PrometheusSource(config), TinyElastic(), "a-0")
         started = time.monotonic()
         report = ctl.run_cycle()
         assert not report.observed and "Prometheus" in report.error
@@ -313,7 +327,7 @@ def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tm
     try:
         grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0001",) * 3))
         again = _rename(Action(ActionKind.SCALE, "j", 4, ("node-0001",) * 4))
-        ctl = Controller(config, kube, metrics, Scripted(grow, again), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(grow, again), "a-0")
         server.api.inject_fault("DELETE", "/pods/", *[403] * 4)
         first = ctl.run_cycle()
         [(_, outcome)] = first.outcomes
@@ -334,17 +348,17 @@ def test_a_new_leader_keeps_the_cooldown_and_the_hours_disruptions(tmp_path):
     try:
         grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0000",) * 3))
         again = _rename(Action(ActionKind.SCALE, "j", 4, ("node-0000",) * 4))
-        first = Controller(config, kube, metrics, Scripted(grow), "replica-a").run_cycle()
+        first = _controller(config, kube, metrics, Scripted(grow), "replica-a").run_cycle()
         assert [o for _, o in first.outcomes] == ["applied"]
         annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
             "annotations"]
         assert (annotations["rlalloc.io/last-change"],
                 annotations["rlalloc.io/disruptions"]) == ("100.0", "100.0")
-        successor = Controller(config, kube, metrics, Scripted(again), "replica-b").run_cycle()
+        successor = _controller(config, kube, metrics, Scripted(again), "replica-b").run_cycle()
         [(decision, outcome)] = successor.outcomes
         assert outcome == "refused" and decision.reason.startswith("cooldown: changed 0s ago")
         no_cooldown = replace(config, cooldown_s=0.0)
-        capped = Controller(no_cooldown, kube, metrics, Scripted(again), "replica-c").run_cycle()
+        capped = _controller(no_cooldown, kube, metrics, Scripted(again), "replica-c").run_cycle()
         [(decision, outcome)] = capped.outcomes
         assert outcome == "refused" and decision.reason.startswith(
             "disruption cap: 1 disruptive moves in the last hour")
@@ -360,7 +374,7 @@ def test_a_scale_that_fails_records_no_change(tmp_path):
     try:
         suspend = _rename(Action(ActionKind.SCALE, "j", 0, ()))
         server.api.inject_fault("PATCH", "/pytorchjobs/j/scale", 503)
-        ctl = Controller(config, kube, metrics, Scripted(suspend, suspend), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(suspend, suspend), "a-0")
         [(_, outcome)] = ctl.run_cycle().outcomes
         assert outcome == "failed"
         annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
@@ -384,7 +398,7 @@ def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
     try:
         move = _rename(Action(ActionKind.SCALE, "j", 2, ("node-0001", "node-0001")))
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0000", "node-0000")))
-        ctl = Controller(config, kube, metrics, Scripted(move, start), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(move, start), "a-0")
         server.api.inject_fault("DELETE", "/pods/", *[403] * 4)
         report = ctl.run_cycle()
         assert [(d.action.job_id, o) for d, o in report.outcomes] == [("default/j", "failed")]
@@ -400,7 +414,7 @@ def test_api_429_and_503_are_retried_and_the_move_applies_once(tmp_path):
     try:
         server.api.inject_fault("PATCH", "/pytorchjobs/q", 429, 503, retry_after_s=0)
         start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
-        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
         report = ctl.run_cycle()
         assert [o for _, o in report.outcomes] == ["applied"]
         patches = [w for w in _writes(server.api) if w.startswith("PATCH")]
@@ -419,7 +433,7 @@ def test_retries_of_lists_and_events_count_in_the_retry_metric(tmp_path):
         server.api.inject_fault("GET", "/nodes", 503)  # the observe step's list, retried
         server.api.inject_fault("POST", "/events", 429, retry_after_s=0)
         start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
-        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
         report = ctl.run_cycle()
         assert report.observed and [o for _, o in report.outcomes] == ["applied"]
         assert ctl.metrics.api_retries._value.get() == 2
@@ -434,7 +448,7 @@ def test_api_5xx_beyond_the_retries_leaves_the_job_untouched(tmp_path):
         server.api.inject_fault("PATCH", "/pytorchjobs/q", *[500] * (config.api_retries + 1))
         before = server.call(server.api.get, PYTORCHJOBS, "default", "q")
         start = Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001"))
-        ctl = Controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
         report = ctl.run_cycle()
         assert [o for _, o in report.outcomes] == ["failed"]
         assert server.call(server.api.get, PYTORCHJOBS, "default", "q") == before
@@ -453,7 +467,7 @@ def test_a_move_failing_every_cycle_is_one_event_counted_again(tmp_path):
     try:
         server.api.inject_fault("PATCH", "/pytorchjobs/q", *[403] * 3)
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
-        ctl = Controller(config, kube, metrics, Scripted(), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(), "a-0")
         for _ in range(2):
             ctl._policy = Scripted(start)
             assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
@@ -477,7 +491,7 @@ def test_failover_stops_before_deleting_pods_when_the_cordon_fails(tmp_path):
         server.api.inject_fault("PATCH", "/nodes/node-0000", *[503] * (config.api_retries + 1))
         move = Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
                       from_node="node-0000")
-        ctl = Controller(config, kube, metrics, Scripted(_rename(move)), "a-0")
+        ctl = _controller(config, kube, metrics, Scripted(_rename(move)), "a-0")
         report = ctl.run_cycle()
         assert [o for _, o in report.outcomes] == ["failed"]
         assert not any(w.startswith("DELETE") for w in _writes(server.api))
@@ -516,8 +530,8 @@ def test_only_the_leader_acts_and_a_standby_takes_over(tmp_path):
     try:
         kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
-        a = Controller(config, kube_a, metrics, Scripted(start), "replica-a")
-        b = Controller(config, kube_b, metrics, Scripted(start), "replica-b")
+        a = _controller(config, kube_a, metrics, Scripted(start), "replica-a")
+        b = _controller(config, kube_b, metrics, Scripted(start), "replica-b")
         reports = []
 
         def cycle(ctl: Controller) -> bool:
@@ -548,8 +562,8 @@ def test_two_replicas_racing_for_an_expired_lease_get_one_leader(tmp_path):
     config = replace(config, leader_election=True, interval_s=1.0, lease_duration_s=30.0)
     try:
         kube_b = kube_client(tmp_path, type("T", (), {"kube_url": server.url}), config)
-        a = Controller(config, kube_a, metrics, Scripted(), "replica-a")
-        b = Controller(config, kube_b, metrics, Scripted(), "replica-b")
+        a = _controller(config, kube_a, metrics, Scripted(), "replica-a")
+        b = _controller(config, kube_b, metrics, Scripted(), "replica-b")
         results: dict[str, bool] = {}
         barrier = threading.Barrier(2)
 
@@ -640,7 +654,7 @@ def test_the_leader_gives_a_failing_move_up_within_its_lease(tmp_path):
     try:
         server.api.inject_fault("PATCH", "/pytorchjobs/q", *[503] * 10)
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
-        report = Controller(config, kube, metrics, Scripted(start), "replica-a").run_cycle()
+        report = _controller(config, kube, metrics, Scripted(start), "replica-a").run_cycle()
         [(_, outcome)] = report.outcomes
         assert outcome == "failed" and "lease margin" in report.lines[0]
         patches = [w for w in _writes(server.api) if "/pytorchjobs/q" in w]
@@ -902,11 +916,18 @@ def test_a_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path, capsys):
 # ----------------------------------------------------------------- set-up and --once errors
 def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
              policy: object | None = None, stdout: list[str] | None = None,
-             once: bool = True) -> tuple[int, list[str], list[dict]]:
+             once: bool = True, crd_file: Path | None = INSTALLED_CRD_FILE,
+             ) -> tuple[int, list[str], list[dict]]:
     """`rlalloc actuate --once` (`once`; else the loop, for a test that must stop at start-up)
     in-process with `policy` (default: the tiny one), no look-ahead signals, any status port,
-    no API retries and `settings`; its exit code, the stderr lines that are not JSON log lines,
-    and the JSON log lines (its stdout lines into `stdout`)."""
+    no API retries and `settings`, RLALLOC_CRD_PATH set to `crd_file` (default: the CRD the twin
+    has installed, so that an API server that is down or fake is met where the test means it
+    to be; None: unset, the CRD is read from the cluster); its exit code, the stderr lines that
+    are not JSON log lines, and the JSON log lines (its stdout lines into `stdout`)."""
+    if crd_file is None:
+        monkeypatch.delenv(CRD_PATH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CRD_PATH_ENV, str(crd_file))
     registry = types.ModuleType("rlalloc.agent.registry")
     registry.load_policy = lambda name: policy or TinyElastic()
     monkeypatch.setitem(sys.modules, "rlalloc.agent.registry", registry)
@@ -968,11 +989,101 @@ def test_a_wrong_crd_file_is_one_line_at_start_up(tmp_path, monkeypatch, capsys,
     crd = tmp_path / "crd.yaml"
     if text is not None:
         crd.write_text(text)
-    monkeypatch.setenv("RLALLOC_CRD_PATH", str(crd))
     code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
-        "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}")}, "--dry-run")
+        "kubeconfig": _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}")}, "--dry-run",
+        crd_file=crd)
     assert code == 2 and len(err) == 1
     assert expected in err[0] and str(crd) in err[0] and "RLALLOC_CRD_PATH" in err[0]
+
+
+def test_the_actuator_checks_its_patches_against_the_crd_the_cluster_has(tmp_path, monkeypatch,
+                                                                        capsys):
+    # no RLALLOC_CRD_PATH: the CRD is read from the cluster (the twin has it installed), and a
+    # patch with a field it does not know is refused before it is sent
+    server, *_ = _world(tmp_path, _state())
+    start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+
+    def with_a_typo(*args: object) -> dict:
+        patch = placement_patch(*args)
+        patch["spec"]["pytorchReplicaSpecs"]["Worker"]["replica"] = 2
+        return patch
+
+    monkeypatch.setattr(apply, "placement_patch", with_a_typo)
+    out: list[str] = []
+    try:
+        with EmptyPrometheus() as prometheus:
+            code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+                "prometheus_url": prometheus.url, "require_node_telemetry": False,
+                "kubeconfig": _kubeconfig(tmp_path, server.url)}, policy=Scripted(start),
+                stdout=out, crd_file=None)
+        read = [r.url.path for r in list(server.api) if "/customresourcedefinitions/" in
+                r.url.path]
+        moves = _moves(server.api)
+    finally:
+        server.stop()
+    assert (code, err) == (0, [])
+    assert read == [f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PYTORCHJOB_CRD}"]
+    assert out[1] == (
+        "  failed: scale default/q: 0 -> 2 workers, none -> node-0001=2 (PyTorchJob q violates "
+        f"the CRD schema (the cluster's CRD {PYTORCHJOB_CRD}): "
+        "spec.pytorchReplicaSpecs.Worker.replica: unknown field)")
+    assert moves == []  # refused before it was sent
+
+
+def test_the_api_server_is_asked_to_refuse_unknown_fields(tmp_path):
+    server, _, kube, _ = _world(tmp_path, _state())
+    try:
+        kube.patch_pytorchjob("default", "q", {"spec": {"pytorchReplicaSpecs": {"Worker": {
+            "replicas": 2}}}})
+        kube.scale_pytorchjob("default", "q", 1)
+        with pytest.raises(KubeError, match="HTTP 422") as refused:
+            kube.patch_pytorchjob("default", "q", {"spec": {"bogus": 1}})
+        writes = [r for r in list(server.api) if str(r.method.value).upper() == "PATCH"]
+    finally:
+        server.stop()
+    assert refused.value.status == 422
+    assert [r.url.query.get("fieldValidation") for r in writes] == ["Strict"] * 3
+
+
+@pytest.mark.parametrize("status, fix", [
+    (403, f"grant get on customresourcedefinitions named {PYTORCHJOB_CRD}, as the ClusterRole "
+          "of actuator/deploy/20-rbac.yaml does, or set RLALLOC_CRD_PATH to a copy of the CRD"),
+    (404, "the Kubeflow Training Operator's PyTorchJob CRD is not installed in this cluster; "
+          "install the Training Operator, or point the kubeconfig at a cluster that has it"),
+])
+def test_a_crd_the_actuator_cannot_read_is_one_line_naming_the_fix(tmp_path, monkeypatch,
+                                                                   capsys, status, fix):
+    server, *_ = _world(tmp_path, _state())
+    if status == 403:
+        server.api.inject_fault("GET", "/customresourcedefinitions/", 403)
+    else:
+        server.call(server.api.remove, CRDS, None, PYTORCHJOB_CRD)
+    try:
+        code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+            "kubeconfig": _kubeconfig(tmp_path, server.url)}, "--dry-run", crd_file=None)
+    finally:
+        server.stop()
+    assert code == 2 and err == [
+        f"rlalloc: error: cannot read the PyTorchJob CRD from the Kubernetes API at {server.url} "
+        f"(read customresourcedefinition {PYTORCHJOB_CRD}: HTTP {status} "
+        f"{HTTPStatus(status).phrase}); {fix}"]
+
+
+def test_rlalloc_crd_path_wins_over_the_clusters_crd(tmp_path, monkeypatch, capsys):
+    server, *_ = _world(tmp_path, _state())
+    server.api.inject_fault("GET", "/customresourcedefinitions/", 403)  # would stop the start
+    out: list[str] = []
+    try:
+        with EmptyPrometheus() as prometheus:
+            code, err, _ = _actuate(tmp_path, monkeypatch, capsys, {
+                "prometheus_url": prometheus.url, "require_node_telemetry": False,
+                "kubeconfig": _kubeconfig(tmp_path, server.url)}, "--dry-run",
+                policy=Scripted(), stdout=out, crd_file=INSTALLED_CRD_FILE)
+        read = [r for r in list(server.api) if "/customresourcedefinitions/" in r.url.path]
+    finally:
+        server.stop()
+    assert (code, err, read) == (0, [], [])
+    assert out == ["cycle 1: no move, the policy proposed none (dry run)"]
 
 
 def test_a_status_port_in_use_is_one_line_but_no_matter_for_once(tmp_path, monkeypatch, capsys):

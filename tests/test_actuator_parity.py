@@ -38,7 +38,7 @@ from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
 from rlalloc.forecaster.signals import default_signals
 
-from actuator_fixtures import TinyElastic, kube_client
+from actuator_fixtures import TinyElastic, kube_client, twin_crd_validator
 
 NAMESPACE = "default"
 MAX_DECISIONS = 100
@@ -71,10 +71,10 @@ def _planner() -> object:
     """The planning policy over the elastic heuristics (sizes estimated from progress), its
     futures drawn from two other synthetic workloads: it forks a simulator rebuilt from the
     state it is shown, so the actuator's state must rebuild into the same copy."""
+    from rlalloc.agent.catalogue import HEURISTICS
     from rlalloc.agent.heuristics import ElasticPolicy
     from rlalloc.agent.lookahead import HistoryArrivals
     from rlalloc.agent.planner import planning_policy
-    from rlalloc.agent.registry import HEURISTICS
 
     base, *alternatives = [HEURISTICS[name]() for name in
                            ("elastic-srpt-0.25", "elastic-srpt", "elastic")]
@@ -199,7 +199,8 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
 
     replay = _Replay()
     actuator = Controller(config, kube_client(tmp_path, Twinish, config), replay,
-                          make_policy(), "parity")  # signals loaded from the config
+                          make_policy(), "parity",
+                          twin_crd_validator())  # signals loaded from the config
     lag_s = _scenario().signals.risk_lag_s
     seen: set[str] = set()
     mismatches = []

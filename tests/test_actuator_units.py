@@ -34,6 +34,7 @@ from rlalloc.actuator.guardrails import (
 from rlalloc.actuator.k8s_names import (
     HOSTNAME_LABEL,
     PLACEMENT_ANNOTATION,
+    PYTORCHJOB_CRD,
     REQUESTED_WORKERS_ANNOTATION,
 )
 from rlalloc.actuator.state_builder import JobRef, Ledger, Observation, PodRef, build_state
@@ -68,9 +69,8 @@ from rlalloc.env.state import (
     Nodes,
 )
 from rlalloc.forecaster.signals import load_signals
-from rlalloc.trainer_jobs.crd_schema import validate_pytorchjob
 
-from actuator_fixtures import Scripted
+from actuator_fixtures import Scripted, twin_crd_validator
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "actuator" / "deploy"
@@ -433,7 +433,7 @@ def test_placement_patch_is_valid_and_keeps_the_users_own_affinity():
             "nodeSelectorTerms": [user_term]}}}
     patch = placement_patch(_ref(job), scale("wait", "node-b", "node-b", "node-a"), 4)
     merged = merge_patch(job, patch)
-    validate_pytorchjob(merged)
+    twin_crd_validator()(merged)
     worker = merged["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 3
     terms = worker["template"]["spec"]["affinity"]["nodeAffinity"][
@@ -473,8 +473,8 @@ def _apply_over_http(tmp_path: Path, state: ClusterState, actions: list[Action],
 
         built = observe()
         for action in actions:
-            Applier(kube, config).apply(replace(action, job_id=f"default/{action.job_id}"),
-                                        built)
+            Applier(kube, config, twin_crd_validator()).apply(
+                replace(action, job_id=f"default/{action.job_id}"), built)
         held = {"pods": {(p["metadata"]["name"], p["spec"].get("nodeName"))
                          for p in kube.list_pods()},
                 "nodes": {n["metadata"]["name"]: bool(n["spec"].get("unschedulable"))
@@ -602,13 +602,14 @@ def test_deploy_manifests_are_consistent(tmp_path):
     path.write_text(config_map["data"]["actuator.yaml"])
     config = load_config(path, {})
     assert config.dry_run is True  # ships safe
-    rules = {(group, resource): set(rule["verbs"])
+    rules = {(group, resource, *rule.get("resourceNames", [])): set(rule["verbs"])
              for d in docs if d["kind"] in ("ClusterRole", "Role") for rule in d["rules"]
              for group in rule["apiGroups"] for resource in rule["resources"]}
     assert rules == {  # exactly what actuator/kube.py calls
         ("", "nodes"): {"list", "patch"}, ("", "pods"): {"list", "delete"},
         ("", "events"): {"create", "patch"}, ("kubeflow.org", "pytorchjobs"): {"list", "patch"},
         ("kubeflow.org", "pytorchjobs/scale"): {"patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions", PYTORCHJOB_CRD): {"get"},
         ("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     pod_spec = deployment["spec"]["template"]["spec"]
@@ -653,7 +654,9 @@ def test_twin_api_discovery_and_lists_read_like_a_real_api_server():
         for api_version, kind, names in (("v1", "Pod", ["run-worker-0", "run-worker-1"]),
                                          ("v1", "Node", ["node-a", "node-b"]),
                                          ("v1", "Event", []),
-                                         ("kubeflow.org/v1", "PyTorchJob", ["run", "wait"])):
+                                         ("kubeflow.org/v1", "PyTorchJob", ["run", "wait"]),
+                                         ("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                                          [PYTORCHJOB_CRD])):
             listing = discovered.get(api_version=api_version, kind=kind).get()
             assert (listing.kind, listing.apiVersion) == (f"{kind}List", api_version)
             assert sorted(item.metadata.name for item in listing.items) == names

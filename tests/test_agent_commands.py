@@ -16,10 +16,14 @@ import pytest
 import torch
 import yaml
 
-from rlalloc.agent import training
+from rlalloc.agent import callbacks, training
+from rlalloc.agent.checkpoints import checkpoint_timesteps
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.registry import load_policy
-from rlalloc.agent.training import TrainConfig, train
+from rlalloc.agent.sb3_models import DQN_LEARNING_STARTS
+from rlalloc.agent.train_config import TrainConfig
+from rlalloc.agent.train_evaluation import evaluate_jct, give_up_bounds
+from rlalloc.agent.training import train
 from rlalloc.cli.main import main
 from rlalloc.env.cluster import parse_cluster
 from rlalloc.env.errors import UserError
@@ -130,7 +134,7 @@ def test_a_new_run_refuses_every_file_of_an_earlier_one(tmp_path, earlier):
 
 def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_path,
                                                                          monkeypatch):
-    monkeypatch.setattr(training, "evaluate_jct", lambda *args, **kwargs: float("inf"))
+    monkeypatch.setattr(callbacks, "evaluate_jct", lambda *args, **kwargs: float("inf"))
     logged: list[str] = []
     with pytest.raises(UserError, match="no evaluation finished every job"):
         train(CONFIG, tmp_path, log=logged.append)
@@ -394,7 +398,7 @@ def test_evaluate_stopped_by_ctrl_c_leaves_no_new_directory(tmp_path, monkeypatc
     def stopped(spec):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("rlalloc.cli.evaluate._run_one", stopped)
+    monkeypatch.setattr("rlalloc.cli.evaluate.run_one", stopped)
     out = tmp_path / "new" / "eval"
     assert main([*EVALUATE, "--policies", "static", "--out", str(out)]) == 130
     assert "rlalloc: interrupted" in capsys.readouterr().err
@@ -456,7 +460,7 @@ def stop_after_checkpoint(out, step: int, evaluated: bool) -> None:
     """Make `out` look like a run killed after saving its checkpoint at `step`, before or
     after (`evaluated`) evaluating it: no later checkpoint or evaluation, no card totals."""
     for checkpoint in (out / "checkpoints").glob("*.zip"):
-        if checkpoint.name == "last.zip" or training.checkpoint_timesteps(checkpoint) > step:
+        if checkpoint.name == "last.zip" or checkpoint_timesteps(checkpoint) > step:
             checkpoint.unlink()
     card = json.loads((out / "card.json").read_text())
     card["evaluations"] = [e for e in card["evaluations"]
@@ -480,7 +484,7 @@ def test_every_evaluation_is_in_tensorboard_at_its_own_step(tmp_path, monkeypatc
     """SB3 dumps its logger at rollout (PPO) or episode (DQN) ends: recorded there, the
     evaluations at step 0 and at the end never reached TensorBoard, and DQN's at a later
     step, or not at all when a later one replaced it before the dump."""
-    monkeypatch.setattr(training, "evaluate_jct", lambda *args, **kwargs: 1000.0)
+    monkeypatch.setattr(callbacks, "evaluate_jct", lambda *args, **kwargs: 1000.0)
     summary = train(replace(CONFIG, algo=algo, timesteps=256, eval_every=64), tmp_path,
                     log=quiet)
     assert tensorboard_steps(tmp_path, "eval/avg_jct_s") == [
@@ -543,7 +547,7 @@ def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monk
     monkeypatch.setattr(DQN, "train", lambda model, *args, **kwargs: (
         sizes.append(model.replay_buffer.size()), learn(model, *args, **kwargs))[1])
     train_to(2300, resume=True)
-    assert sizes and min(sizes) >= training.DQN_LEARNING_STARTS
+    assert sizes and min(sizes) >= DQN_LEARNING_STARTS
 
 
 def test_an_evaluation_far_worse_than_static_is_given_up_early():
@@ -556,10 +560,10 @@ def test_an_evaluation_far_worse_than_static_is_given_up_early():
     config = replace(CONFIG, give_up_factor=TrainConfig().give_up_factor)
     static = run_policy(build_scenario(TINY[0], config.cluster).simulator(config.sim_params()),
                         load_policy("static").act)
-    bounds = training.give_up_bounds(config, TINY)
+    bounds = give_up_bounds(config, TINY)
     assert bounds[TINY[0]] == GiveUp(
         pytest.approx(3.0 * static.metrics["avg_jct_s"]), pytest.approx(3.0 * max(static.jcts_s)))
-    assert training.give_up_bounds(CONFIG, TINY)[TINY[0]] == GiveUp()  # factor 0: never
+    assert give_up_bounds(CONFIG, TINY)[TINY[0]] == GiveUp()  # factor 0: never
     decisions = {"bounded": 0, "unbounded": 0}
     for name, give_up in (("bounded", bounds), ("unbounded", None)):
 
@@ -567,7 +571,7 @@ def test_an_evaluation_far_worse_than_static_is_given_up_early():
             decisions[counted] += 1
             return NOOP
 
-        assert training.evaluate_jct(idle, config, TINY, give_up=give_up) == math.inf
+        assert evaluate_jct(idle, config, TINY, give_up=give_up) == math.inf
     assert 0 < 5 * decisions["bounded"] < decisions["unbounded"]
 
 
@@ -615,7 +619,7 @@ def test_heuristic_scores_keep_told_names_apart_and_say_unfinished():
     """A told heuristic's name has commas in it, so the scores are "name: value" split by
     semicolons; a heuristic that left jobs unfinished (null in card.json) reads so instead of
     crashing `train`'s last line."""
-    from rlalloc.agent.training import heuristic_scores
+    from rlalloc.agent.model_card import heuristic_scores
 
     line = heuristic_scores({"heuristic_avg_jct_s": {
         "elastic-srpt-0.25, sizes learned, speeds profiled": 2885.2, "static": None}})

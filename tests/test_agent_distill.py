@@ -23,13 +23,15 @@ from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.lookahead import Future, LookaheadPolicy
 from rlalloc.agent.registry import load_policy
 from rlalloc.agent.residual import residual_featurizer
-from rlalloc.agent.training import TrainConfig, train
+from rlalloc.agent.train_config import TrainConfig
+from rlalloc.agent.training import train
 from rlalloc.env.errors import UserError
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.featurizer import FeatureSpec
 from rlalloc.env.params import SimParams
 from rlalloc.env.scenario import build_scenario
 from rlalloc.env.state import NOOP, ActionKind
+from rlalloc.forecaster.signals import default_signals
 
 SMALL = ("synthetic:30:3:3", "2x4")
 """A workload on which the known-future lookahead deviates from elastic-srpt-0.25."""
@@ -39,7 +41,7 @@ HEURISTICS = ("elastic-srpt-0.25", "elastic-srpt", "elastic")
 def _record(states: list | None = None) -> tuple[LookaheadRecorder, list]:
     """Run the known-future lookahead on SMALL under a recorder; also return the actions."""
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
-    sim = build_scenario(*SMALL, seed=0).simulator(params, seed=0)
+    sim = build_scenario(*SMALL, seed=0, signals=default_signals()).simulator(params, seed=0)
     lookahead = LookaheadPolicy(lambda _state: sim, load_policy(HEURISTICS[0]),
                                 [load_policy(name) for name in HEURISTICS[1:]], Future(math.inf))
     recorder = LookaheadRecorder(lookahead, residual_featurizer(

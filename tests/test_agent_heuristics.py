@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlalloc.agent.catalogue import HEURISTICS
 from rlalloc.agent.heuristics import (
     ElasticConfig,
     ElasticPolicy,
@@ -14,7 +15,7 @@ from rlalloc.agent.heuristics import (
     gpu_budget,
 )
 from rlalloc.agent.policy import Policy
-from rlalloc.agent.registry import HEURISTICS, load_policy
+from rlalloc.agent.registry import load_policy
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams
 from rlalloc.env.scenario import build_scenario

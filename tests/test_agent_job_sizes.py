@@ -14,8 +14,9 @@ from test_agent_heuristics import job, make_state
 
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy
-from rlalloc.agent.job_sizes import SIZES_FILE, JobSizeHistory, learn_sizes
+from rlalloc.agent.job_sizes import JobSizeHistory, learn_sizes
 from rlalloc.agent.registry import load_policy
+from rlalloc.agent.sized_policy import SIZES_FILE
 from rlalloc.env.errors import UserError
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams

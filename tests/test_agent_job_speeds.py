@@ -14,7 +14,7 @@ from test_agent_heuristics import job, make_state
 
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, curve_speedups
-from rlalloc.agent.job_sizes import SIZES_FILE, JobSizeHistory, curve_key
+from rlalloc.agent.job_sizes import JobSizeHistory, curve_key
 from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     ProfiledSpeedups,
@@ -22,6 +22,7 @@ from rlalloc.agent.job_speeds import (
     read_copied_profiles,
 )
 from rlalloc.agent.registry import load_policy
+from rlalloc.agent.sized_policy import SIZES_FILE
 from rlalloc.env.errors import UserError
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams

@@ -16,11 +16,14 @@ import pandas as pd
 import pytest
 import torch
 
+from rlalloc.agent.catalogue import MODELS_DIR, SHIPPED_MODELS
 from rlalloc.agent.deployed import load_deployed
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.export import export_model
-from rlalloc.agent.registry import MODELS_DIR, SHIPPED_MODELS, load_policy
-from rlalloc.agent.training import ScaledReward, TrainConfig, train
+from rlalloc.agent.registry import load_policy
+from rlalloc.agent.train_config import TrainConfig
+from rlalloc.agent.training import train
+from rlalloc.agent.training_env import ScaledReward
 from rlalloc.env.errors import UserError
 from rlalloc.env.gym_env import ClusterAllocEnv
 from rlalloc.env.scenario import build_scenario
@@ -108,7 +111,7 @@ def test_resume_adds_to_the_wall_time_and_keeps_the_evaluations(tmp_path):
 def _tiny_vec_env(config: TrainConfig):
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from rlalloc.agent.training import make_training_env
+    from rlalloc.agent.training_env import make_training_env
 
     return DummyVecEnv([lambda: make_training_env(config)] * config.n_envs)
 
@@ -129,7 +132,8 @@ def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_
     epsilon-greedily from the first step (epsilon 0 here, so greedily) once started (as
     `train` marks a warm-started one), and a resume too; one from SB3's random initialisation
     keeps SB3's uniform warm-up, its exploration."""
-    from rlalloc.agent.training import _load_model, build_model, save_checkpoint
+    from rlalloc.agent.checkpoints import load_model, save_checkpoint
+    from rlalloc.agent.sb3_models import build_model
 
     config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=2, net_arch=(32,),
                          dqn_buffer_size=500, dqn_exploration=(0.0, 0.0))
@@ -141,7 +145,7 @@ def test_dqn_fills_its_replay_buffer_with_its_own_actions_fresh_and_resumed(tmp_
     model.learn(120)
     assert model.num_timesteps < model.learning_starts and _acted_greedily(model, 60)
     save_checkpoint(model, tmp_path / "dqn.zip")
-    resumed = _load_model(config, tmp_path / "dqn.zip", _tiny_vec_env(config))
+    resumed = load_model(config, tmp_path / "dqn.zip", _tiny_vec_env(config))
     resumed.learn(120, reset_num_timesteps=False)
     assert resumed.num_timesteps < resumed.learning_starts and _acted_greedily(resumed, 60)
 
@@ -150,7 +154,8 @@ def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
     """SB3's load seeds the envs and torch with the run's seed again, so every resume replayed
     the run's first episodes. A resume seeds them by `resumed_seed` (the same for the same
     checkpoint, so it is reproducible); a fresh run keeps the config's seed as before."""
-    from rlalloc.agent.training import _load_model, build_model, save_checkpoint
+    from rlalloc.agent.checkpoints import load_model, save_checkpoint
+    from rlalloc.agent.sb3_models import build_model
 
     config = TrainConfig(workloads=TINY, cluster="2x4", n_envs=2, n_steps=32, batch_size=32,
                          n_epochs=1, net_arch=(32,), seed=3)
@@ -173,11 +178,11 @@ def test_a_resume_draws_new_episodes_and_random_numbers(tmp_path, monkeypatch):
     fresh.learn(64)
     save_checkpoint(fresh, tmp_path / "ppo.zip")
     resumed_episodes, resumed_torch = first_episodes(
-        _load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
+        load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
     assert not set(resumed_episodes) & set(fresh_episodes)
     assert not torch.equal(resumed_torch, fresh_torch)
     again_episodes, again_torch = first_episodes(
-        _load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
+        load_model(config, tmp_path / "ppo.zip", _tiny_vec_env(config)))
     assert again_episodes == resumed_episodes and torch.equal(again_torch, resumed_torch)
 
 
@@ -185,18 +190,19 @@ def test_warm_start_value_targets_are_the_rewards_rl_trains_on(monkeypatch):
     """The critic's warm start was fitted to returns without --action-cost, while PPO trains
     on the charged reward. At gamma 0 a demonstration's return is its step's reward, which
     must be the training environment's (`ScaledReward`), charge included."""
-    from rlalloc.agent import training
+    from rlalloc.agent import warm_start
+    from rlalloc.agent.training_env import make_env
 
     config = TrainConfig(workloads=TINY, cluster="2x4", gamma=0.0, action_cost=0.05,
                          dagger_rounds=0, bc_epochs=1)
     fitted = []
-    monkeypatch.setattr(training, "fit_policy", lambda policy, demos, *args, **kwargs:
+    monkeypatch.setattr(warm_start, "fit_policy", lambda policy, demos, *args, **kwargs:
                         fitted.append(demos) or {"accuracy": 1.0, "loss": 0.0})
-    training._warm_start(config, SimpleNamespace(policy=None), lambda _: None, lambda _: None)
+    warm_start._warm_start(config, SimpleNamespace(policy=None), lambda _: None, lambda _: None)
     (demos,) = fitted
 
     def replayed(action_cost: float) -> np.ndarray:
-        env = ScaledReward(training.make_env(config), config.reward_scale, action_cost)
+        env = ScaledReward(make_env(config), config.reward_scale, action_cost)
         env.reset(seed=config.seed)
         return np.array([env.step(int(action))[1] for action in demos.actions])
 
@@ -300,7 +306,9 @@ def test_evaluate_writes_results_with_cis(tmp_path):
 
 
 def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
-    from rlalloc.cli.evaluate import RunSpec, confidence, paired_changes, paired_table
+    from rlalloc.agent.comparison_report import paired_table
+    from rlalloc.agent.comparison_runs import RunSpec
+    from rlalloc.agent.comparison_stats import confidence, paired_changes
 
     base_jct = {("w1", 0): 1_000.0, ("w2", 0): 5_000.0, ("w3", 0): 20_000.0}
     results = {}
@@ -339,8 +347,8 @@ def test_paired_changes_see_a_consistent_gain_that_unpaired_cis_hide():
 def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from rlalloc.cli import evaluate as evaluate_cmd
-    from rlalloc.cli.evaluate import RunSpec
+    from rlalloc.agent.comparison_plots import write_plots
+    from rlalloc.agent.comparison_runs import RunSpec
 
     drawn = {}
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
@@ -353,7 +361,7 @@ def test_every_plot_draws_a_policy_in_the_same_colour(tmp_path, monkeypatch):
                 "jcts_s": np.array([50.0, 100.0 + i]),
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8], "queued_jobs": [1, 0]}}
     names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
-    evaluate_cmd._plots(results, names, tmp_path, reference="static")
+    write_plots(results, names, tmp_path, reference="static")
     def colours(png: str) -> dict[str, str]:  # by policy: equal series say "(same as X)"
         return {line.get_label().split(" (same as ")[0]: matplotlib.colors.to_hex(
             line.get_color()) for line in drawn[png].axes[0].get_lines()}
@@ -378,7 +386,7 @@ def _capture_figures(monkeypatch):
 
 def _runs_against_static(factors):
     """Two seeds of static and of each policy at `factors` times static's avg JCT."""
-    from rlalloc.cli.evaluate import RunSpec
+    from rlalloc.agent.comparison_runs import RunSpec
 
     results = {}
     for policy, factor in {"static": 1.0, **factors}.items():
@@ -395,10 +403,10 @@ def _runs_against_static(factors):
 def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_policy(
         tmp_path, monkeypatch, factors, scale):
     """One policy 5x slower squeezed the close ones into a few pixels of a linear axis."""
-    from rlalloc.cli import evaluate as evaluate_cmd
+    from rlalloc.agent.comparison_plots import write_plots
 
     drawn = _capture_figures(monkeypatch)
-    evaluate_cmd._plots(*_runs_against_static(factors), tmp_path, reference="static")
+    write_plots(*_runs_against_static(factors), tmp_path, reference="static")
     figure = drawn["paired_avg_jct.png"]
     ax = figure.axes[0]
     figure.canvas.draw()
@@ -414,7 +422,7 @@ def test_paired_plot_shows_each_ci_in_table_order_and_goes_log_for_a_far_off_pol
 
 
 def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
-    from rlalloc.cli.evaluate import paired_axis_is_log
+    from rlalloc.agent.comparison_plots import paired_axis_is_log
 
     assert not paired_axis_is_log([])
     assert not paired_axis_is_log([0.7, 1.0, 1.3])
@@ -423,10 +431,10 @@ def test_paired_axis_is_log_only_where_the_ratios_span_a_lot():
 
 def test_policy_plots_say_what_they_show_and_keep_the_legend_off_the_data(tmp_path,
                                                                           monkeypatch):
-    from rlalloc.cli import evaluate as evaluate_cmd
+    from rlalloc.agent.comparison_plots import write_plots
 
     drawn = _capture_figures(monkeypatch)
-    evaluate_cmd._plots(*_runs_against_static({"a": 0.9}), tmp_path, reference="static")
+    write_plots(*_runs_against_static({"a": 0.9}), tmp_path, reference="static")
     for png, title, xlabel in (("jct_cdf.png", "JCT CDF per policy", "(h, log scale)"),
                                ("gpu_util.png", "Allocated GPUs over time", "(h)"),
                                ("queue_length.png", "Jobs waiting over time", "(h)")):
@@ -453,7 +461,7 @@ def _report_of(means, paired_reference=None):
 
 
 def test_results_table_has_units_one_format_per_column_and_changes_against_the_reference():
-    from rlalloc.cli.evaluate import markdown_table, table_reference
+    from rlalloc.agent.comparison_report import markdown_table, table_reference
 
     means = {"static": {"avg_jct_s": 29_331.0, "avg_queue_s": 27_066.0, "gpu_util": 0.7,
                         "restarts_per_job": 0.02, "progress_preserved": 1.0},
@@ -522,7 +530,7 @@ def load_policy_from(model, env, directory):
 
 
 def test_paired_tick_labels_keep_every_digit_of_the_tick():
-    from rlalloc.cli.evaluate import _percent
+    from rlalloc.agent.comparison_plots import _percent
 
     # `.0f` rounded half to even: a tick at +12.5 % read "+12%", at -37.5 % "-38%"
     assert [_percent(v) for v in (12.5, -37.5, 1.25, 0.0, 1900.0, 0.1 + 0.2)] == [

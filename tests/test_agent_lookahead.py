@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from rlalloc.agent.catalogue import MODELS_DIR
 from rlalloc.agent.distill import load_recordings
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.lookahead import (
@@ -22,7 +23,7 @@ from rlalloc.agent.lookahead import (
     cost_to_go,
     parse_future,
 )
-from rlalloc.agent.registry import MODELS_DIR, load_policy
+from rlalloc.agent.registry import load_policy
 from rlalloc.cli import headroom as headroom_cmd
 from rlalloc.cli.headroom import RECORDINGS_DIR, recording_path
 from rlalloc.cli.main import main
@@ -220,8 +221,8 @@ def test_headroom_writes_its_report(tmp_path):
         recording = load_recordings([recording_path(tmp_path, SMALL[0], future)],
                                     ("elastic-srpt-0.25", "elastic-srpt", "elastic"))
         assert recording.deviations().sum() == row[future]["deviations"]
-    again = subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "headroom", "--workload", SMALL[0],
-                            "--record", "--out", str(tmp_path)],
+    again = subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "headroom",
+                            "--workload", SMALL[0], "--record", "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--force" in again.stderr
     assert json.loads((tmp_path / "headroom.json").read_text()) == report

@@ -18,8 +18,8 @@ from test_agent_job_sizes import NO_FAILURES
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy
 from rlalloc.agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
-from rlalloc.agent.planner import PROFILES_DIR, drawn_from, planning_policy
-from rlalloc.agent.registry import PLANNER_FILE, load_policy
+from rlalloc.agent.planner import PLANNER_FILE, PROFILES_DIR, drawn_from, planning_policy
+from rlalloc.agent.registry import load_policy
 from rlalloc.cli.evaluate import _planner_warnings
 from rlalloc.env.errors import UserError
 from rlalloc.env.rebuild import simulator_from_state

@@ -25,7 +25,8 @@ from rlalloc.agent.residual import (
     make_residual,
     residual_featurizer,
 )
-from rlalloc.agent.training import TrainConfig, train
+from rlalloc.agent.train_config import TrainConfig
+from rlalloc.agent.training import train
 from rlalloc.env.errors import UserError
 from rlalloc.env.featurizer import FeatureSpec, Featurizer, select_slots
 from rlalloc.env.gym_env import ClusterAllocEnv

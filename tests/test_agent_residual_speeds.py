@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlalloc.agent.deployed import META_FILE
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import curve_speedups
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
 from rlalloc.agent.job_speeds import PROFILES_DIR, ProfiledSpeedups, profile_models
+from rlalloc.agent.model_files import META_FILE
 from rlalloc.agent.registry import load_policy
-from rlalloc.agent.training import TrainConfig, train
+from rlalloc.agent.train_config import TrainConfig
+from rlalloc.agent.training import train
 from rlalloc.env.errors import UserError
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams

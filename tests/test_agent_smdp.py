@@ -13,7 +13,7 @@ import torch
 from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 
 from rlalloc.agent.smdp import SemiMdpRolloutBuffer
-from rlalloc.agent.training import TrainConfig
+from rlalloc.agent.train_config import TrainConfig
 from rlalloc.cli.train import add_arguments, config_from_args
 
 REWARDS = [-1.0, -2.0, -0.5]
@@ -95,13 +95,15 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     at a decision point, below 1 for steps that advanced the clock."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from rlalloc.agent.training import ScaledReward, _discount_callbacks, build_model, make_env
+    from rlalloc.agent.callbacks import discount_callbacks
+    from rlalloc.agent.sb3_models import build_model
+    from rlalloc.agent.training_env import ScaledReward, make_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
                          batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
     vec_env = DummyVecEnv([lambda: ScaledReward(make_env(config), config.reward_scale)])
     model = build_model(config, vec_env)
-    model.learn(256, callback=_discount_callbacks(config))
+    model.learn(256, callback=discount_callbacks(config))
     discounts = model.rollout_buffer.discounts
     assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
     assert (discounts == 1.0).any() and (discounts < 1.0).any() and (discounts > 0.0).all()
@@ -114,7 +116,9 @@ def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from rlalloc.agent.training import _discount_callbacks, build_model, make_training_env
+    from rlalloc.agent.callbacks import discount_callbacks
+    from rlalloc.agent.sb3_models import build_model
+    from rlalloc.agent.training_env import make_training_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="4x4", n_envs=1, n_steps=8,
                          batch_size=8, n_epochs=1, time_discount_s=600.0, gamma=0.9,
@@ -142,7 +146,7 @@ def test_a_time_limited_episode_bootstraps_with_the_steps_discount():
     value = 100.0
     model.policy.predict_values = lambda obs: torch.full((obs.shape[0], 1), value)
     seen = Seen()
-    model.learn(8, callback=[seen, *_discount_callbacks(config)])
+    model.learn(8, callback=[seen, *discount_callbacks(config)])
     rewards, discounts, truncated = map(np.array, zip(*seen.steps, strict=True))
     assert truncated.all() and (discounts < 1.0).any()
     np.testing.assert_allclose(model.rollout_buffer.rewards[:, 0],

@@ -207,7 +207,7 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
 
 
 def test_training_environment_and_config_carry_the_mode():
-    from rlalloc.agent.training import make_env
+    from rlalloc.agent.training_env import make_env
     from rlalloc.cli.main import build_parser
     from rlalloc.cli.train import config_from_args
 

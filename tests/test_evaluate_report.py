@@ -13,11 +13,24 @@ import pytest
 import scipy.stats
 
 from rlalloc.agent import registry
+from rlalloc.agent.comparison_plots import (
+    PAIRED_MIN_SPAN_PCT,
+    PAIRED_PLOT,
+    _dash_style,
+    same_curves,
+    write_plots,
+)
+from rlalloc.agent.comparison_report import results_markdown, workload_table
+from rlalloc.agent.comparison_runs import RunSpec
+from rlalloc.agent.comparison_stats import (
+    confidence,
+    paired_changes,
+    repeated_runs,
+    summarise,
+)
 from rlalloc.agent.evaluation import lookahead_counts, run_policy
 from rlalloc.agent.lookahead import HistoryArrivals, LookaheadPolicy
 from rlalloc.agent.planner import planning_policy
-from rlalloc.cli import evaluate as evaluate_cmd
-from rlalloc.cli.evaluate import RunSpec, repeated_runs, results_markdown, summarise
 from rlalloc.cli.main import main
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.metrics import METRIC_KEYS
@@ -86,13 +99,13 @@ def test_repeated_seeds_count_each_distinct_run_once():
                for (policy, workload), value in jct.items() for seed in seeds}
     names = {"a": "a", "b": "b"}
     report = _report(results, names)
-    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    report["paired"] = paired_changes(results, names, "a")
     assert report["seeds_repeat"] == {"a": ["w1", "w2"], "b": ["w1", "w2"]}
-    two_runs = evaluate_cmd.confidence([10.0, 20.0])
+    two_runs = confidence([10.0, 20.0])
     assert report["policies"]["a"]["avg_jct_s"] == pytest.approx(two_runs)
     paired = report["paired"]["policies"]["b"]["avg_jct_s"]
     assert (paired["runs"], paired["better_runs"]) == (2, 2)
-    assert paired == pytest.approx({**evaluate_cmd.confidence([-20.0, -5.0]), "unit": "%",
+    assert paired == pytest.approx({**confidence([-20.0, -5.0]), "unit": "%",
                                     "runs_with_change": 2, "better_runs": 2, "runs": 2})
     md = results_markdown(report, with_paired=True)
     assert "take each such run once, not as 3 independent copies" in md
@@ -118,7 +131,7 @@ def test_a_run_repeated_beside_runs_that_vary_counts_once(tmp_path, monkeypatch)
                for (policy, workload, seed), value in jct.items()}
     names = {"a": "a", "b": "b"}
     report = _report(results, names)
-    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    report["paired"] = paired_changes(results, names, "a")
     assert report["seeds_repeat"] == {"a": ["file"], "b": ["file"]}
     # the mean weighs each of the 6 (workload, seed) runs alike: the file's run stands for 3
     # (over the 4 distinct runs it was 25, the file a quarter of the weight instead of half);
@@ -129,13 +142,13 @@ def test_a_run_repeated_beside_runs_that_vary_counts_once(tmp_path, monkeypatch)
     paired = report["paired"]["policies"]["b"]["avg_jct_s"]
     changes = [-20.0, -5.0, -10.0, 0.0]
     assert paired["mean"] == pytest.approx((3 * -20.0 - 5.0 - 10.0 + 0.0) / 6)
-    assert paired == pytest.approx({**evaluate_cmd.confidence(changes, [3, 1, 1, 1]),
+    assert paired == pytest.approx({**confidence(changes, [3, 1, 1, 1]),
                                     "unit": "%", "runs_with_change": 4, "better_runs": 3,
                                     "runs": 4})
     md = results_markdown(report, with_paired=True)
     assert "for `a` on file; `b` on file:" in md and "(3/4 better)" in md
-    evaluate_cmd._plots(results, names, tmp_path, reference="a")
-    dots = drawn[evaluate_cmd.PAIRED_PLOT].axes[0].collections[0].get_offsets()
+    write_plots(results, names, tmp_path, reference="a")
+    dots = drawn[PAIRED_PLOT].axes[0].collections[0].get_offsets()
     assert sorted(np.asarray(dots)[:, 0].tolist()) == sorted(changes)  # as results.json
 
 
@@ -175,7 +188,7 @@ def test_a_run_that_stalls_is_not_counted_better(tmp_path):
                for seed in (0, 1) for policy, run in (("static", worse), ("stall", better))}
     names = {"static": "static", "stall": "stall"}
     report = _report(results, names)
-    report["paired"] = evaluate_cmd.paired_changes(results, names, "static")
+    report["paired"] = paired_changes(results, names, "static")
     assert report["paired"]["policies"]["stall"]["avg_jct_s"]["better_runs"] == 0
     md = results_markdown(report, with_paired=True)
     assert "(-50%)" in md and "✓" not in md.split("\n\n")[2]  # the table: no ✓
@@ -217,7 +230,7 @@ def test_a_policy_with_the_same_curves_as_another_stays_visible(tmp_path, monkey
                 "series": {"t": [0.0, 60.0], "alloc_gpus": [4, 8 * factor],
                            "queued_jobs": [factor, 0]}}
     names = {"static": "static", "elastic": "elastic", "ppo": "ppo"}
-    evaluate_cmd._plots(results, names, tmp_path, reference="static")
+    write_plots(results, names, tmp_path, reference="static")
     for png in ("jct_cdf.png", "gpu_util.png", "queue_length.png"):
         ax = drawn[png].axes[0]
         lines = {line.get_label(): line for line in ax.get_lines()}
@@ -233,13 +246,13 @@ def test_curves_that_draw_one_line_are_the_same_whatever_their_points():
     zeros_3h = (np.array([0.0, 1.0, 2.0, 3.0]), np.zeros(4))
     zeros_6h = (np.array([0.0, 2.0, 4.0, 6.0]), np.zeros(4))
     rises_late = (np.array([0.0, 1.0, 2.0, 3.0, 4.0]), np.array([0.0, 0.0, 0.0, 0.0, 1.0]))
-    assert evaluate_cmd.same_curves({"a": zeros_3h, "b": zeros_6h, "c": rises_late}) == {"b": "a"}
+    assert same_curves({"a": zeros_3h, "b": zeros_6h, "c": rises_late}) == {"b": "a"}
     ramp = (np.array([0.0, 1.0, 2.0]), np.array([2.0, 1.0, 0.0]))
     sampled_less = (np.array([0.0, 2.0]), np.array([2.0, 0.0]))  # on the ramp's line
-    assert evaluate_cmd.same_curves({"a": ramp, "b": sampled_less}) == {"b": "a"}
+    assert same_curves({"a": ramp, "b": sampled_less}) == {"b": "a"}
     step = (np.array([1.0, 1.0, 2.0]), np.array([1 / 3, 2 / 3, 1.0]))  # a CDF's vertical step
     slope = (np.array([1.0, 2.0]), np.array([2 / 3, 1.0]))  # ends where the step does
-    assert evaluate_cmd.same_curves({"a": step, "b": slope, "c": step}) == {"c": "a"}
+    assert same_curves({"a": step, "b": slope, "c": step}) == {"c": "a"}
 
 
 def test_queue_lines_of_runs_that_end_at_different_times_are_drawn_as_one(tmp_path,
@@ -254,7 +267,7 @@ def test_queue_lines_of_runs_that_end_at_different_times_are_drawn_as_one(tmp_pa
             "jcts_s": np.array([50.0 * hours]),
             "series": {"t": t, "alloc_gpus": 8 - t / 3600.0, "queued_jobs": np.full(
                 hours + 1, queued)}}
-    evaluate_cmd._plots(results, {p: p for p in ("static", "elastic", "ppo")}, tmp_path)
+    write_plots(results, {p: p for p in ("static", "elastic", "ppo")}, tmp_path)
     labels = {png: [line.get_label() for line in drawn[png].axes[0].get_lines()]
               for png in ("queue_length.png", "gpu_util.png")}
     assert labels["queue_length.png"] == ["static", "elastic", "ppo (same as elastic)"]
@@ -279,12 +292,12 @@ def test_paired_axis_draws_a_negligible_change_small_and_a_large_one_whole(
         tmp_path, monkeypatch, factor, change):
     """Scaled to its data alone, +0.007 % took the whole width of the axis."""
     drawn = _capture_figures(monkeypatch)
-    evaluate_cmd._plots(*_paired_runs(factor), tmp_path, reference="static")
-    ax = drawn[evaluate_cmd.PAIRED_PLOT].axes[0]
+    write_plots(*_paired_runs(factor), tmp_path, reference="static")
+    ax = drawn[PAIRED_PLOT].axes[0]
     low, high = ax.get_xlim()
     assert ax.get_xscale() == "linear"
-    assert low <= min(change, -evaluate_cmd.PAIRED_MIN_SPAN_PCT)
-    assert high >= max(change, evaluate_cmd.PAIRED_MIN_SPAN_PCT)
+    assert low <= min(change, -PAIRED_MIN_SPAN_PCT)
+    assert high >= max(change, PAIRED_MIN_SPAN_PCT)
     if abs(change) > 1:  # no wider than the data needs
         assert high - low < 1.5 * abs(change)
 
@@ -293,10 +306,10 @@ def test_equal_curves_take_turns_along_the_line():
     """Each of the equal curves drawn over the first shows in its own stretch."""
     x = np.array([0.0, 1.0])
     curves = {"a": (x, x), "b": (x, x), "c": (x, 2 * x), "d": (x, x)}
-    assert evaluate_cmd.same_curves(curves) == {"b": "a", "d": "a"}
+    assert same_curves(curves) == {"b": "a", "d": "a"}
     starts = set()
     for member in (1, 2):
-        offset, (on, off) = evaluate_cmd._dash_style(member, 3)
+        offset, (on, off) = _dash_style(member, 3)
         assert on + off == 3 * on
         starts.add((on + off - offset) % (on + off))
     assert len(starts) == 2 and 2 * on not in starts  # the last stretch is the solid one's
@@ -402,7 +415,7 @@ def test_results_show_a_workloads_loss_that_the_average_gain_hides():
                     "metrics": metrics, "finished": True, "lookahead": None}
     names = {"a": "a", "b": "b"}
     report = summarise(results, names, list(factors), [0, 1], "2x4", "none")
-    report["paired"] = evaluate_cmd.paired_changes(results, names, "a")
+    report["paired"] = paired_changes(results, names, "a")
     assert report["paired"]["policies"]["b"]["avg_jct_s"]["mean"] == pytest.approx(-10.0)
     assert report["paired"]["avg_jct_by_workload"]["b"]["w3"]["runs_unfinished"] == 0
     by_workload = {w: c["mean"] for w, c in report["paired"]["avg_jct_by_workload"]["b"].items()}
@@ -411,7 +424,7 @@ def test_results_show_a_workloads_loss_that_the_average_gain_hides():
     assert "| workload | b |" in md and "| w3 | +10.0% |" in md and "| w1 | -20.0% |" in md
     assert "n/a:" not in md.split("per workload")[1] and "unfinished:" not in md
     one = {spec: r for spec, r in results.items() if spec.workload == "w1"}
-    assert evaluate_cmd.workload_table(evaluate_cmd.paired_changes(one, names, "a")) is None
+    assert workload_table(paired_changes(one, names, "a")) is None
 
 
 def test_the_per_workload_table_flags_runs_that_left_jobs_unfinished():
@@ -426,7 +439,7 @@ def test_the_per_workload_table_flags_runs_that_left_jobs_unfinished():
             results[RunSpec(policy, workload, 0, "2x4", 0.0)] = {
                 "metrics": dict.fromkeys(METRIC_KEYS, 1.0) | {"avg_jct_s": jct},
                 "finished": done, "lookahead": None}
-    table = evaluate_cmd.workload_table(evaluate_cmd.paired_changes(
+    table = workload_table(paired_changes(
         results, {"a": "a", "b": "b"}, "a"))
     assert "| ok | -10.0% |" in table
     assert "| stall | -100.0% (1 unfinished) |" in table

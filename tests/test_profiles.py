@@ -27,6 +27,8 @@ from rlalloc.env.profiles import (
     packed_shape,
 )
 
+from shared_data import POLLUX_DATA
+
 needs_profiles = pytest.mark.skipif(
     not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared Pollux profiles not present"
 )

@@ -410,6 +410,26 @@ def test_snapshot_is_not_changed_by_later_simulation():
         assert (np.array_equal(now, value) if isinstance(value, np.ndarray) else now == value), name
 
 
+def test_dataclasses_replace_works_on_a_simulator_built_state():
+    """The guardrails replace columns of a state; a snapshot's deferred columns (computed
+    when first read) are carried over as read, the replaced one changed."""
+    sim = simulator([job("a", 0.0, 1, work=5000.0), job("b", 100.0, 2, work=5000.0)])
+    sim.advance()
+    sim.apply(fifo(sim.state()))
+    state = sim.state()
+    workers = state.jobs.workers + 1
+    jobs = dataclasses.replace(state.jobs, workers=workers)
+    assert np.array_equal(jobs.workers, workers)
+    assert np.array_equal(jobs.progress, state.jobs.progress)
+    nodes = dataclasses.replace(state.nodes, cordoned=~state.nodes.cordoned)
+    assert np.array_equal(nodes.cordoned, ~state.nodes.cordoned)
+    assert np.array_equal(nodes.gpu_util, state.nodes.gpu_util)
+    demand = dataclasses.replace(state.demand, pending_gpus=7)
+    assert demand.pending_gpus == 7 and demand.forecast_gpus == state.demand.forecast_gpus
+    replaced = dataclasses.replace(state, jobs=jobs, nodes=nodes)
+    assert replaced.jobs is jobs and replaced.time_s == state.time_s
+
+
 def test_bench_sim_writes_every_figure(tmp_path, capsys):
     """`rlalloc bench sim` on a small trace: the JSON has the issue's figures, the replay saw
     every arrival and completion, and the PPO run spent part (not all) of its time in the env."""

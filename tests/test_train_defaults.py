@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from rlalloc.agent.training import TrainConfig
+from rlalloc.agent.train_config import TrainConfig
 from rlalloc.cli.train import add_arguments, config_from_args
 
 

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from torch.distributed.run import get_args_parser
 
+from rlalloc.actuator.crd_schema import PyTorchJobValidationError, file_validator
+from rlalloc.actuator.twin.kube_api import INSTALLED_CRD_FILE
 from rlalloc.cli import bench_recovery
 from rlalloc.cli.main import main as rlalloc_main
 from rlalloc.env.errors import UserError
@@ -39,7 +41,6 @@ from rlalloc.trainer_jobs.config import (
     config_from_args,
     resume_conflicts,
 )
-from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 from rlalloc.trainer_jobs.data import DataPosition, GlobalBatchSampler, rank_slice, sample_tokens
 from rlalloc.trainer_jobs.metrics import TrainerMetrics
 from rlalloc.trainer_jobs.model import ModelConfig, format_count
@@ -295,7 +296,7 @@ def test_manifests_match_the_crd_and_rlalloc_conventions():
     jobs = _pytorchjobs()
     assert jobs
     for job in jobs:
-        validate_pytorchjob(job)
+        file_validator(INSTALLED_CRD_FILE)(job)  # the Training Operator's own CRD
         assert job["metadata"]["labels"][MANAGED_LABEL] == "true"
         elastic = job["spec"]["elasticPolicy"]
         assert elastic["rdzvBackend"] == "c10d" and elastic["minReplicas"] <= elastic["maxReplicas"]
@@ -348,14 +349,17 @@ def test_manifest_command_runs_in_the_trainer_image():
         config_from_args(trainer_flags.parse_args(launch.training_script_args))
 
 
-def test_validator_names_the_bad_field(tmp_path, monkeypatch):
+def test_validator_names_the_bad_and_the_unknown_fields(tmp_path):
     job = _pytorchjobs()[0]
     job["spec"]["elasticPolicy"]["maxReplicas"] = "four"
-    with pytest.raises(PyTorchJobValidationError, match=r"spec\.elasticPolicy\.maxReplicas"):
-        validate_pytorchjob(job)
-    monkeypatch.setenv("RLALLOC_CRD_PATH", str(tmp_path / "missing.yaml"))
-    with pytest.raises(UserError, match="RLALLOC_CRD_PATH"):
-        validate_pytorchjob(_pytorchjobs()[0])
+    job["spec"]["elasticPolicy"]["maxReplica"] = 4  # misspelt: the API server would drop it
+    with pytest.raises(PyTorchJobValidationError, match=(
+            r"^PyTorchJob \S+ violates the CRD schema \(.*\): "
+            r"spec\.elasticPolicy\.maxReplica: unknown field; "
+            r"spec\.elasticPolicy\.maxReplicas: 'four' is not of type 'integer'$")):
+        file_validator(INSTALLED_CRD_FILE)(job)
+    with pytest.raises(UserError, match="cannot read the PyTorchJob CRD at .*RLALLOC_CRD_PATH"):
+        file_validator(tmp_path / "missing.yaml")
 
 
 def test_layout_marker_records_checksums(tmp_path):

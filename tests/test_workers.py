@@ -60,7 +60,7 @@ def test_ctrl_c_of_the_whole_command_ends_it_quietly_and_at_once():
     # gets Ctrl-C's default back first, as it has in a terminal.
     script = ("import signal, sys, time\n"
               "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-              "from env.workers import ordered_results, worker_pool\n"
+              "from rlalloc.env.workers import ordered_results, worker_pool\n"
               "try:\n"
               "    with worker_pool(2) as pool:\n"
               "        print('started', flush=True)\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import numpy as np
@@ -198,7 +199,7 @@ def test_unknown_header(tmp_path):
         # a literal nan is a value that is not a number, not an empty cell
         (CANONICAL_HEADER + "a,0,1,nan\n", "row 1 (line 2): duration_s must be a number"),
         ("job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,2,10,NA,8\n",
-         "row 1 (line 2) names an application"),
+         "row 1 (line 2): unknown application 'NA'"),  # a name, not a missing value
         ("job_id,submit_s,num_gpus,duration_s,min_gpus\na,0,2,10,3\n",
          "row 1 (line 2): needs min_gpus <= num_gpus <= max_gpus"),
         ("job_id,submit_s,num_gpus,duration_s,application\na,0,2,,ncf\n",
@@ -258,8 +259,7 @@ def test_unknown_header(tmp_path):
         (CANONICAL_HEADER + "a,0,1,True\n", "row 1 (line 2): duration_s must be a number"),
     ],
 )
-def test_bad_rows_name_file_and_row(tmp_path, monkeypatch, text, problem):
-    monkeypatch.setattr("rlalloc.env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+def test_bad_rows_name_file_and_row(tmp_path, text, problem):
     path = write_csv(tmp_path, text)
     message = rejected(path)
     assert message.startswith(f"{path}: ") and problem in message
@@ -300,13 +300,15 @@ def test_a_non_utf8_workload_is_one_line(tmp_path):
     assert "not UTF-8 text" in rejected(path)
 
 
-def test_application_without_profiles(tmp_path, monkeypatch):
-    monkeypatch.setattr("rlalloc.env.profiles.DEFAULT_PROFILES_ROOT", tmp_path / "absent")
+def test_an_application_missing_from_the_users_profiles_is_named(tmp_path, monkeypatch):
+    """`RLALLOC_PROFILES` replaces the shipped profiles: an application it lacks is named."""
+    own = tmp_path / "own_profiles"
+    shutil.copytree(DEFAULT_PROFILES_ROOT / "cifar10", own / "cifar10")
+    monkeypatch.setenv("RLALLOC_PROFILES", str(own))
     path = write_csv(
         tmp_path, "job_id,submit_s,num_gpus,duration_s,application,batch_size\na,0,2,,ncf,256\n"
     )
-    message = rejected(path)
-    assert "row 1 (line 2) names an application" in message and "RLALLOC_PROFILES" in message
+    assert "row 1 (line 2): unknown application 'ncf'" in rejected(path)
 
 
 @needs_profiles

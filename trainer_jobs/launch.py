@@ -1,7 +1,7 @@
 """Start local torchrun jobs and watch their event logs (used by the benchmark and fault tests).
 
-The job runs exactly as in a pod — `torchrun ... -m rlalloc.trainer_jobs.train` with c10d rendezvous —
-only on 127.0.0.1 with CPU workers. Observation goes through the run's JSON-lines log
+The job runs exactly as in a pod — `torchrun ... -m rlalloc.trainer_jobs.train` with c10d
+rendezvous — only on 127.0.0.1 with CPU workers. Observation goes through the run's JSON-lines log
 (`runlog.py`), so nothing here reaches into the trainer's internals.
 """
 

@@ -1,8 +1,8 @@
 """Rank 0's Prometheus exporter: throughput, progress and checkpoint age of the training job.
 
-The names come from `rlalloc.env.telemetry_names` so the actuator that queries them and the simulator that
-imitates them cannot drift. Labels: `job` (the PyTorchJob), `namespace`, `rank` (always "0":
-one exporter per job keeps the series count flat when the job scales).
+The names come from `rlalloc.env.telemetry_names` so the actuator that queries them and the
+simulator that imitates them cannot drift. Labels: `job` (the PyTorchJob), `namespace`, `rank`
+(always "0": one exporter per job keeps the series count flat when the job scales).
 
 A gauge appears only once it has a value: a series that read 0 before the first step or commit
 would tell the actuator that a resumed job is back at step 0 and that its last checkpoint was

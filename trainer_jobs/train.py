@@ -1,4 +1,4 @@
-"""Elastic, checkpointing training program: `python -m rlalloc.trainer_jobs.train` or under torchrun.
+"""Elastic, checkpointing training program: `python -m rlalloc.trainer_jobs.train` or torchrun.
 
     torchrun --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
         --max-restarts=3 -m rlalloc.trainer_jobs.train --checkpoint-dir /ckpt
@@ -328,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2,
     a peer failure (after the emergency save) in one line and `PEER_FAILURE_EXIT_CODE`."""
     parser = argparse.ArgumentParser(
-        prog="python -m rlalloc.trainer_jobs.train", description="Elastic, checkpointing LM training job.",
+        prog="python -m rlalloc.trainer_jobs.train",
+        description="Elastic, checkpointing LM training job.",
         epilog="A restart resumes from the newest valid checkpoint in --checkpoint-dir and "
                f"refuses to if any of {', '.join(resume_fixed_flags())} differs from it.")
     add_train_arguments(parser)

@@ -12,8 +12,12 @@ same way. This subclass adds, before the emulator touches its store:
   carries one (409 Conflict), which leader election depends on;
 - `uid` and `creationTimestamp` on create, and a delete's uid precondition (409 Conflict when
   the object of that name is another one, as the operator's replacement of a deleted pod is);
-- validation of every PyTorchJob as it would be stored, against the Training Operator's CRD
-  schema (422 Invalid, nothing stored) — the API server's job;
+- the Training Operator's PyTorchJob CRD, installed: served as
+  `customresourcedefinitions/pytorchjobs.kubeflow.org` (the file shipped in `twin/crds/`), and
+  every PyTorchJob written is validated, as it would be stored, against its schema (422
+  Invalid, nothing stored) — the API server's job; a field the schema does not know is refused
+  too, as the API server does under `fieldValidation=Strict` (which the actuator always sends;
+  the twin takes the parameter and prunes nothing);
 - injected faults (`inject_fault`): the next matching requests are answered with the given
   statuses without touching the store, like a real overloaded or flaky API server;
 - discovery and lists shaped as the API server writes them, so kubectl and typed clients read
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
 import threading
@@ -43,6 +48,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -51,9 +58,18 @@ import kmock
 from kmock import KubernetesEmulator, Server, action
 
 from rlalloc.actuator.apply import merge_patch
-from rlalloc.actuator.k8s_names import PYTORCHJOB_GROUP, PYTORCHJOB_PLURAL, PYTORCHJOB_VERSION
+from rlalloc.actuator.crd_schema import (
+    PyTorchJobValidationError,
+    PyTorchJobValidator,
+    crd_from_file,
+)
+from rlalloc.actuator.k8s_names import (
+    PYTORCHJOB_CRD,
+    PYTORCHJOB_GROUP,
+    PYTORCHJOB_PLURAL,
+    PYTORCHJOB_VERSION,
+)
 from rlalloc.actuator.twin.tables import as_table, wants_table
-from rlalloc.trainer_jobs.crd_schema import PyTorchJobValidationError, validate_pytorchjob
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +78,18 @@ NODES = kmock.resource("", "v1", "nodes")
 EVENTS = kmock.resource("", "v1", "events")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 PYTORCHJOBS = kmock.resource(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL)
+CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 _SERVED = {PODS: ("Pod", True, {"po"}), NODES: ("Node", False, {"no"}),
            EVENTS: ("Event", True, {"ev"}), LEASES: ("Lease", True, set()),
-           PYTORCHJOBS: ("PyTorchJob", True, set())}
+           PYTORCHJOBS: ("PyTorchJob", True, set()),
+           CRDS: ("CustomResourceDefinition", False, {"crd", "crds"})}
 """Each served resource's kind, whether it is namespaced and its short names (as kubectl
 knows them from a real API server's discovery)."""
 _HISTORY_KEPT = 2
 """Versions of each object kept (the emulator keeps all of them; a long demo would grow)."""
+INSTALLED_CRD_FILE = Path(str(files("rlalloc.actuator") / "twin" / "crds"
+                              / "kubeflow.org_pytorchjobs.v1.9.0.yaml"))
+"""The PyTorchJob CRD the twin has installed (shipped as package data)."""
 REQUESTS_KEPT = 10_000
 """Requests kept in the log (kmock keeps every one, with no setting to stop it, and a twin
 demo serving the actuator and kubectl for hours would grow without end); a test's requests
@@ -94,6 +115,7 @@ class TwinKubeAPI(KubernetesEmulator):
     """The API server's clock (Unix seconds): the wall clock, or the twin's (`Twin` sets it)."""
     requests_kept: int = REQUESTS_KEPT
     """The request log (iterating the emulator) holds the latest this many requests."""
+    _validate: PyTorchJobValidator = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -102,6 +124,9 @@ class TwinKubeAPI(KubernetesEmulator):
                 kind=kind, namespaced=namespaced, singular=kind.lower(), shortnames=short_names,
                 subresources={"scale", "status"} if resource == PYTORCHJOBS else set(),
                 verbs={"get", "list", "watch", "create", "patch", "delete"})
+        crd = installed_crd()
+        self.put(CRDS, None, PYTORCHJOB_CRD, crd)
+        self._validate = PyTorchJobValidator(crd, f"the twin's CRD {PYTORCHJOB_CRD}")
 
     # ------------------------------------------------------------------- test & twin API
     def inject_fault(self, method: str, path_contains: str, *statuses: int,
@@ -249,7 +274,7 @@ class TwinKubeAPI(KubernetesEmulator):
             meta.setdefault("namespace", request.namespace)
         if request.resource == PYTORCHJOBS:
             try:
-                validate_pytorchjob(stored)
+                self._validate(stored)
             except PyTorchJobValidationError as err:
                 return _status(422, "Invalid", str(err))
         self._stamp(meta, creating=request.action == action.CREATE)
@@ -266,7 +291,7 @@ class TwinKubeAPI(KubernetesEmulator):
             patched = merge_patch(job, {"spec": {"pytorchReplicaSpecs": {
                 "Worker": {"replicas": replicas}}}})
             try:
-                validate_pytorchjob(patched)
+                self._validate(patched)
             except PyTorchJobValidationError as err:
                 return _status(422, "Invalid", str(err))
             self.put(PYTORCHJOBS, request.namespace, request.name, patched)
@@ -296,6 +321,13 @@ class TwinKubeAPI(KubernetesEmulator):
         key = (request.resource, namespace, name)
         if key in self.objects:
             del self.objects[key].history[:-_HISTORY_KEPT]
+
+
+@functools.cache
+def installed_crd() -> dict:
+    """The PyTorchJob CRD the twin has installed (`INSTALLED_CRD_FILE`), parsed once: every
+    `TwinKubeAPI` stores a copy; do not change it."""
+    return crd_from_file(INSTALLED_CRD_FILE)
 
 
 def _wants_table(request: kmock.Request) -> bool:

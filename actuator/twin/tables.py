@@ -129,6 +129,8 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
               Column("Count", _field("count", default=1), True)),
     "Lease": (Column("Name", _name), Column("Holder", _field("spec", "holderIdentity")),
               Column("Age", _age)),
+    "CustomResourceDefinition": (Column("Name", _name),
+                                 Column("Created At", _field("metadata", "creationTimestamp"))),
 }
 """The columns of each served kind, in the real printers' order (PyTorchJob: its CRD's
 `additionalPrinterColumns`, State and Age)."""

@@ -46,8 +46,7 @@ import numpy as np
 import pandas as pd
 
 from rlalloc.env.cluster import ClusterSpec
-from rlalloc.env.errors import UserError
-from rlalloc.env.profiles import PROFILES_ENV_VAR, AppProfile, packed_shape, restore_s
+from rlalloc.env.profiles import AppProfile, packed_shape, restore_s
 from rlalloc.env.workload.pollux import check_applications, profiled_max_workers
 from rlalloc.env.workload.spec import JobSpec, Workload
 from rlalloc.env.workload.table import (
@@ -114,12 +113,7 @@ def load_canonical(
     applications = df["application"].astype(str).str.strip().to_numpy()
     batch_size = np.zeros(len(df), dtype=np.int64)
     if app_given.any():
-        if profiles is None:
-            first = int(np.flatnonzero(app_given)[0])
-            raise UserError(
-                f"{path}: row {first + 1} (line {first + 2}) names an application but no "
-                f"profiles were found; set {PROFILES_ENV_VAR} to a Pollux app_profiles folder"
-            )
+        assert profiles is not None, "the loader reads profiles for a file with applications"
         batch_size = whole_numbers(path, df, "batch_size", 1, where=app_given)
         check_applications(path, applications, batch_size, profiles, where=app_given)
 

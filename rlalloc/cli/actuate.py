@@ -6,9 +6,12 @@ lease over, promptly: from the signal on, Kubernetes calls are not retried (an A
 would otherwise hold the exit for every call's backoff). `--once` prints what the cycle decided
 on stdout, a move per line and a summary, so a `--dry-run --once` shows what the policy would
 do; it starts no status server (its port may be the running actuator's). Everything that can
-be wrong with the setup (config, kubeconfig, policy, CRD file, status port) is checked before
-the first cycle and reported as one line, and so is a `--once` cycle that cannot reach
+be wrong with the setup (config, kubeconfig, policy, the PyTorchJob CRD, status port) is checked
+before the first cycle and reported as one line, and so is a `--once` cycle that cannot reach
 Prometheus or the API server.
+
+Every PyTorchJob patch is checked against the CRD before it is sent: the one the cluster has
+installed, read at start-up (a dry run too), or the file RLALLOC_CRD_PATH names, when set.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 from rlalloc.actuator.config import CONFIG_ENV, ActuatorConfig, load_config
+from rlalloc.actuator.crd_schema import CRD_PATH_ENV, PyTorchJobValidator, file_validator
 from rlalloc.actuator.guardrails import Policy
+from rlalloc.actuator.k8s_names import PYTORCHJOB_CRD
 from rlalloc.actuator.kube import KubeClient, KubeError, api_client_from
 from rlalloc.actuator.loop import Controller, cycle_summary
 from rlalloc.actuator.observe import ObserveError, PrometheusSource
@@ -36,7 +42,6 @@ from rlalloc.actuator.server import (
 from rlalloc.env.errors import UserError
 from rlalloc.env.signals import Signals
 from rlalloc.forecaster.signals import load_signals
-from rlalloc.trainer_jobs.crd_schema import check_crd
 
 _EPILOG = """\
 settings: defaults < YAML file (--config or $RLALLOC_ACTUATOR_CONFIG) < environment
@@ -97,15 +102,15 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("rlalloc.actuator")
     policy = load_policy(config.policy)
     signals = load_actuator_signals(config.signals)
-    check_crd()  # every patch is validated against it: a wrong file must stop the start-up
     kube = KubeClient(config, api_client_from(config))
+    validate = pytorchjob_validator(kube)
     identity = config.identity or os.environ.get("POD_NAME") or socket.gethostname()
     metrics, health = ActuatorMetrics(), Health(stale_after_s=5 * config.interval_s + 60.0)
     # one cycle serves no probes: a `--once` smoke test beside the running actuator found its
     # port taken
     server = None if args.once else _status_server(config, metrics, health)
     source = PrometheusSource(config)
-    controller = Controller(config, kube, source, policy, identity, signals=signals,
+    controller = Controller(config, kube, source, policy, identity, validate, signals=signals,
                             metrics=metrics, health=health)
     log.info("actuator started", extra={"event": {
         "identity": identity, "policy": config.policy, "signals": config.signals,
@@ -163,11 +168,27 @@ def _run_once(controller: Controller, kube: KubeClient) -> int:
         raise UserError(f"--once: cannot read Prometheus at {controller.config.prometheus_url} "
                         f"({report.cause}); check --prometheus-url and that Prometheus is up")
     if isinstance(report.cause, KubeError):
-        check = _API_CHECKS.get(report.cause.status,
-                                "check the kubeconfig and that the API server is up")
         raise UserError(f"--once: cannot use the Kubernetes API at {kube.server_url} "
-                        f"({report.cause}); {check}")
+                        f"({report.cause}); {_api_check(report.cause.status)}")
     return 0
+
+
+def pytorchjob_validator(kube: KubeClient) -> PyTorchJobValidator:
+    """What every PyTorchJob patch is checked against: the CRD file RLALLOC_CRD_PATH names,
+    when it is set, else the CRD the cluster has installed (what its API server checks them
+    against). Read at start-up, so a wrong file, or a CRD that cannot be read, stops the
+    start-up with one line naming the fix, not every cycle's first write (a dry run, which
+    writes nothing, would never notice)."""
+    path = os.environ.get(CRD_PATH_ENV)
+    if path:
+        return file_validator(Path(path))
+    try:
+        crd = kube.read_pytorchjob_crd()
+    except KubeError as err:
+        raise UserError(f"cannot read the PyTorchJob CRD from the Kubernetes API at "
+                        f"{kube.server_url} ({err}); "
+                        f"{_CRD_CHECKS.get(err.status) or _api_check(err.status)}") from err
+    return PyTorchJobValidator(crd, f"the cluster's CRD {PYTORCHJOB_CRD}")
 
 
 _API_CHECKS = {
@@ -177,6 +198,18 @@ _API_CHECKS = {
          "Operator's PyTorchJob CRD installed",
 }
 """What to check when the API answers with these statuses (otherwise: is it up at all)."""
+_CRD_CHECKS = {
+    403: f"grant get on customresourcedefinitions named {PYTORCHJOB_CRD}, as the ClusterRole "
+         f"of actuator/deploy/20-rbac.yaml does, or set {CRD_PATH_ENV} to a copy of the CRD",
+    404: "the Kubeflow Training Operator's PyTorchJob CRD is not installed in this cluster; "
+         "install the Training Operator, or point the kubeconfig at a cluster that has it",
+}
+"""The same, for reading the PyTorchJob CRD at start-up."""
+
+
+def _api_check(status: int) -> str:
+    """What to check when the API answered a call with HTTP `status` (0: no answer)."""
+    return _API_CHECKS.get(status, "check the kubeconfig and that the API server is up")
 
 
 def load_policy(name: str) -> Policy:

@@ -68,6 +68,22 @@ def out_path(text: str) -> Path:
     return Path(text)
 
 
+def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
+    """The --out directory and --force flags of a command whose results go through here."""
+    parser.add_argument("--out", type=out_path, default=default,
+                        help="output directory (default: %(default)s)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace results already in --out (otherwise refused)")
+
+
+def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
+    """--out FILE.json and --force of the `rlalloc bench` commands."""
+    parser.add_argument("--out", type=out_path, default=None,
+                        help="also write the figures as JSON to this file")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out file (otherwise refused)")
+
+
 def unique_names(text: str) -> list[str]:
     """A flag type: comma-separated names, blanks dropped, each at most once.
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlalloc.cli.argtypes import POSITIVE_INT
+from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags
 from rlalloc.cli.forecast_train import TORCH_THREADS
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.forecaster.artifacts import read_card
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from rlalloc.forecaster.series import load_demand_series

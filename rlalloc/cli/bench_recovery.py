@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlalloc.cli.argtypes import out_path
+from rlalloc.cli.argtypes import add_bench_out_flags, out_path
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_bench_out_flags, prepare_out_file, write_json
+from rlalloc.env.output import prepare_out_file, write_json
 from rlalloc.trainer_jobs.config import TrainConfig
 from rlalloc.trainer_jobs.launch import Event, start_torchrun, wait_for_event, worker_pids
 from rlalloc.trainer_jobs.model import ModelConfig, TransformerLM, count_parameters

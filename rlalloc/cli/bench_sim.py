@@ -23,10 +23,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rlalloc.cli.argtypes import POSITIVE_INT, at_least
+from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags, at_least
 from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_bench_out_flags, prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.env.progress import progress_bar
 from rlalloc.env.state import Action, ClusterState
 from rlalloc.env.workload.loader import SYNTHETIC, load_workload, workload_format
@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bench_replay(trace: str, cluster: ClusterSpec,
                  decide: Callable[[ClusterState], Action]) -> dict[str, float]:
     """Load and replay the workload `trace` (a CSV path or a synthetic source) once under
-    `decide` (a policy's `act`), up to the simulated-time limit (`rlalloc.env.simulator.time_limit_s`);
-    wall times, events and decisions per second."""
+    `decide` (a policy's `act`), up to the simulated-time limit
+    (`rlalloc.env.simulator.time_limit_s`); wall times, events and decisions per second."""
     from rlalloc.env.scenario import build_scenario
 
     start = time.perf_counter()
@@ -139,7 +139,9 @@ def bench_ppo_share(cluster: str, steps: int, seed: int = 0) -> dict[str, float]
     import torch
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from rlalloc.agent.training import TrainConfig, build_model, make_training_env
+    from rlalloc.agent.sb3_models import build_model
+    from rlalloc.agent.train_config import TrainConfig
+    from rlalloc.agent.training_env import make_training_env
 
     torch.set_num_threads(1)
     config = replace(TrainConfig(), cluster=cluster, seed=seed)

@@ -28,12 +28,11 @@ import numpy as np
 
 from rlalloc.agent.job_sizes import JobSizeHistory, learn_sizes, told_sizes
 from rlalloc.agent.lookahead import parse_future
-from rlalloc.cli.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
+from rlalloc.cli.argtypes import POSITIVE_INT, SEED, AppendOnce, add_out_flags, unique_names
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import (
-    add_out_flags,
     prepare_out_dir,
     staged_outputs,
     write_atomic,
@@ -132,8 +131,8 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     from rlalloc.env.scenario import build_scenario
 
     params = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
-    sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed,
-                         efficiency=spec.efficiency, signals=default_signals()).simulator(params, spec.seed)
+    sim = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=spec.efficiency,
+                         signals=default_signals()).simulator(params, spec.seed)
     base = load_policy(spec.base)
     policy, lookahead, recorder = base, None, None
     if spec.sizes == "known":
@@ -141,13 +140,15 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
             [state.jobs.job_id[row] for row in rows.tolist()]), f"{spec.base}, sizes known")
     elif spec.sizes == "learned":
         sizes = JobSizeHistory.fit([build_scenario(w, spec.cluster, seed=spec.seed,
-                                                   efficiency=spec.efficiency, signals=default_signals())
+                                                   efficiency=spec.efficiency,
+                                                   signals=default_signals())
                                     for w in history_for(spec.workload, spec.history)])
         policy = told_sizes(spec.base, sizes.remaining_work, f"{spec.base}, sizes learned")
     elif spec.future is not None:
         future = parse_future(spec.future)
         history = HistoryArrivals.of_scenarios(
-            [build_scenario(w, spec.cluster, seed=spec.seed, efficiency=spec.efficiency, signals=default_signals())
+            [build_scenario(w, spec.cluster, seed=spec.seed, efficiency=spec.efficiency,
+                            signals=default_signals())
              for w in history_for(spec.workload, spec.history)],
             future.horizon_s, spec.samples, spec.seed) if future.sampled else None
         policy = lookahead = LookaheadPolicy(

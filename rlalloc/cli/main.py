@@ -1,6 +1,6 @@
-"""The `rlalloc` command line: one entry point, subcommands implemented next to what they drive.
+"""The `rlalloc` command line: one entry point dispatching to one module per subcommand.
 
-Each subcommand lives in the module that owns the capability and exposes two functions:
+Each subcommand is a module of `rlalloc.cli` exposing two functions:
 ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when their
 subcommand runs, so `rlalloc simulate` never pays for torch or the Kubernetes client.
 """
@@ -14,30 +14,51 @@ from typing import NoReturn
 
 from rlalloc.env.errors import UserError
 
-# (words of the subcommand, module implementing it, one-line help)
+# (words of the subcommand, its module in rlalloc.cli, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("simulate",), "rlalloc.cli.simulate", "replay a workload through the simulator under one policy"),
-    (("workload", "sample"), "rlalloc.cli.workload_sample",
+    (("simulate",), "simulate", "replay a workload through the simulator under one policy"),
+    (("workload", "sample"), "workload_sample",
      "draw new Pollux-style workloads from the Philly trace"),
-    (("bench", "sim"), "rlalloc.cli.bench_sim", "benchmark trace replay and environment step speed"),
-    (("bench", "recovery"), "rlalloc.cli.bench_recovery",
+    (("bench", "sim"), "bench_sim", "benchmark trace replay and environment step speed"),
+    (("bench", "recovery"), "bench_recovery",
      "benchmark recovery time and checkpoint stalls of the training jobs"),
-    (("bench", "forecast"), "rlalloc.cli.bench_forecast", "benchmark forecaster training and inference"),
-    (("bench", "actuator"), "rlalloc.cli.bench_actuator", "benchmark one actuator decision cycle"),
-    (("train",), "rlalloc.cli.train", "train a PPO or DQN allocation policy"),
-    (("evaluate",), "rlalloc.cli.evaluate", "compare allocation policies over workloads and seeds"),
-    (("sizes", "fit"), "rlalloc.cli.sizes",
+    (("bench", "forecast"), "bench_forecast", "benchmark forecaster training and inference"),
+    (("bench", "actuator"), "bench_actuator", "benchmark one actuator decision cycle"),
+    (("train",), "train", "train a PPO or DQN allocation policy"),
+    (("evaluate",), "evaluate", "compare allocation policies over workloads and seeds"),
+    (("sizes", "fit"), "sizes",
      "fit job sizes from past workloads for an elastic heuristic (a policy directory)"),
-    (("planner", "fit"), "rlalloc.cli.planner",
+    (("planner", "fit"), "planner",
      "fit the planning policy (lookahead over size-told heuristics) on past workloads"),
-    (("headroom",), "rlalloc.cli.headroom",
+    (("headroom",), "headroom",
      "measure what one-step lookahead over heuristics gains, with and without the future"),
-    (("forecast", "train"), "rlalloc.cli.forecast_train",
+    (("forecast", "train"), "forecast_train",
      "train the demand forecaster or the node-failure risk model (--model)"),
-    (("forecast", "evaluate"), "rlalloc.cli.forecast_evaluate", "evaluate forecasters on a series"),
-    (("actuate",), "rlalloc.cli.actuate", "run the in-cluster actuator control loop"),
-    (("twin",), "rlalloc.cli.twin", "run the digital twin: simulator exposed as Prometheus + K8s"),
+    (("forecast", "evaluate"), "forecast_evaluate", "evaluate forecasters on a series"),
+    (("actuate",), "actuate", "run the in-cluster actuator control loop"),
+    (("twin",), "twin", "run the digital twin: simulator exposed as Prometheus + K8s"),
 ]
+
+
+EXTRAS: dict[str, str] = {
+    "stable_baselines3": "train", "sb3_contrib": "train", "tensorboard": "train",
+    "statsmodels": "train",
+    "kubernetes": "actuator", "prometheus_api_client": "actuator",
+    "prometheus_client": "actuator", "jsonschema": "actuator",
+    "kmock": "twin", "aiohttp": "twin",
+}
+"""Which install extra brings each optional package (pyproject.toml's optional-dependencies)."""
+
+
+def missing_extra(err: ModuleNotFoundError, command: str) -> UserError | None:
+    """The one-line error for a command that needs a package of an extra not installed, or
+    None when the missing module is not one of the extras' (a bug, left to raise)."""
+    package = (err.name or "").partition(".")[0]
+    if package not in EXTRAS:
+        return None
+    extra = EXTRAS[package]
+    return UserError(f"{command} needs the [{extra}] extra ({package} is not installed); "
+                     f"pip install 'rlalloc[{extra}]'")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -89,7 +110,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                     dest=f"command_{depth}", required=True, metavar="COMMAND")
         sub = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
         if chosen is not None and chosen[0] == words:
-            implementation = importlib.import_module(module)
+            implementation = importlib.import_module(f"rlalloc.cli.{module}")
             implementation.add_arguments(sub)
             sub.set_defaults(_run=implementation.run, _error=sub.error)
     return parser
@@ -104,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except UserError as err:
         print(f"rlalloc: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        chosen = _match(argv)
+        error = missing_extra(err, "rlalloc " + " ".join(chosen[0] if chosen else ()))
+        if error is None:
+            raise
+        print(f"rlalloc: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # its text, if any, says how to go on
         print(f"rlalloc: interrupted{f'; {interrupt}' if str(interrupt) else ''}",

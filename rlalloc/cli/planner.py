@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlalloc.agent.job_speeds import PROFILES_DIR
-from rlalloc.agent.registry import PLANNER_FILE, refuse_other_policy
-from rlalloc.cli.argtypes import POSITIVE_INT, SEED, AppendOnce, unique_names
+from rlalloc.agent.planner import PLANNER_FILE
+from rlalloc.agent.registry import refuse_other_policy
+from rlalloc.cli.argtypes import POSITIVE_INT, SEED, AppendOnce, add_out_flags, unique_names
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_out_flags, prepare_out_dir
+from rlalloc.env.output import prepare_out_dir
 from rlalloc.forecaster.signals import default_signals
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.workloads) < 2:
         raise UserError("--workload: give at least two past workloads; the planner draws "
                         "each future from a different one")
-    history = {w: build_scenario(w, args.cluster, signals=default_signals()) for w in args.workloads}
+    history = {w: build_scenario(w, args.cluster, signals=default_signals())
+               for w in args.workloads}
     sizes = learn_sizes(list(history.values()), f"--workload {' '.join(history)}")
     refuse_more_samples_than_days(args.samples, list(history.values()), "--workload")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)

@@ -13,13 +13,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from rlalloc.agent.job_sizes import SIZES_FILE
 from rlalloc.agent.job_speeds import PROFILES_DIR
 from rlalloc.agent.registry import refuse_other_policy
-from rlalloc.cli.argtypes import AppendOnce
+from rlalloc.agent.sized_policy import SIZES_FILE
+from rlalloc.cli.argtypes import AppendOnce, add_out_flags
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_out_flags, prepare_out_dir
+from rlalloc.env.output import prepare_out_dir
 from rlalloc.forecaster.signals import default_signals
 
 OUTPUT_FILES = (SIZES_FILE, "card.md", PROFILES_DIR)
@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
-    from rlalloc.agent.job_sizes import learn_sizes, save_sized_policy, told_sizes
+    from rlalloc.agent.job_sizes import learn_sizes, told_sizes
+    from rlalloc.agent.sized_policy import save_sized_policy
     from rlalloc.env.profiles import default_profiles_root
     from rlalloc.env.scenario import build_scenario
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         told_sizes(args.base, None, args.base)
     except UserError as err:
         raise UserError(f"--base {err}") from None
-    sizes = learn_sizes([build_scenario(w, args.cluster, signals=default_signals()) for w in args.workloads],
+    sizes = learn_sizes([build_scenario(w, args.cluster, signals=default_signals())
+                         for w in args.workloads],
                         f"--workload {' '.join(args.workloads)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
     command = shlex.join(["rlalloc", *sys.argv[1:]])

@@ -7,7 +7,7 @@ import shlex
 import sys
 from dataclasses import replace
 
-from rlalloc.agent.training import TrainConfig
+from rlalloc.agent.train_config import TrainConfig
 from rlalloc.cli.argtypes import POSITIVE_INT, SEED, above, at_least, out_path, within
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
@@ -104,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The `TrainConfig` that `rlalloc train` flags describe (the command line is kept in
     ``extra`` so that the model card can show it); under --resume, settings without a flag
     are the run's own (`saved_config`)."""
-    from rlalloc.agent.training import saved_config
+    from rlalloc.agent.run_dir import saved_config
 
     base = (saved_config(args.out) if args.resume else None) or _DEFAULTS
     return replace(
@@ -128,7 +128,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     """Train, export the best policy to OUT and write OUT/card.json (the flags' ranges are
     checked by argparse, everything else by `train` before it writes anything)."""
-    from rlalloc.agent.training import CHECKPOINT_DIR, heuristic_scores, train
+    from rlalloc.agent.checkpoints import CHECKPOINT_DIR
+    from rlalloc.agent.model_card import heuristic_scores
+    from rlalloc.agent.training import train
 
     try:
         summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)

@@ -138,7 +138,8 @@ def _run(args: argparse.Namespace, stop: _Stop) -> int:
     load_config(environ={}, overrides={"prometheus_url": args.prometheus_url})
     rate = parse_failure_rate(args.failures)
     failures = [_failure(text) for text in args.fail_node]
-    scenario = build_scenario(args.workload, args.cluster, seed=args.seed, signals=default_signals())
+    scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
+                              signals=default_signals())
     _check_failing_nodes(failures, scenario.cluster)
     params = SimParams(decision_interval_s=max(args.speed * args.tick_s, 1.0),
                        failures=FailureParams(failures_per_gpu_day=rate))

@@ -1,5 +1,6 @@
 """`rlalloc workload sample`: write new Pollux-style workloads drawn from the Philly trace
-(`rlalloc.env.workload.pollux_sampler`), e.g. to train a policy on more than the six published ones."""
+(`rlalloc.env.workload.pollux_sampler`), e.g. to train a policy on more than the six published
+ones."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from rlalloc.cli.argtypes import POSITIVE_INT, within
+from rlalloc.cli.argtypes import POSITIVE_INT, add_out_flags, within
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import add_out_flags, prepare_out_dir, write_atomic
+from rlalloc.env.output import prepare_out_dir, write_atomic
 from rlalloc.env.profiles import PROFILES_ENV_VAR, profiles_or_default
 from rlalloc.env.workload.pollux_sampler import (
     SampleConfig,

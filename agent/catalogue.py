@@ -1,0 +1,51 @@
+"""The built-in policies by name: the heuristics of `rlalloc.agent.heuristics` and the learned
+models shipped in ``models/`` (``ppo``, ``dqn``).
+
+Named apart from `rlalloc.agent.registry`, the factory that also loads saved policies, so that
+the saved kinds it loads (a size table, a planner, a trained model) can name their heuristics
+without importing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
+from rlalloc.agent.policy import Policy
+from rlalloc.models import shipped
+
+MODELS_DIR = shipped("ppo").parent
+"""The shipped models (``models/ppo``, ``models/dqn``), package data of `rlalloc.models`."""
+
+
+def elastic_srpt(remaining_power: float, name: str) -> Policy:
+    """`elastic` with each step up ranked by speed-up gain per GPU / remaining work **
+    `remaining_power` (`ElasticConfig.remaining_power`): the strength of the pull towards
+    shortest remaining time first. On Pollux workload-1..6 (failures none, seed 0) 0.25 gave
+    3,060 s average JCT, 0.5 3,113 s, 0.75 3,229 s, 1.0 3,326 s, 0 (elastic) 3,473 s."""
+    return ElasticPolicy(ElasticConfig(remaining_power=remaining_power), name=name)
+
+
+HEURISTICS: dict[str, Callable[[], Policy]] = {
+    "static": StaticPolicy,
+    "tiresias": TiresiasPolicy,
+    "elastic": ElasticPolicy,
+    "reactive": lambda: ElasticPolicy(ElasticConfig(failover=True), name="reactive"),
+    "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
+    "elastic-srpt": lambda: elastic_srpt(0.5, "elastic-srpt"),
+    "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
+}
+"""Built-in heuristics by name."""
+SHIPPED_MODELS = ("ppo", "dqn")
+"""Names of the learned policies shipped in `MODELS_DIR`."""
+
+
+def builtin_names() -> tuple[str, ...]:
+    """Every built-in policy name, heuristics first."""
+    return (*HEURISTICS, *SHIPPED_MODELS)
+
+
+def elastic_names() -> tuple[str, ...]:
+    """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
+    they can be told them (`rlalloc.agent.job_sizes.told_sizes`)."""
+    return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))

@@ -1,0 +1,146 @@
+"""What a user installs: one top-level package, `rlalloc`, holding what the program reads at run
+time; a light core that simulates and evaluates without the extras; the images install the
+wheel, with no source tree on PYTHONPATH and nothing downloaded but packages."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILES = [REPO / "actuator" / "Dockerfile", REPO / "trainer_jobs" / "Dockerfile"]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+EXTRAS_ONLY = ("stable_baselines3", "sb3_contrib", "tensorboard", "statsmodels", "kubernetes",
+               "prometheus_api_client", "prometheus_client", "jsonschema", "kmock", "aiohttp")
+"""Packages that only the extras bring: the core install has none of them."""
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, list[str]]]:
+    """(instruction, arguments), continuations joined, comments out."""
+    lines = [line.strip() for line in dockerfile.read_text().splitlines()]
+    joined = "\n".join(line for line in lines if not line.startswith("#")).replace("\\\n", " ")
+    return [(line.split()[0].upper(), line.split()[1:]) for line in joined.splitlines() if line]
+
+
+def _copied_sources(dockerfile: Path) -> list[str]:
+    """What the wheel stage copies from the build context (the repository root)."""
+    return [arg for name, args in _instructions(dockerfile)
+            if name == "COPY" and not any(a.startswith("--from") for a in args)
+            for arg in args[:-1]]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_each_image_installs_the_wheel_of_what_it_copies(dockerfile):
+    instructions = _instructions(dockerfile)
+    sources = _copied_sources(dockerfile)
+    for source in sources:
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+    # every folder the package maps is copied, so the wheel is the whole package
+    assert set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()) <= set(sources)
+    pin = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
+    runs = " ".join(" ".join(args) for name, args in instructions if name == "RUN")
+    assert re.findall(r"torch==\S+", runs) == [pin]
+    assert "pip wheel" in runs and re.search(r"rlalloc-\*\.whl\)?\[actuator\]", runs)
+    assert "-e " not in runs and "PYTHONPATH" not in dockerfile.read_text()
+    assert not [args for name, args in instructions if name == "ADD"]  # no download at build
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built as the images build it, from what they copy."""
+    source = tmp_path_factory.mktemp("context")
+    for name in _copied_sources(DOCKERFILES[0]):
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(path, source / name)
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(out), str(source)],
+                   check=True, capture_output=True)
+    (built,) = out.glob("rlalloc-*.whl")
+    return built
+
+
+@pytest.mark.expensive
+def test_the_wheel_is_one_namespace_with_its_runtime_data(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+        assert archive.read(top_level).decode().split() == ["rlalloc"]
+    assert all(name.startswith(("rlalloc/", "rlalloc-")) for name in names)
+    for needed in ("rlalloc/models/ppo/policy.pt", "rlalloc/models/dqn/policy.json",
+                   "rlalloc/models/forecaster/weights.pt", "rlalloc/models/risk/risk_model.json",
+                   "rlalloc/env/app_profiles/LICENSE",
+                   "rlalloc/env/app_profiles/cifar10/placements.csv",
+                   "rlalloc/cli/main.py", "rlalloc/env/state.py"):
+        assert needed in names, needed
+
+
+def _core_venv(tmp_path: Path, wheel: Path) -> Path:
+    """A new virtual environment with the wheel installed and, for its dependencies only,
+    this environment's packages (an editable rlalloc here is not picked up: its finder is
+    installed by a .pth file there, which a path entry does not run)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    return venv / "bin" / "python"
+
+
+def _blocking(extras: tuple[str, ...], statement: str) -> str:
+    """Python code that runs `statement` as if the packages `extras` were not installed."""
+    return ("import importlib.abc, sys\n"
+            "class Missing(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name.partition('.')[0] in {extras!r}:\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Missing())\n" + statement)
+
+
+@pytest.mark.expensive
+def test_the_core_install_runs_from_anywhere_without_the_extras(wheel, tmp_path):
+    """`pip install .` alone: `import env` is no module of ours; `rlalloc evaluate` runs the
+    shipped PPO and `simulate` a Pollux-format workload on the shipped profiles, from a
+    directory that is not the checkout; `train` names the extra it needs."""
+    python = _core_venv(tmp_path, wheel)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def run(statement: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(python), "-c", _blocking(EXTRAS_ONLY, statement)],
+                              cwd=elsewhere, capture_output=True, text=True, timeout=300)
+
+    located = run("import rlalloc.env.state as s; print(s.__file__)")
+    assert located.returncode == 0, located.stderr
+    assert Path(located.stdout.strip()).is_relative_to(python.parents[1])
+    assert "No module named 'env'" in run("import env").stderr
+    workload = elsewhere / "pollux.csv"
+    workload.write_text("name,time,application,num_replicas,batch_size\n"
+                        "a,0,cifar10,2,128\nb,30,ncf,1,256\nc,60,cifar10,4,256\n")
+    cli = "from rlalloc.cli.main import main; sys.exit(main({}))"
+    evaluated = run(cli.format(["evaluate", "--workload", str(workload), "--cluster", "2x4",
+                                "--policies", "tiresias,ppo", "--seeds", "1",
+                                "--out", str(elsewhere / "eval")]))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert (elsewhere / "eval" / "results.json").is_file()
+    simulated = run(cli.format(["simulate", "--workload", str(workload), "--cluster", "2x4",
+                                "--policy", "elastic"]))
+    assert simulated.returncode == 0, simulated.stderr
+    trained = run(cli.format(["train", "--out", str(elsewhere / "model")]))
+    assert trained.returncode == 2
+    assert trained.stderr.strip().splitlines() == [
+        "rlalloc: error: rlalloc train needs the [train] extra (stable_baselines3 is not "
+        "installed); pip install 'rlalloc[train]'"]
