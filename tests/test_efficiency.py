@@ -115,7 +115,7 @@ def test_a_job_finishes_at_the_sum_of_its_epochs_and_epochs_are_not_decisions(pr
         state = sim.state()
         check_invariants(state)
         if state.jobs.count:  # policies see the current epoch's goodput curve
-            single, alpha, _ = rates.curve(rates.epoch_at(sim._done[0]))
+            single, alpha, _ = rates.curve(rates.epoch_at(sim.columns.done[0]))
             assert state.jobs.speed_1gpu[0] == pytest.approx(single, rel=1e-6)
             assert state.jobs.scaling_alpha[0] == pytest.approx(alpha, rel=1e-6, abs=1e-9)
             seen.add(float(state.jobs.speed_1gpu[0]))
@@ -138,8 +138,8 @@ def test_failure_rolls_back_to_the_last_epoch_end(profiles):
         sim.apply(fifo(sim.state()))
         sim.advance()
     assert sim.time_s == 1000.0
-    epoch = rates.epoch_at(sim._done[0])
-    assert epoch > 0 and sim._done[0] == pytest.approx(rates.epoch_ends[epoch - 1])
+    epoch = rates.epoch_at(sim.columns.done[0])
+    assert epoch > 0 and sim.columns.done[0] == pytest.approx(rates.epoch_ends[epoch - 1])
     # what was lost is the time since that epoch end, at most one epoch's worth on 4 GPUs
     lost_s = sim.accounting.summary()["lost_gpu_hours"] * 3600 / 4
     assert lost_s <= (rates.epoch_ends[epoch] - rates.epoch_ends[epoch - 1]) / \
