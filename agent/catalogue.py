@@ -21,8 +21,8 @@ MODELS_DIR = shipped("ppo").parent
 def elastic_srpt(remaining_power: float, name: str) -> Policy:
     """`elastic` with each step up ranked by speed-up gain per GPU / remaining work **
     `remaining_power` (`ElasticConfig.remaining_power`): the strength of the pull towards
-    shortest remaining time first. On Pollux workload-1..6 (failures none, seed 0) 0.25 gave
-    3,060 s average JCT, 0.5 3,113 s, 0.75 3,229 s, 1.0 3,326 s, 0 (elastic) 3,473 s."""
+    shortest remaining time first. 0.25 gave the lowest average JCT of the powers tried on the
+    training workloads (docs/agent.md, "The baselines")."""
     return ElasticPolicy(ElasticConfig(remaining_power=remaining_power), name=name)
 
 

@@ -33,8 +33,7 @@ from rlalloc.env.state import Action, ActionKind, ClusterState
 
 ADVANTAGE_SCALE_S = 3600.0
 """Job-seconds saved per unit of logit (one job-hour): recorded advantages are mostly within
-a few job-hours either way (workload-1..6, the non-zero ones: 5th to 95th percentile -3.0 to
-+1.3 job-hours)."""
+a few job-hours either way (their spread: docs/experiments/2026-11-23-distillation.md)."""
 
 
 def residual_index(featurizer: ResidualFeaturizer, state: ClusterState, action: Action) -> int:
@@ -175,8 +174,9 @@ def fit_advantages(policy: nn.Module, recording: Recording, epochs: int, batch_s
     its recorded advantage in units of `ADVANTAGE_SCALE_S` (so the argmax is the candidate
     predicted to save the most, the base where none is predicted to save anything); every
     step also gets a cross-entropy towards the base's action against the non-candidates (raw
-    actions stay below it). Why not imitate the lookahead's choices: it deviates at ~6% of
-    contested decisions, and only when a candidate wins in every draw; the advantages carry
+    actions stay below it). Why not imitate the lookahead's choices: it deviates at few
+    contested decisions (too few labels; docs/experiments/2026-11-23-distillation.md), and
+    only when a candidate wins in every draw; the advantages carry
     what every fork measured, and regressing them averages the draws' noise across similar
     states. Returns the final mean squared error of the regression and the cross-entropy.
     """
@@ -218,7 +218,8 @@ def prefer_base(action_net: nn.Linear, num_heuristics: int, margin: float) -> No
     heuristic's proposal only where it predicts a saving above `margin` x `ADVANTAGE_SCALE_S`
     job-seconds (each deviation risks a restore, and the predictions are noisy). A veto of the
     base's proposal keeps its fitted gap: a bias cannot tell "no-op = the base" states from
-    "no-op = a veto" ones, and vetoes were 9 of 118 deviations on workload-1..6."""
+    "no-op = a veto" ones, and vetoes are a small share of the recorded deviations
+    (docs/experiments/2026-11-23-distillation.md)."""
     with torch.no_grad():
         action_net.bias[0] += margin
         action_net.bias[action_net.out_features - num_heuristics] += margin

@@ -119,9 +119,9 @@ class TiresiasConfig:
     """Attained GPU-seconds at which a job drops to the next queue (one threshold: 2 queues,
     the paper's recommended K=2). Scaled to the Pollux workloads, whose jobs attain 10-100x
     more service than Tiresias' example threshold of 3,200 GPU-s: with 3,200 every 12-GPU job
-    is demoted after 4.5 minutes and the preemption churn made JCT 3-30x worse; a sweep on
-    workload-1 and -3 (training set only: 3,200 / 14,400 / 57,600 / 230,400) was best at
-    57,600 GPU-s = 16 GPU-hours (docs/agent.md)."""
+    is demoted after 4.5 minutes and the preemption churn swamps the JCT. 57,600 GPU-s = 16
+    GPU-hours gave the lowest average JCT of the thresholds swept on training workloads 1
+    and 3 (docs/agent.md, "The baselines")."""
     promote_knob: float = 8.0
     """A job that has waited `promote_knob` x its run time so far is promoted to the top queue
     (Tiresias' PROMOTE_KNOB; waiting is measured since submission, as the state carries no
@@ -197,8 +197,8 @@ class ElasticConfig:
     remaining_power: float = 0.0
     """Divide each step-up's speed-up gain by the job's remaining work (1-GPU seconds) to this
     power: GPUs beyond the smallest sizes then go to jobs near completion first, as shortest
-    remaining time first does for average JCT. 0 for "elastic"; 0.5 ("elastic-srpt") gave
-    3,113 vs 3,473 s average JCT on Pollux workload-1..6 (1.0: 3,326 s)."""
+    remaining time first does for average JCT. 0 for "elastic"; 0.5 ("elastic-srpt") beat it
+    on the training workloads (the sweep: docs/agent.md, "The baselines")."""
 
     @property
     def restarts_failed_first(self) -> bool:

@@ -32,14 +32,14 @@ class TrainConfig:
     efficiency: str = "none"
     """Profiled jobs' progress model in training and its evaluations (`--efficiency`)."""
     n_envs: int = 2
-    """Environments stepped in lock-step in one process (DummyVecEnv: a step costs ~0.2 ms,
-    less than a sub-process round trip)."""
+    """Environments stepped in lock-step in one process (DummyVecEnv: an env step costs less
+    than a sub-process round trip; docs/agent.md, "Training recipe and flags")."""
     net_arch: tuple[int, ...] = (128, 128)
     learning_rate: float = 1e-4
     """PPO and DQN alike (`rlalloc train`'s default for both): small, since large steps undo
-    the warm start, but not 3e-5, which fell behind 1e-4 on workload-1..6 (3,862 vs 3,667 s;
-    docs/agent.md, "What was tried"). 1e-4 is the raw-action recipe's and the shipped DQN's;
-    the residual recipes pass 3e-4 to 1e-3 (models/ppo/card.md)."""
+    the warm start, but not 3e-5, which fell behind 1e-4 on the training workloads
+    (docs/experiments/2026-11-21-ppo-dqn-plain-heuristics.md). 1e-4 is the raw-action recipe's
+    and the shipped DQN's; the residual recipes pass 3e-4 to 1e-3 (models/ppo/card.md)."""
     n_steps: int = 1024
     """PPO steps per environment per update (`--n-steps`); larger = less noisy updates."""
     batch_size: int = 256
@@ -59,7 +59,7 @@ class TrainConfig:
     action_cost: float = 0.0
     """Charged (after scaling) per applied action; see `ScaledReward` for why. 0 for the
     shipped PPO; 0.05 (= 5 job-hours at reward_scale 0.01) after the warm start made PPO
-    worse (best 3,924 s vs 3,667 s on workload-1..6): too large, a smaller one is untested."""
+    worse (docs/experiments/2026-11-21-reward-flaw.md): too large, a smaller one is untested."""
     warm_start: str = "elastic"
     """Heuristic to behaviour-clone before RL ('' for none); unused with `residual`."""
     residual: tuple[str, ...] = ()
@@ -97,9 +97,9 @@ class TrainConfig:
     """A periodic evaluation's run is given up (counted as unfinished) once its average JCT is
     sure to exceed this many times `static`'s on the workload, or a job has waited this many
     times static's longest JCT (`give_up_bounds`; 0: never). A random start ran every
-    evaluation to the time limit, over 15 minutes on one Pollux workload (a few jobs it never
-    finished), to learn only that it was far worse than first come first served; no export
-    should take such a policy."""
+    evaluation to the time limit (a few jobs it never finished), for many minutes per Pollux
+    workload (docs/agent.md, "Training recipe and flags"), to learn only that it was far worse
+    than first come first served; no export should take such a policy."""
     dqn_buffer_size: int = 100_000
     dqn_exploration: tuple[float, float] = (0.05, 0.01)
     """DQN epsilon start and end (small: the warm start already acts like the heuristic)."""

@@ -26,9 +26,9 @@ class ScaledReward(gym.Wrapper):
     Why the action charge: the environment's reward accrues only while simulated time passes,
     and actions at one decision point take no time. With a discount per *step*, every extra
     action pushes the (negative) rewards further into the future, so a policy that resizes a
-    job back and forth at one decision point is *rewarded* for it. Measured: from scratch, on
-    4 GPUs with 8 rigid jobs, PPO learnt to start and suspend jobs up to 735 times each and
-    never finished the workload.
+    job back and forth at one decision point is *rewarded* for it. From scratch on a small
+    rigid workload PPO learnt exactly that and never finished it
+    (docs/experiments/2026-11-21-reward-flaw.md).
     """
 
     def __init__(self, env: ClusterAllocEnv, scale: float, action_cost: float = 0.0) -> None:

@@ -25,8 +25,8 @@ DQN_FOLLOW_MARGIN = 1.0
 of the fitted returns above every other action's, so that the TD updates of actions tried
 elsewhere, which generalise across states, do not at once flip the greedy choice where nothing
 else was tried; a tried deviation's TD target carries the margin too, so one that pays can
-still overturn it. (Measured at 0.05 and 1.0: either way RL moved the greedy policy off the
-heuristic, for the worse, within 16-32k steps; docs/agent.md, "Residual DQN".)"""
+still overturn it. (Tried at 0.05 and 1.0: either way RL soon moved the greedy policy off the
+heuristic, for the worse; docs/experiments/2026-11-24-residual-dqn.md.)"""
 
 
 def start_policy(config: TrainConfig, model: object, log: Callable[[str], None],

@@ -211,6 +211,7 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)
     monkeypatch.setattr(logging.getLogger("urllib3"), "level", logging.getLogger("urllib3").level)
+    monkeypatch.delenv("RLALLOC_CRD_PATH", raising=False)  # the CRD is read from the twin
     twin = start_quiet_twin([job("a", 0, 4, 1, 8)], speed=60.0)
     prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
     try:
@@ -225,7 +226,7 @@ def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch
         # the cycle really ran: it listed the cluster and logged the start it would have made
         # ("a" queued on an empty cluster), marked as a dry run
         listed = {r.url.path.rsplit("/", 1)[-1] for r in list(twin.api)}
-        assert {"nodes", "pods", "pytorchjobs"} <= listed
+        assert {"nodes", "pods", "pytorchjobs", "pytorchjobs.kubeflow.org"} <= listed
         logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()
                   if line.startswith("{")]
         decisions = [(e["decision"], e["job"], e["workers"], e["outcome"], e["dry_run"])

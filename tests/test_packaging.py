@@ -85,6 +85,8 @@ def test_the_wheel_is_one_namespace_with_its_runtime_data(wheel):
                    "rlalloc/models/forecaster/weights.pt", "rlalloc/models/risk/risk_model.json",
                    "rlalloc/env/app_profiles/LICENSE",
                    "rlalloc/env/app_profiles/cifar10/placements.csv",
+                   "rlalloc/actuator/twin/crds/kubeflow.org_pytorchjobs.v1.9.0.yaml",
+                   "rlalloc/actuator/twin/crds/LICENSE",
                    "rlalloc/cli/main.py", "rlalloc/env/state.py"):
         assert needed in names, needed
 

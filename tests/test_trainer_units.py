@@ -7,12 +7,10 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import re
 import socket
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +46,6 @@ from rlalloc.trainer_jobs.train import _open_outputs, main
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "trainer_jobs" / "manifests"
-DOCKERFILE = REPO / "trainer_jobs" / "Dockerfile"
 
 
 def test_rank_slices_partition_the_global_batch():
@@ -308,28 +305,6 @@ def test_manifests_match_the_crd_and_rlalloc_conventions():
         assert grace_s < shutdown_s < pod["terminationGracePeriodSeconds"]
         claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]]
         assert claims and all(c for c in claims)
-
-
-def _dockerfile_instructions() -> list[tuple[str, list[str]]]:
-    """(instruction, arguments) of the trainer's Dockerfile, continuations joined, comments out."""
-    lines = [line.strip() for line in DOCKERFILE.read_text().splitlines()]
-    joined = "\n".join(line for line in lines if not line.startswith("#")).replace("\\\n", " ")
-    return [(line.split()[0].upper(), line.split()[1:]) for line in joined.splitlines() if line]
-
-
-def test_trainer_dockerfile_copies_what_exists_and_installs_the_pinned_torch():
-    instructions = _dockerfile_instructions()
-    sources = [arg for name, args in instructions if name == "COPY"
-               for arg in [a for a in args if not a.startswith("--")][:-1]]
-    for source in sources:  # the build context is the repository root
-        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    # `pip install .` in the image installs every package pyproject lists
-    packages = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {p.rstrip("*") for p in packages} <= {Path(s).name for s in sources}
-    pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch=="))
-    installs = " ".join(" ".join(args) for name, args in instructions if name == "RUN")
-    assert re.findall(r"torch==\S+", installs) == [pin]
 
 
 def test_manifest_command_runs_in_the_trainer_image():
