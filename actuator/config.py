@@ -209,9 +209,9 @@ class ActuatorConfig:
     event_component: str = "rlalloc-actuator"
     """`source.component` of the Events the actuator writes."""
     signals: str = "standin"
-    """Look-ahead signals in the state, as in simulation (`rlalloc.env.signals.load_signals`): "none"
-    (zeros), "standin" (EWMA demand forecast + risk model, the simulator's default) or "lstm"
-    (the LSTM demand forecaster + risk model)."""
+    """Look-ahead signals in the state, as in simulation
+    (`rlalloc.forecaster.signals.load_signals`): "none" (zeros), "standin" (EWMA demand forecast
+    + risk model, the simulator's default) or "lstm" (the LSTM demand forecaster + risk model)."""
     clock_speedup: float = 1.0
     """Cluster-clock seconds per Prometheus second: 1 in a real cluster, the twin's `--speed`
     against the twin. Look-backs in cluster time (the risk model's lag, the per-minute demand

@@ -7,8 +7,9 @@ from the API objects, which are fresher than kube-state-metrics; telemetry and h
 counts, temperatures, flaps, trainer throughput and checkpoints) come from Prometheus.
 
 The look-ahead signals are computed as the simulator computes them, by the same functions
-(`rlalloc.env.signals`): each node's failure risk from its telemetry features (`NODE_FEATURE_NAMES`) now
-and `risk_lag_s` earlier, and the demand forecast from the per-minute demand history.
+(`rlalloc.forecaster.signals`): each node's failure risk from its telemetry features
+(`NODE_FEATURE_NAMES`) now and `risk_lag_s` earlier, and the demand forecast from the
+per-minute demand history.
 
 What neither source keeps — GPU-seconds a job has received, time it has been allocated, how
 often it restarted — is integrated here across cycles in a `Ledger` (workers x elapsed time), the

@@ -30,9 +30,9 @@ PAIRED_LOG_RATIO = 3.0
 PAIRED_MIN_SPAN_PCT = 1.0
 """A linear paired axis reaches at least this many % either side of 0: scaled to its data alone,
 a change of +0.007 % spread over the whole width and read as large as one of +50 %. Close
-policies in docs/agent.md differ by about 1-5 % (elastic-srpt-0.25 against elastic-srpt -0.9 %,
-the planner against its base -1.9 %), so on this span a change well under 1 % looks small and
-one of those still stands apart from 0; larger changes widen the axis as before."""
+policies differ by a few % (examples: docs/agent.md, "What `evaluate` writes"), so on this
+span a change well under 1 % looks small and one of those still stands apart from 0; larger
+changes widen the axis as before."""
 _CHANGE_TICKS = (-99, -95, -90, -75, -50, -25, -10, 0, 10, 25, 50, 100, 200, 400, 900, 1900,
                  4900, 9900)
 

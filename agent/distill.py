@@ -1,16 +1,17 @@
 """The lookahead's decisions as demonstrations, to distil it into a residual policy network.
 
-With futures sampled from history the lookahead (`rlalloc.agent.lookahead`) beats `elastic-srpt-0.25`
-on every held-out Pollux workload, but it needs a simulator of the cluster and a few seconds
-per decision, so the actuator cannot run it. A network that predicts its choice from the
-observation alone can be deployed. The lookahead only ever picks one of its heuristics'
-proposals, so its choice is exactly one action of the residual action space over the same
-heuristics (base first, `rlalloc.agent.residual`): "follow heuristic k", or no-op where it takes a
-no-op proposal. `LookaheadRecorder` wraps the lookahead during a run and records, at every
-action it is asked for, the residual observation, mask and that index and, where the
+With futures sampled from history the lookahead (`rlalloc.agent.lookahead`) beats
+`elastic-srpt-0.25` on every held-out Pollux workload, but it needs a simulator of the cluster
+and a few seconds per decision, so the actuator cannot run it. A network that predicts its
+choice from the observation alone can be deployed. The lookahead only ever picks one of its
+heuristics' proposals, so its choice is exactly one action of the residual action space over
+the same heuristics (base first, `rlalloc.agent.residual`): "follow heuristic k", or no-op where
+it takes a no-op proposal. `LookaheadRecorder` wraps the lookahead during a run and records,
+at every action it is asked for, the residual observation, mask and that index and, where the
 heuristics disagreed, what each candidate saved in the forks; `rlalloc train --imitate` fits a
-residual policy's actor to those advantages before RL (`fit_advantages`). Measured on the
-Pollux workloads (docs/agent.md), the fitted policy stays within noise of its base.
+residual policy's actor to those advantages before RL (`fit_advantages`). On the Pollux
+workloads the fitted policy stays within noise of its base
+(docs/experiments/2026-11-23-distillation.md).
 """
 
 from __future__ import annotations
@@ -176,9 +177,9 @@ def fit_advantages(policy: nn.Module, recording: Recording, epochs: int, batch_s
     step also gets a cross-entropy towards the base's action against the non-candidates (raw
     actions stay below it). Why not imitate the lookahead's choices: it deviates at few
     contested decisions (too few labels; docs/experiments/2026-11-23-distillation.md), and
-    only when a candidate wins in every draw; the advantages carry
-    what every fork measured, and regressing them averages the draws' noise across similar
-    states. Returns the final mean squared error of the regression and the cross-entropy.
+    only when a candidate wins in every draw; the advantages carry what every fork measured,
+    and regressing them averages the draws' noise across similar states. Returns the final
+    mean squared error of the regression and the cross-entropy.
     """
     generator = torch.Generator().manual_seed(seed)
     obs = torch.as_tensor(recording.obs)

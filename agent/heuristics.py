@@ -119,8 +119,8 @@ class TiresiasConfig:
     """Attained GPU-seconds at which a job drops to the next queue (one threshold: 2 queues,
     the paper's recommended K=2). Scaled to the Pollux workloads, whose jobs attain 10-100x
     more service than Tiresias' example threshold of 3,200 GPU-s: with 3,200 every 12-GPU job
-    is demoted after 4.5 minutes and the preemption churn swamps the JCT. 57,600 GPU-s = 16
-    GPU-hours gave the lowest average JCT of the thresholds swept on training workloads 1
+    is demoted after 4.5 minutes and the preemption churn makes JCT several times worse.
+    57,600 GPU-s = 16 GPU-hours was the best of the thresholds swept on training workloads 1
     and 3 (docs/agent.md, "The baselines")."""
     promote_knob: float = 8.0
     """A job that has waited `promote_knob` x its run time so far is promoted to the top queue

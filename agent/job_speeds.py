@@ -1,13 +1,13 @@
 """Job speeds from the applications' measured profiles: what the state's curve gets wrong.
 
-The state gives each job a two-parameter speed-up curve (`rlalloc.env.featurizer.speedup`) fitted to
-its application's profile. On the Pollux applications the fit is 5 % off the profile
-(median) on packed placements of 2-32 GPUs and up to +91 % at 24-32 GPUs (docs/agent.md,
-"Job speeds"), so a heuristic ranking growth by the curve hands GPUs to jobs that will not use
-them. A cluster that runs known applications can do better with their measured throughput by
-placement (Pollux measures it as jobs run). A `JobSizeHistory` already names the application
-and batch size behind each curve it has seen (`kinds`); where it names exactly one and that
-application's profile is at hand, `profile_models` gives the curve its measured speed model:
+The state gives each job a two-parameter speed-up curve (`rlalloc.env.featurizer.speedup`)
+fitted to its application's profile. On the Pollux applications the fit is far off the profile
+at large placements (docs/agent.md, "Job speeds"), so a heuristic ranking growth by the curve
+hands GPUs to jobs that will not use them. A cluster that runs known applications can do better
+with their measured throughput by placement (Pollux measures it as jobs run). A
+`JobSizeHistory` already names the application and batch size behind each curve it has seen
+(`kinds`); where it names exactly one and that application's profile is at hand,
+`profile_models` gives the curve its measured speed model:
 
 - `ProfiledSpeedups` (`speedups_of`): the speed-ups an elastic heuristic ranks by
   (`rlalloc sizes fit`);
@@ -78,8 +78,9 @@ def assumed_shape(workers: int, nodes: int, gpus_per_node: int) -> tuple[int, ..
 
 
 class ProfiledSpeedups:
-    """`rlalloc.agent.heuristics.Speedups` from measured throughput where `models` has a job's curve:
-    its iterations per second on the placement over those on one GPU; the curve otherwise."""
+    """`rlalloc.agent.heuristics.Speedups` from measured throughput where `models` has a job's
+    curve: its iterations per second on the placement over those on one GPU; the curve
+    otherwise."""
 
     def __init__(self, models: dict[CurveKey, ThroughputFn]) -> None:
         self.models = models
@@ -100,7 +101,8 @@ class ProfiledSpeedups:
             return curve
         per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
         # plain Python over memoised values: a decision asks for a few hundred entries, for
-        # which numpy's per-call overhead (unique rows and the like) cost 15x the curve's time
+        # which numpy's per-call overhead (unique rows and the like) cost many times the
+        # curve's time (docs/experiments/2026-11-25-job-speeds.md)
         result = curve.reshape(-1).copy()
         for i, (row, n, k) in enumerate(zip(flat_rows, workers.reshape(-1).tolist(),
                                             nodes.reshape(-1).tolist(), strict=True)):

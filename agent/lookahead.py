@@ -205,9 +205,9 @@ class LookaheadPolicy:
         base's in every future drawn (the base's when none does).
 
         With one future that is plainly the cheapest proposal. With sampled futures, a
-        deviation must win in each of them: measured on workload-7, taking the cheapest mean of
-        2 draws deviated at 117 of 322 contested decisions and cost 1.4 % JCT (sampling noise
-        picked the deviations), where the real next hour deviated at 46.
+        deviation must win in each of them: taking the cheapest mean let sampling noise pick
+        the deviations, far more of them than the real next hour makes, and it raised the JCT
+        (docs/experiments/2026-11-22-headroom-lookahead.md).
         """
         base_action = self.base.act(state)
         candidates = list(dict.fromkeys([base_action,

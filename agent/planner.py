@@ -1,10 +1,11 @@
 """The planning policy: the sampled lookahead over size-told heuristics, served from the state.
 
 `rlalloc headroom --futures sampled-1h` measured the one gain over the size-told heuristic that
-held on every workload tried (docs/agent.md, "Where this stands"), but it forked the simulator
-the run happened in. Here the same `LookaheadPolicy` forks a simulator rebuilt from the
-`ClusterState` alone (`rlalloc.env.rebuild`), so it reads nothing a controller lacks and the
-simulator, `rlalloc evaluate` and the actuator can all run it. What it needs besides the state is
+held on every workload tried (docs/experiments/2026-11-24-ppo-size-told-runs-A-L.md, the
+size-told lookahead), but it forked the simulator the run happened in. Here the same
+`LookaheadPolicy` forks a simulator rebuilt from the `ClusterState` alone
+(`rlalloc.env.rebuild`), so it reads nothing a controller lacks and the simulator,
+`rlalloc evaluate` and the actuator can all run it. What it needs besides the state is
 saved in one policy directory by `rlalloc planner fit`:
 
 - a size table (`rlalloc.agent.job_sizes`) that tells the base heuristic and its alternatives each
@@ -15,13 +16,12 @@ saved in one policy directory by `rlalloc planner fit`:
 - the horizon and number of draws;
 - the measured profiles (``profiles/``) of the applications behind the table's speed curves:
   the copy runs each job on its application's throughput model, not on the fitted curve a
-  policy sees. On workload-7 the curve alone kept -0.6 % of the -5.3 % the lookahead gained
-  with the profiles (docs/agent.md, "The planner"). A curve no profile is known for keeps the
-  curve.
+  policy sees. Forking on the curve alone lost most of the lookahead's gain
+  (docs/experiments/2026-11-25-planner.md). A curve no profile is known for keeps the curve.
 
 Each contested decision costs one rebuild and `samples` forks per candidate, each run to the
-end of the jobs it knows of: about a second of one core on the Pollux workloads, against the
-actuator's 30 s cycle (docs/agent.md, "The planner").
+end of the jobs it knows of: a small share of the actuator's 30 s cycle on the Pollux
+workloads (measured in docs/agent.md, "The planner").
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The one interface every allocator implements: `ClusterState` in, `Action` out.
 
 Heuristics and learned policies both satisfy `Policy`, so the simulator, `rlalloc evaluate` and
-the in-cluster actuator run any of them by name (see `rlalloc.agent.registry.load_policy`). A policy is
-asked repeatedly at one decision point (the simulator re-asks after every applied action, until
-the policy answers no-op), so it must be a function of the state alone: it proposes the single
-most useful change now and trusts to be asked again.
+the in-cluster actuator run any of them by name (see `rlalloc.agent.registry.load_policy`). A
+policy is asked repeatedly at one decision point (the simulator re-asks after every applied
+action, until the policy answers no-op), so it must be a function of the state alone: it
+proposes the single most useful change now and trusts to be asked again.
 """
 
 from __future__ import annotations

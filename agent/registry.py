@@ -90,7 +90,8 @@ def load_policy(name_or_path: str) -> Policy:
 
 def _load_learned(directory: Path, name: str) -> Policy:
     """The trained model saved in `directory`. Imported here, not at the top: it brings torch
-    (~110 MB and a second of start-up), which commands running only heuristics never need."""
+    (memory and start-up time, docs/architecture.md), which commands running only heuristics
+    never need."""
     from rlalloc.agent.deployed import load_deployed
 
     return load_deployed(directory, name=name)

@@ -1,14 +1,15 @@
 """The residual action space: the raw discrete actions plus "follow heuristic k" actions.
 
-PPO warm-started by imitation stayed 8% behind `elastic` on held-out workloads: the 5% of
-states where the clone disagrees with its teacher cost more than RL won back. Here the
-heuristics are part of the policy instead. One extra action per heuristic (after the raw
-ones, in the order given) applies whatever that heuristic proposes for the current state, so
-a policy that always picks the first one *is* that heuristic, including its resizes of
-running jobs outside the visible slots, which have no raw index (on workload-3, 156 of
-elastic's 417 actions). No-op stays a veto and the raw scale/suspend/migrate actions stay
-available, so RL has only the deviations left to learn: vetoes, raw actions, and which
-heuristic to follow in which state.
+PPO warm-started by imitation stayed behind `elastic` on held-out workloads: the few states
+where the clone disagrees with its teacher cost more than RL won back
+(docs/experiments/2026-11-21-ppo-dqn-plain-heuristics.md, 2026-11-27-held-out-results.md).
+Here the heuristics are part of the policy instead. One extra action per heuristic (after the
+raw ones, in the order given) applies whatever that heuristic proposes for the current state,
+so a policy that always picks the first one *is* that heuristic, including its resizes of
+running jobs outside the visible slots, which have no raw index (a good share of elastic's
+actions; docs/agent.md, "The residual action space"). No-op stays a veto and the raw
+scale/suspend/migrate actions stay available, so RL has only the deviations left to learn:
+vetoes, raw actions, and which heuristic to follow in which state.
 
 `ResidualFeaturizer` is a `Featurizer` whose observation ends with a few features of each
 proposal (a veto or a choice can only be learnt if the policy sees what it chooses between),
@@ -18,13 +19,13 @@ proposal for a follow index. The gym environment, the evaluation and the deploye
 go through the featurizer, so they all see the same residual policy.
 
 Told job sizes (`JobSizeHistory`, `rlalloc train --learn-sizes`), every heuristic ranks jobs by
-the sizes of past jobs of the same kind instead of extrapolating from progress (on the Pollux
-held-out set that alone is 9.3 % faster than elastic-srpt-0.25, `rlalloc.agent.job_sizes`), and the
-observation shows each slot's predicted remaining work, so that a deviation can depend on it.
-Told speeds as well (`rlalloc.agent.job_speeds.ProfiledSpeedups`, from the applications' measured
-profiles), they rank growth by those instead of the state's fitted curve. The table travels
-inside the exported model (`ExportMeta.job_sizes`), the profiles beside it
-(`ExportMeta.profiles`).
+the sizes of past jobs of the same kind instead of extrapolating from progress (that alone
+beats elastic-srpt-0.25 on the Pollux held-out set, `rlalloc.agent.job_sizes`;
+docs/experiments/2026-11-23-job-sizes.md), and the observation shows each slot's predicted
+remaining work, so that a deviation can depend on it. Told speeds as well
+(`rlalloc.agent.job_speeds.ProfiledSpeedups`, from the applications' measured profiles), they
+rank growth by those instead of the state's fitted curve. The table travels inside the exported
+model (`ExportMeta.job_sizes`), the profiles beside it (`ExportMeta.profiles`).
 """
 
 from __future__ import annotations

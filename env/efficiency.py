@@ -48,8 +48,8 @@ EFFICIENCY_MODES = ("none", "fixed", "adaptive")
 """How a profiled job's progress is modelled (module docstring); ``none`` is the default."""
 BATCH_CANDIDATES_PER_DOUBLING = 4
 """An adaptive job picks among batch sizes spaced 2^(1/4) apart (plus the validated ones)
-between the smallest and the largest validated size. A 4x finer grid raises the best goodput
-by at most 3 % (yolov3; under 2 % for the other applications, on 1-32 GPUs)."""
+between the smallest and the largest validated size. A finer grid raises the best goodput
+only a little (docs/simulator.md, "Statistical efficiency")."""
 
 
 @dataclass(frozen=True)

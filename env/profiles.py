@@ -267,7 +267,8 @@ class AppProfile:
 
     @cached_property
     def _linear(self) -> LinearNDInterpolator:
-        # The first evaluation prepares every simplex (0.1-1 s per application, once).
+        # The first evaluation prepares every simplex: the slow part, once per application
+        # (its cost: docs/agent.md, "Job speeds").
         return LinearNDInterpolator(*self._grid)
 
     @cached_property

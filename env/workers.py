@@ -55,7 +55,7 @@ def ordered_results(pool: ProcessPoolExecutor, run: Callable[[T], R],
 def torch_on_one_thread() -> None:
     """Run torch on this process's own thread, if anything imported it (a learned policy):
     without importing it for runs that need none (heuristics), which would cost each worker
-    ~1 s and ~180 MB."""
+    torch's start-up time and memory (docs/architecture.md)."""
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)

@@ -27,7 +27,8 @@ full daily seasons, both to fit the parameters and to filter a series."""
 HOLT_WINTERS_INIT_DAYS = 5
 """Days statsmodels' heuristic initial states average at most (fewer in a shorter series)."""
 HOLT_WINTERS_FIT_DAYS = 7
-"""Days of training series the Holt-Winters parameters are fitted on (fits in ~2 s per day)."""
+"""Days of training series the Holt-Winters parameters are fitted on: a bound on the fit's
+time, which grows with each day (docs/forecaster.md, "Cost")."""
 
 
 @dataclass(frozen=True)

@@ -830,8 +830,9 @@ def test_actuator_needs_neither_the_simulator_nor_the_training_stack():
             "print(' '.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split())
-    forbidden = {"rlalloc.env.simulator", "rlalloc.env.scenario", "rlalloc.env.gym_env", "torch", "stable_baselines3",
-                 "sb3_contrib", "rlalloc.trainer_jobs.train", "rlalloc.actuator.twin.runtime"}
+    forbidden = {"rlalloc.env.simulator", "rlalloc.env.scenario", "rlalloc.env.gym_env", "torch",
+                 "stable_baselines3", "sb3_contrib", "rlalloc.trainer_jobs.train",
+                 "rlalloc.actuator.twin.runtime"}
     assert not loaded & forbidden, loaded & forbidden
 
 

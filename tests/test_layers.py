@@ -6,8 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 HEAVY = ("torch", "stable_baselines3", "sb3_contrib", "kubernetes", "pandas", "scipy")
 
 

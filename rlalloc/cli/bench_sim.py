@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
     # hundreds of thousands of leftover objects that slow the garbage collector down
     figures = bench_env_steps(args.env_cluster, args.env_steps)
     figures.update(bench_replay(args.trace, replay_cluster, policy.act))
-    # before the PPO run: torch and its model would add ~110 MB that the replay does not use
-    # (a heuristic replay policy loads without torch)
+    # before the PPO run: torch and its model would add memory that the replay does not use
+    # (a heuristic replay policy loads without torch; docs/architecture.md)
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if args.ppo_steps:
         figures.update(bench_ppo_share(args.env_cluster, args.ppo_steps))
