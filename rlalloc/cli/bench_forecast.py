@@ -62,14 +62,12 @@ def _training_time(args: argparse.Namespace) -> dict[str, object]:
     card = read_card(SHIPPED_MODEL_DIR)
     lstm = load_demand_forecaster()
     config = lstm.config if args.epochs is None else replace(lstm.config, epochs=args.epochs)
-    # the card names its series relative to the checkout (models/forecaster's grandparent), not
-    # to wherever the command runs
-    checkout = SHIPPED_MODEL_DIR.resolve().parents[1]
-    paths = args.series or [checkout / p for p in card["trained_on"]]
+    # the card names its series relative to the checkout it was trained in
+    paths = args.series or [Path(p) for p in card["trained_on"]]
     missing = [str(p) for p in paths if not Path(p).is_file()]
     if missing:
-        raise UserError(f"training series not found: {', '.join(missing)}; pass --series or "
-                        "--skip-training")
+        raise UserError(f"training series not found: {', '.join(missing)}; run from the checkout "
+                        "beside ../shared, pass --series, or --skip-training")
     segments = [s for p in paths for s in
                 load_demand_series(p, min_points=config.min_history_min + 61).segments]
     _, report = train_forecaster(segments, config, show_progress=True)

@@ -32,15 +32,15 @@ from rlalloc.env.state import Action, ClusterState
 from rlalloc.env.workload.loader import SYNTHETIC, load_workload, workload_format
 from rlalloc.forecaster.signals import default_signals
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
-                 / "pollux" / "philly.csv")
+DEFAULT_TRACE = Path("../shared/data/traces/pollux/philly.csv")
+"""The Philly trace beside the checkout, from which benchmarks run (`make bench`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench sim`."""
     parser.add_argument("--trace", default=str(DEFAULT_TRACE),
                         help="workload to replay: a CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
-                             "(default: ../shared/data/traces/pollux/philly.csv)")
+                             "(default: %(default)s, beside the checkout it runs from)")
     parser.add_argument("--cluster", default="128x8", help="replay cluster (default: %(default)s)")
     parser.add_argument("--policy", default="static", help="replay policy (default: %(default)s)")
     parser.add_argument("--env-cluster", default="16x4",
