@@ -143,6 +143,8 @@ def test_the_core_install_runs_from_anywhere_without_the_extras(wheel, tmp_path)
     simulated = run(cli.format(["simulate", "--workload", str(workload), "--cluster", "2x4",
                                 "--policy", "elastic"]))
     assert simulated.returncode == 0, simulated.stderr
+    version = run(cli.format(["--version"]))
+    assert version.stdout.strip() == f"rlalloc {PYPROJECT['project']['version']}"
     trained = run(cli.format(["train", "--out", str(elsewhere / "model")]))
     assert trained.returncode == 2
     assert trained.stderr.strip().splitlines() == [

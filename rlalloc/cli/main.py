@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import NoReturn
 
+from rlalloc import __version__
 from rlalloc.env.errors import UserError
 
 # (words of the subcommand, its module in rlalloc.cli, one-line help)
@@ -96,6 +97,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         prog="rlalloc",
         description="RL resource allocation for distributed training jobs on Kubernetes.",
     )
+    parser.add_argument("--version", action="version", version=f"rlalloc {__version__}")
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
         (): parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     }
