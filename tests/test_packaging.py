@@ -37,6 +37,28 @@ def _copied_sources(dockerfile: Path) -> list[str]:
             for arg in args[:-1]]
 
 
+def test_the_missing_extra_error_names_the_extra_that_lists_the_package():
+    """`rlalloc.cli.main.EXTRAS` (which extra to install for a missing module) agrees with
+    pyproject.toml's optional dependencies, and covers every package only an extra brings."""
+    from rlalloc.cli.main import EXTRAS
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+
+    def listed(extra: str) -> set[str]:
+        """The import names of the packages `extra` brings, with the extras it includes."""
+        names = set()
+        for requirement in extras[extra]:
+            if included := re.fullmatch(r"rlalloc\[([\w,]+)\]", requirement):
+                names |= {n for other in included[1].split(",") for n in listed(other)}
+            else:
+                names.add(re.split(r"[<>=\[;]", requirement)[0].strip().lower().replace("-", "_"))
+        return names
+
+    for package, extra in EXTRAS.items():
+        assert package in listed(extra), (package, extra)
+    assert set(EXTRAS) == set(EXTRAS_ONLY)
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_each_image_installs_the_wheel_of_what_it_copies(dockerfile):
     instructions = _instructions(dockerfile)
