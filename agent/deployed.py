@@ -11,7 +11,7 @@ A saved model directory holds
   told, if any, and the applications whose profiles tell them job speeds: see
   `rlalloc.agent.residual`);
 - ``profiles/``: copies of those applications' measured profiles (`rlalloc.agent.job_speeds`),
-  so that the model runs where the shared data is not.
+  so that the model runs anywhere, whatever profiles are installed there.
 
 The actuator loads this with torch alone, so the training stack (and SB3's pickled zips, which
 break across Python versions) never enters the cluster. `rlalloc.agent.export` writes it from a

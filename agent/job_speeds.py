@@ -15,8 +15,8 @@ with their measured throughput by placement (Pollux measures it as jobs run). A
   (`rlalloc planner fit`).
 
 Jobs of any other curve keep the curve. A saved policy directory carries copies of the
-profiles it uses (`copy_profiles`, `read_copied_profiles`), so that it runs where the shared
-data is not.
+profiles it uses (`copy_profiles`, `read_copied_profiles`), so that it runs anywhere, whatever
+profiles are installed there.
 """
 
 from __future__ import annotations

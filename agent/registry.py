@@ -64,8 +64,7 @@ def load_policy(name_or_path: str) -> Policy:
         directory = MODELS_DIR / name_or_path
         if not directory.is_dir():
             raise UserError(f"policy {name_or_path!r}: shipped model {directory} is missing; "
-                            f"train one with `rlalloc train --algo {name_or_path} --out "
-                            f"{directory}` or pass a model directory")
+                            "reinstall rlalloc, or pass the directory of a trained model")
         return _load_learned(directory, name_or_path)
     path = Path(name_or_path)
     kinds = saved_kinds()

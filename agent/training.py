@@ -194,7 +194,7 @@ def _speeds_line(profiles: tuple[str, ...], out: Path, resumed: bool) -> str:
     if resumed:
         return ("--learn-sizes: resumed on the state's speed-up curves, which the run's "
                 "heuristics started with")
-    return (f"--learn-sizes: no application profiles found (the shared data or "
+    return (f"--learn-sizes: no application of the size table has a profile (shipped or in "
             f"{PROFILES_ENV_VAR}), so the heuristics rank by the state's speed-up curves")
 
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 SIGNAL_KINDS = ("none", "standin", "lstm")
+"""none: zeros; standin: the EWMA stand-in (microseconds); lstm: the LSTM itself (milliseconds
+per forecast; see docs/forecaster.md for the comparison)."""
 DEFAULT_SIGNALS = "standin"
-"""What simulations, training and the actuator use unless told otherwise."""
-"""none: zeros; standin: the EWMA stand-in (microseconds, the default for simulation);
-lstm: the LSTM itself (milliseconds per forecast; see docs/forecaster.md for the comparison)."""
+"""The kind the commands, training and the actuator load unless told otherwise. A `Simulator`,
+scenario or `ClusterAllocEnv` built directly has none unless handed some."""
 
 
 @dataclass(frozen=True)

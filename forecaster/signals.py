@@ -13,7 +13,7 @@ from rlalloc.forecaster.standin import load_standin
 
 
 @functools.cache
-def load_signals(kind: str = "standin") -> Signals:
+def load_signals(kind: str = DEFAULT_SIGNALS) -> Signals:
     """Signals from the shipped forecaster (`kind`) and the shipped risk model, loaded once per
     process whatever the number of scenarios."""
     if kind not in SIGNAL_KINDS:
@@ -44,5 +44,5 @@ def load_signals(kind: str = "standin") -> Signals:
 
 
 def default_signals() -> Signals:
-    """`load_signals` of `DEFAULT_SIGNALS`: what every simulation is given unless told otherwise."""
+    """`load_signals` of `DEFAULT_SIGNALS`: what the commands hand every simulation."""
     return load_signals(DEFAULT_SIGNALS)

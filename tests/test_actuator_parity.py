@@ -7,7 +7,7 @@ the twin's API, and the answers Prometheus gives to the default queries — and 
 observe path (list calls, query results, state builder with its ledger) rebuilds the state.
 The policy, asked by the actuator's decide step, must answer the very same action.
 
-The look-ahead signals are on in both worlds (the simulator's default, "standin", and the
+The look-ahead signals are on in both worlds (the commands' default, "standin", and the
 actuator's): Prometheus' answers carry the node telemetry the simulator's risk model saw, now
 and `risk_lag_s` earlier, and the per-minute demand history its forecast read, so the rebuilt
 state's failure risk and demand forecast must be the simulator's too.

@@ -40,7 +40,7 @@ def _copied_sources(dockerfile: Path) -> list[str]:
 def test_the_missing_extra_error_names_the_extra_that_lists_the_package():
     """`rlalloc.cli.main.EXTRAS` (which extra to install for a missing module) agrees with
     pyproject.toml's optional dependencies, and covers every package only an extra brings."""
-    from rlalloc.cli.main import EXTRAS
+    from rlalloc.cli.main import COMMAND_EXTRAS, COMMANDS, EXTRAS
 
     extras = PYPROJECT["project"]["optional-dependencies"]
 
@@ -57,6 +57,8 @@ def test_the_missing_extra_error_names_the_extra_that_lists_the_package():
     for package, extra in EXTRAS.items():
         assert package in listed(extra), (package, extra)
     assert set(EXTRAS) == set(EXTRAS_ONLY)
+    assert set(COMMAND_EXTRAS.values()) <= set(extras)
+    assert {words for words, _, _ in COMMANDS} >= set(COMMAND_EXTRAS)
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
@@ -70,7 +72,8 @@ def test_each_image_installs_the_wheel_of_what_it_copies(dockerfile):
     pin = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
     runs = " ".join(" ".join(args) for name, args in instructions if name == "RUN")
     assert re.findall(r"torch==\S+", runs) == [pin]
-    assert "pip wheel" in runs and re.search(r"rlalloc-\*\.whl\)?\[actuator\]", runs)
+    extra = {"actuator": "actuator", "trainer_jobs": "trainer"}[dockerfile.parent.name]
+    assert "pip wheel" in runs and re.search(rf"rlalloc-\*\.whl\)?\[{extra}\]", runs)
     assert not re.search(r"pip install (-e|--editable)\b", runs)
     assert not [args for name, args in instructions
                 if name == "ENV" and any("PYTHONPATH" in a for a in args)]
@@ -172,3 +175,9 @@ def test_the_core_install_runs_from_anywhere_without_the_extras(wheel, tmp_path)
     assert trained.stderr.strip().splitlines() == [
         "rlalloc: error: rlalloc train needs the [train] extra (stable_baselines3 is not "
         "installed); pip install 'rlalloc[train]'"]
+    for argv, extra in ((["twin"], "twin"), (["bench", "recovery"], "trainer"),
+                        (["bench", "sim", "--trace", "synthetic:5"], "train")):
+        refused = run(cli.format(argv))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.strip().splitlines()[-1].endswith(
+            f"pip install 'rlalloc[{extra}]'"), refused.stderr

@@ -17,7 +17,6 @@ installed, read at start-up (a dry run too), or the file RLALLOC_CRD_PATH names,
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -27,7 +26,6 @@ from pathlib import Path
 
 from rlalloc.actuator.config import CONFIG_ENV, ActuatorConfig, load_config
 from rlalloc.actuator.crd_schema import CRD_PATH_ENV, PyTorchJobValidator, file_validator
-from rlalloc.actuator.guardrails import Policy
 from rlalloc.actuator.k8s_names import PYTORCHJOB_CRD
 from rlalloc.actuator.kube import KubeClient, KubeError, api_client_from
 from rlalloc.actuator.loop import Controller, cycle_summary
@@ -39,6 +37,7 @@ from rlalloc.actuator.server import (
     configure_json_logging,
     listen_error,
 )
+from rlalloc.agent.registry import load_policy
 from rlalloc.env.errors import UserError
 from rlalloc.env.signals import Signals
 from rlalloc.forecaster.signals import load_signals
@@ -212,21 +211,11 @@ def _api_check(status: int) -> str:
     return _API_CHECKS.get(status, "check the kubeconfig and that the API server is up")
 
 
-def load_policy(name: str) -> Policy:
-    """The policy `name` from agent.registry (UserError if the agent package cannot give it)."""
-    try:
-        registry = importlib.import_module("rlalloc.agent.registry")
-    except ImportError as err:
-        raise UserError(f"cannot load policy {name!r}: agent.registry is not installed "
-                        f"({err})") from err
-    return registry.load_policy(name)
-
-
 def load_actuator_signals(kind: str) -> Signals:
     """The look-ahead signals `kind` (as in simulation), or a UserError when the shipped models
     cannot be loaded (missing files, no torch for "lstm")."""
     try:
         return load_signals(kind)
     except (OSError, ImportError, ValueError, KeyError) as err:
-        raise UserError(f"signals {kind!r}: cannot load the shipped models ({err}); install "
-                        "rlalloc with its models/ directory, or set signals: none") from err
+        raise UserError(f"signals {kind!r}: cannot load the shipped models ({err}); "
+                        "reinstall rlalloc, or set signals: none") from err

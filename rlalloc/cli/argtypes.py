@@ -8,6 +8,7 @@ seed or a zero batch size never surfaces minutes later as a traceback from numpy
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +83,14 @@ def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
                         help="also write the figures as JSON to this file")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing --out file (otherwise refused)")
+
+
+def require_module(name: str) -> None:
+    """Raise `ModuleNotFoundError` now unless `name` can be imported: for a command that needs it
+    only later (in a child process, or after minutes of work), so that `main` names the extra
+    to install before any work is done."""
+    if importlib.util.find_spec(name) is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
 def unique_names(text: str) -> list[str]:

@@ -22,7 +22,7 @@ from rlalloc.actuator.config import ActuatorConfig
 from rlalloc.actuator.guardrails import DecisionHistory, Policy, decide
 from rlalloc.actuator.state_builder import Ledger, Observation, build_state
 from rlalloc.actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
-from rlalloc.cli.actuate import load_policy
+from rlalloc.agent.registry import load_policy
 from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_bench_out_flags, within
 from rlalloc.env.failures import NODE_FEATURE_NAMES
 from rlalloc.env.output import prepare_out_file, save_bench_figures

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlalloc.cli.argtypes import add_bench_out_flags, out_path
+from rlalloc.cli.argtypes import add_bench_out_flags, out_path, require_module
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, write_json
 from rlalloc.trainer_jobs.config import TrainConfig
@@ -206,6 +206,7 @@ def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
 def run(args: argparse.Namespace) -> int:
     """Run both phases and write (or print) the JSON report."""
     _validate(args)
+    require_module("prometheus_client")  # the trainers it launches export their metrics
     defaults = TrainConfig(model=ModelConfig())
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                "{task.total} steps"), TimeElapsedColumn())

@@ -23,7 +23,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags, at_least
+from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags, at_least, require_module
 from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, save_bench_figures
@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     except UserError as err:
         raise UserError(f"--trace {err}") from None
     parse_cluster(args.env_cluster)
+    if args.ppo_steps:  # the PPO share needs the [train] extra: say so now, not after the replay
+        require_module("stable_baselines3")
     policy = load_policy(args.policy)
     prepare_out_file(args.out, args.force)
     # env steps first: a training process holds only the environment, not the replay's

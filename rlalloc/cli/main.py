@@ -49,17 +49,25 @@ EXTRAS: dict[str, str] = {
     "kmock": "twin", "aiohttp": "twin",
 }
 """Which install extra brings each optional package (pyproject.toml's optional-dependencies)."""
+COMMAND_EXTRAS: dict[tuple[str, ...], str] = {
+    ("train",): "train", ("forecast", "train"): "train", ("forecast", "evaluate"): "train",
+    ("bench", "forecast"): "train", ("actuate",): "actuator", ("bench", "actuator"): "actuator",
+    ("twin",): "twin", ("bench", "recovery"): "trainer",
+}
+"""The extra each command needs, where it needs one: named whichever of its packages is missing
+(the twin needs the actuator's client as well as its own server)."""
 
 
-def missing_extra(err: ModuleNotFoundError, command: str) -> UserError | None:
-    """The one-line error for a command that needs a package of an extra not installed, or
-    None when the missing module is not one of the extras' (a bug, left to raise)."""
+def missing_extra(err: ModuleNotFoundError, words: tuple[str, ...]) -> UserError | None:
+    """The one-line error for the command `words` when it needs a package of an extra that is
+    not installed, or None when the missing module is none of the extras' (a bug, left to
+    raise)."""
     package = (err.name or "").partition(".")[0]
     if package not in EXTRAS:
         return None
-    extra = EXTRAS[package]
-    return UserError(f"{command} needs the [{extra}] extra ({package} is not installed); "
-                     f"pip install 'rlalloc[{extra}]'")
+    extra = COMMAND_EXTRAS.get(words, EXTRAS[package])
+    return UserError(f"rlalloc {' '.join(words)} needs the [{extra}] extra ({package} is not "
+                     f"installed); pip install 'rlalloc[{extra}]'")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as err:
         chosen = _match(argv)
-        error = missing_extra(err, "rlalloc " + " ".join(chosen[0] if chosen else ()))
+        error = missing_extra(err, chosen[0] if chosen else ())
         if error is None:
             raise
         print(f"rlalloc: error: {error}", file=sys.stderr)

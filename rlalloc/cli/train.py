@@ -55,12 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rounds of DAgger after cloning the --warm-start heuristic")
     parser.add_argument("--residual", default="", metavar="H1[,H2...]",
                         help="add a 'follow H' action per heuristic and start as H1 (replaces "
-                             "--warm-start; see agent.residual)")
+                             "--warm-start; see rlalloc.agent.residual)")
     parser.add_argument("--learn-sizes", action="store_true",
                         help="residual: tell the heuristics and the policy job sizes learnt "
-                             "from the training workloads (agent.job_sizes; saved in the "
+                             "from the training workloads (rlalloc.agent.job_sizes; saved in the "
                              "model), and the heuristics job speeds from their applications' "
-                             "profiles where found (agent.job_speeds; copied into the model)")
+                             "profiles where found (rlalloc.agent.job_speeds; copied into the "
+                             "model)")
     parser.add_argument("--imitate", action="append", default=[], metavar="NPZ",
                         help="residual: fit the actor to these lookahead recordings first "
                              "(`rlalloc headroom --record`; repeatable; recorded with --base "

@@ -129,11 +129,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stop: _Stop) -> int:
     """`run` inside its signal handlers: check the flags, start, write the files, serve."""
-    try:  # imported here: kmock is needed by the twin only, not by the rest of the CLI
-        from rlalloc.actuator.twin.harness import actuator_settings, prometheus_config, start_twin
-        from rlalloc.actuator.twin.kube_api import dump_kubeconfig
-    except ImportError as err:
-        raise UserError(f"rlalloc twin needs kmock ({err}); pip install 'kmock>=0.8'") from err
+    # imported here, after the flags are read: a missing [twin] extra is named by `main`
+    from rlalloc.actuator.twin.harness import actuator_settings, prometheus_config, start_twin
+    from rlalloc.actuator.twin.kube_api import dump_kubeconfig
+
     # the URL goes into actuator.yaml: refuse now what `actuate` would refuse there
     load_config(environ={}, overrides={"prometheus_url": args.prometheus_url})
     rate = parse_failure_rate(args.failures)
