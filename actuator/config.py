@@ -162,6 +162,13 @@ class ActuatorConfig:
     """Moves that restart running workers (resize, suspend, migrate) allowed per cycle."""
     max_disruptions_per_hour: int = 20
     """Moves that restart running workers allowed in any sliding hour."""
+    move_backoff_s: float = 60.0
+    """Wait after a job's move failed before the job is changed again; doubles each failure."""
+    move_backoff_max_s: float = 300.0
+    """Longest wait between tries of a job's failing move (the doubling stops there)."""
+    max_move_failures: int = 5
+    """Consecutive failed tries after which a job's move is given up: rolled back, the job
+    marked (Event MoveGivenUp, annotation rlalloc.io/held) and left alone until it changes."""
     require_node_telemetry: bool = True
     """Refuse to place workers on a node whose DCGM metrics are missing or stale."""
     node_affinity: bool = True
@@ -238,7 +245,8 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     positive = ("prometheus_timeout_s", "max_metric_age_s", "interval_s", "api_timeout_s",
                 "lease_duration_s", "clock_speedup")
     non_negative = ("cooldown_s", "max_disruptions_per_cycle", "max_disruptions_per_hour",
-                    "api_retries", "api_backoff_s", "pod_grace_s")
+                    "api_retries", "api_backoff_s", "pod_grace_s", "move_backoff_s",
+                    "move_backoff_max_s")
     # finite too: NaN passed "< 0" (a NaN cooldown refused nothing), and an infinite timeout
     # overflowed the HTTP client's clock
     problems = {name: f"{name} must be a finite number > 0 (got {getattr(config, name)})"
@@ -247,9 +255,13 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     problems |= {name: f"{name} must be a finite number >= 0 (got {getattr(config, name)})"
                  for name in non_negative
                  if not 0 <= getattr(config, name) < math.inf}
-    if config.max_actions_per_cycle < 1:
-        problems["max_actions_per_cycle"] = (f"max_actions_per_cycle must be >= 1 "
-                                             f"(got {config.max_actions_per_cycle})")
+    for name in ("max_actions_per_cycle", "max_move_failures"):
+        if getattr(config, name) < 1:
+            problems[name] = f"{name} must be >= 1 (got {getattr(config, name)})"
+    if "move_backoff_max_s" not in problems and config.move_backoff_max_s < config.move_backoff_s:
+        problems["move_backoff_max_s"] = (
+            f"move_backoff_max_s must be at least move_backoff_s (got "
+            f"{config.move_backoff_max_s:g} with move_backoff_s {config.move_backoff_s:g})")
     if config.leader_election and config.lease_duration_s < 2 * config.interval_s:
         problems["lease_duration_s"] = (
             f"lease_duration_s must be at least twice interval_s, as the Lease is renewed once "
@@ -296,14 +308,25 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         return ActuatorConfig(**values)
     except InvalidSettings as err:
         raise UserError("; ".join(
-            f"{origins.get(name) or origins.get(_CHECKED_AGAINST.get(name, ''), 'default')}: "
-            f"invalid actuator setting: {problem}" for name, problem in err.problems.items())
-        ) from err
+            f"{_blame(name, origins)}: invalid actuator setting: {problem}"
+            for name, problem in err.problems.items())) from err
 
 
-_CHECKED_AGAINST = {"lease_duration_s": "interval_s"}
-"""Settings checked against another one: a default that a new value of the other made wrong
-is blamed on where that value came from."""
+_CHECKED_AGAINST = {"lease_duration_s": "interval_s", "move_backoff_max_s": "move_backoff_s"}
+"""Settings checked against another one: the error names where either value came from."""
+_PRECEDENCE = ("flag --", "environment variable ")
+"""Origins that override others, highest first (then the file)."""
+
+
+def _blame(name: str, origins: dict[str, str]) -> str:
+    """Where the bad value of `name` came from ("default" when nowhere): for a setting checked
+    against another one, where either came from, the highest precedence first, so a flag
+    that broke a file's lease duration is named (the file alone was named before)."""
+    found = {origins[n] for n in (name, _CHECKED_AGAINST.get(name, "")) if n in origins}
+    ranked = sorted(found, key=lambda origin: next(
+        (i for i, prefix in enumerate(_PRECEDENCE) if origin.startswith(prefix)),
+        len(_PRECEDENCE)))
+    return " and ".join(ranked) or "default"
 
 
 def _check_environment(environ: dict[str, str]) -> None:

@@ -1,12 +1,12 @@
 """Kubernetes Events for the actuator's decisions, with repeats folded into one Event.
 
 A move that keeps failing (a 403 until RBAC is fixed, a PyTorchJob the API keeps refusing) is
-proposed again every cycle, by design: a failed move does not start its cooldown. Creating an
-Event each time buried a job's `kubectl describe` under one identical warning every 30 s. As
-client-go's event recorder does, an Event that repeats one still in the cache (same object,
-reason, type and message, or for a refusal the same action and guardrail) bumps that Event's
-`count`, `message` and `lastTimestamp` instead; if it cannot (Events expire after an hour by
-default) a new one is created.
+tried again after each backoff until it is given up (`failed_moves`), and a refusal may repeat
+every cycle. Creating an Event each time buried a job's `kubectl describe` under one identical
+warning every 30 s. As client-go's event recorder does, an Event that repeats one still in the
+cache (same object, reason, type and message, or for a refusal the same action and guardrail)
+bumps that Event's `count`, `message` and `lastTimestamp` instead; if it cannot (Events expire
+after an hour by default) a new one is created.
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ whatever the policy does:
   accepted this cycle; never on a node that is down, cordoned or (optionally) without fresh
   telemetry;
 - a per-job cooldown after every change (failover moves are exempt: a warned node will not wait);
-- a cap on disruptive moves (those that restart running workers) per cycle and per sliding hour.
+- a cap on disruptive moves (those that restart running workers) per cycle and per sliding hour;
+- a job whose move failed waits out its backoff, and one whose move was given up is left alone
+  (`failed_moves`): neither is shown to the policy. A half-applied move whose backoff is over
+  is tried again before the policy is asked, exempt from the cooldown (its first try started
+  it) and counted against the hourly cap only if no earlier try was; while it waits, the GPUs
+  it will take are held for it.
 
 A refused action comes back with its reason, for the log line and the Kubernetes Event.
 """
@@ -22,12 +27,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.failed_moves import MoveFailure, counts_against_budget, waiting_reason
 from rlalloc.actuator.k8s_names import DISRUPTIONS_ANNOTATION, LAST_CHANGE_ANNOTATION
 from rlalloc.env.state import Action, ActionKind, ClusterState, Jobs, JobStatus
 
@@ -147,6 +154,11 @@ class Decision:
     """The job's nodes, one per worker, when the policy proposed the action (on the state as
     the actions accepted before it in the cycle leave it), so a log line can show the move
     from -> to: the action alone says only where the job goes."""
+    counted: bool = False
+    """It counts against the hourly disruption budget: disruptive, and no earlier try of the
+    same move counted (`failed_moves.counts_against_budget`)."""
+    retry: bool = False
+    """The actuator's own next try of a half-applied move, not the policy's proposal."""
 
 
 @dataclass(frozen=True)
@@ -161,35 +173,56 @@ class CycleDecisions:
 
 def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
            history: DecisionHistory,
-           nodes_without_telemetry: frozenset[str] = frozenset()) -> CycleDecisions:
-    """Ask `policy` for actions on `state` and pass each through the guardrails."""
+           nodes_without_telemetry: frozenset[str] = frozenset(),
+           failures: Mapping[str, MoveFailure] | None = None) -> CycleDecisions:
+    """Ask `policy` for actions on `state` and pass each through the guardrails; `failures`:
+    the jobs' failing moves (see the module docstring)."""
     now = state.time_s
     history = history.as_of(now)
+    failures = {job_id: record for job_id, record in (failures or {}).items()
+                if job_id in state.jobs.job_id}
+    waiting = {job_id: reason for job_id, record in failures.items()
+               if (reason := waiting_reason(record, now, config))}
+    retries = [record.action for job_id, record in failures.items()
+               if record.pending and job_id not in waiting]
+    for job_id, record in failures.items():
+        if record.pending and job_id in waiting:
+            state = reserve(state, record.action)
     decisions: list[Decision] = []
     cycle_disruptions = 0
-    refused_jobs: frozenset[str] = frozenset()
+    refused_jobs = frozenset(waiting)
     for _ in range(config.max_actions_per_cycle):
-        action = policy.act(policy_view(state, config, nodes_without_telemetry, refused_jobs))
-        if action.kind == ActionKind.NOOP or action.job_id in refused_jobs:
-            break  # (a policy that proposes for a job it was not shown is not asked again)
+        retry = bool(retries)
+        if retries:
+            action = retries.pop(0)
+        else:
+            action = policy.act(policy_view(state, config, nodes_without_telemetry,
+                                             refused_jobs))
+            if action.kind == ActionKind.NOOP or action.job_id in refused_jobs:
+                if action.job_id in waiting:  # proposed for a job it was not shown
+                    decisions.append(Decision(action, False, waiting[action.job_id],
+                                              is_disruptive(state, action),
+                                              current_nodes(state, action.job_id)))
+                break  # (a policy that proposes for a job it was not shown is not asked again)
         disruptive = is_disruptive(state, action)
-        reason = check(state, action, config, history, nodes_without_telemetry)
+        counted = counts_against_budget(failures.get(action.job_id), action, disruptive)
+        reason = check(state, action, config, history, nodes_without_telemetry, retry)
         if not reason and disruptive and cycle_disruptions >= config.max_disruptions_per_cycle:
             reason = (f"disruption cap: {config.max_disruptions_per_cycle} disruptive moves "
                       "per cycle already taken")
-        if not reason and disruptive and (len(history.disruptions_s)
-                                          >= config.max_disruptions_per_hour):
+        if not reason and counted and (len(history.disruptions_s)
+                                       >= config.max_disruptions_per_hour):
             reason = (f"disruption cap: {config.max_disruptions_per_hour} disruptive moves "
                       "in the last hour")
         decisions.append(Decision(action, not reason, reason, disruptive,
-                                  current_nodes(state, action.job_id)))
+                                  current_nodes(state, action.job_id), counted, retry))
         if reason:
             if action.job_id not in state.jobs.job_id:
                 break  # an unmanaged job: hiding it would change nothing
             refused_jobs |= {action.job_id}
             continue
         cycle_disruptions += int(disruptive)
-        history = history.record(action.job_id, now, disruptive)
+        history = history.record(action.job_id, now, counted)
         state = project(state, action)
     return CycleDecisions(tuple(decisions), history, state)
 
@@ -240,8 +273,12 @@ def current_nodes(state: ClusterState, job_id: str) -> tuple[str, ...]:
 
 
 def check(state: ClusterState, action: Action, config: ActuatorConfig,
-          history: DecisionHistory, nodes_without_telemetry: frozenset[str]) -> str:
-    """Why the guardrails refuse `action` on `state` ("" when they accept it)."""
+          history: DecisionHistory, nodes_without_telemetry: frozenset[str],
+          retry: bool = False) -> str:
+    """Why the guardrails refuse `action` on `state` ("" when they accept it). A `retry` of a
+    half-applied move is exempt from the cooldown (its first try's change started it) and from
+    keeping the worker count (a deleted worker whose replacement is not bound yet is not
+    counted)."""
     jobs, nodes = state.jobs, state.nodes
     try:
         row = state.job_index(action.job_id)
@@ -264,7 +301,7 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
             return f"the job has no worker on {action.from_node}"
         if action.from_node in action.nodes:
             return f"the new placement still uses {action.from_node}"
-        if len(action.nodes) != workers:
+        if len(action.nodes) != workers and not retry:
             return f"a move keeps the worker count ({workers}), got {len(action.nodes)}"
     index = {name: i for i, name in enumerate(names)}
     unknown = [n for n in action.nodes if n not in index]
@@ -286,7 +323,7 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
                 and names[i] in nodes_without_telemetry):
             return f"no fresh DCGM telemetry for node {names[i]}"
     last = history.last_change_s.get(action.job_id)
-    if action.kind != ActionKind.MIGRATE and last is not None:
+    if action.kind != ActionKind.MIGRATE and not retry and last is not None:
         if state.time_s - last < config.cooldown_s:
             return (f"cooldown: changed {state.time_s - last:.0f}s ago, "
                     f"{config.cooldown_s:.0f}s required")
@@ -296,7 +333,8 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
 _RULES = (("is not managed", "unmanaged"), ("elasticPolicy", "elastic_range"),
           ("free GPUs", "free_gpus"), ("is cordoned", "node_unusable"),
           ("is not Ready", "node_unusable"), ("telemetry", "node_telemetry"),
-          ("cooldown", "cooldown"), ("disruption cap", "disruption_cap"))
+          ("cooldown", "cooldown"), ("disruption cap", "disruption_cap"),
+          ("backoff:", "backoff"), ("move given up", "given_up"))
 
 
 def rule_of(reason: str) -> str:
@@ -305,6 +343,23 @@ def rule_of(reason: str) -> str:
         if fragment in reason:
             return rule
     return "invalid_action"
+
+
+def reserve(state: ClusterState, action: Action) -> ClusterState:
+    """`state` with the GPUs a half-applied `action` will take held for it (those beyond its
+    job's own on each of its nodes): waiting for its next try, it must find them free, and a
+    policy shown them free placed another job there, which refused that try."""
+    index = {name: i for i, name in enumerate(state.nodes.name)}
+    try:
+        row = state.job_index(action.job_id)
+    except KeyError:
+        return state
+    wanted = [index[n] for n in action.nodes if n in index]
+    need = np.bincount(wanted, minlength=state.nodes.count)
+    own = np.bincount(list(state.jobs.placement[row]), minlength=state.nodes.count)
+    free = np.maximum(state.nodes.gpus_free - np.maximum(need - own, 0), 0)
+    return replace(state, nodes=replace(state.nodes, gpus_free=free.astype(
+        state.nodes.gpus_free.dtype)))
 
 
 def project(state: ClusterState, action: Action) -> ClusterState:

@@ -43,6 +43,14 @@ cluster so that a restarted or new leader honours it."""
 DISRUPTIONS_ANNOTATION = "rlalloc.io/disruptions"
 """Cluster times of rlalloc's disruptive changes of the job in the last hour, comma-separated:
 the hourly disruption cap, kept in the cluster likewise."""
+MOVE_FAILURES_ANNOTATION = "rlalloc.io/move-failures"
+"""rlalloc's record of the job's failing move (JSON: the move, its consecutive failed tries, the
+latest one's time and error, whether it is half applied): its retry backoff and give-up, kept in
+the cluster likewise (`actuator.failed_moves`)."""
+HELD_ANNOTATION = "rlalloc.io/held"
+"""Set when rlalloc gave a move of the job up, ``MoveGivenUp: <move> failed N times (<error>)
+since <time>``: the job is left alone until it, its worker pods or its nodes' readiness change,
+or someone removes this annotation."""
 
 
 NAMESPACE_RULE = ("lowercase letters, digits and '-', at most 63, starting and ending with a "

@@ -6,12 +6,15 @@ faster. Label and field selectors are sent to the server and applied again here,
 that ignores them (an emulator, an old proxy) cannot widen what the actuator touches.
 
 Writes are retried on 409, 429 (honouring Retry-After) and 5xx, and on connection errors, with
-exponential backoff and a bounded number of attempts; other errors fail at once. Each write is a
-single request, so a failed call leaves the object as it was. Once the actuator is stopping
-(`stop_retrying`) every call gets one attempt: retries against an API that has gone would hold
-the exit for their whole backoff (7.5 s a call by default), while one that is up answers the
-first. Inside `within(seconds_left)` (the leader's moves) no attempt starts, and none waits for
-a retry, past that deadline, and each request's timeout is cut to the time left.
+exponential backoff and a bounded number of attempts; other errors fail at once, and the error
+carries the API server's own message (a 403 says which verb on which resource was refused).
+Each write is a single request, so a failed call leaves the object as it was, and each names
+its field manager (`FIELD_MANAGER`), so `managedFields` tell the actuator's changes apart.
+Once the actuator is stopping (`stop_retrying`) every call gets one attempt: retries against an
+API that has gone would hold the exit for their whole backoff (7.5 s a call by default), while
+one that is up answers the first. Inside `within(seconds_left)` (the leader's moves) no attempt
+starts, and none waits for a retry, past that deadline, and each request's timeout is cut to
+the time left.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ from rlalloc.env.errors import UserError
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+FIELD_MANAGER = "rlalloc-actuator"
+"""The field manager every write names (`managedFields` of what the actuator changed)."""
+_EXPLAINED_STATUS = frozenset({400, 403, 422})
+"""Refusals whose Status message says what was refused (the request, the verb on the resource,
+the field); the error carries it."""
+_STATUS_MESSAGE_CHARS = 300
 _MIN_TIMEOUT_S = 0.001
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -198,7 +207,8 @@ class KubeClient:
         the CRD does not know is refused (`fieldValidation=Strict`), not silently dropped."""
         self._call(lambda: self._custom.patch_namespaced_custom_object(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name, patch,
-            field_validation="Strict", _request_timeout=self._timeout()),
+            field_validation="Strict", field_manager=FIELD_MANAGER,
+            _request_timeout=self._timeout()),
             f"patch pytorchjob {namespace}/{name}")
 
     def scale_pytorchjob(self, namespace: str, name: str, replicas: int) -> None:
@@ -207,18 +217,25 @@ class KubeClient:
         self._call(lambda: self._custom.patch_namespaced_custom_object_scale(
             PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, namespace, PYTORCHJOB_PLURAL, name,
             {"spec": {"replicas": replicas}}, field_validation="Strict",
-            _request_timeout=self._timeout()), f"scale pytorchjob {namespace}/{name}")
+            field_manager=FIELD_MANAGER, _request_timeout=self._timeout()),
+            f"scale pytorchjob {namespace}/{name}")
 
     def cordon(self, node: str) -> None:
         """Mark `node` unschedulable."""
         self._call(lambda: self._core.patch_node(
-            node, {"spec": {"unschedulable": True}}, _request_timeout=self._timeout()),
-            f"cordon node {node}")
+            node, {"spec": {"unschedulable": True}}, field_manager=FIELD_MANAGER,
+            _request_timeout=self._timeout()), f"cordon node {node}")
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str = "") -> None:
-        """Delete a pod (404 = already gone, fine); with `uid`, only that pod: the operator
-        recreates a deleted worker under the same name, so a retry of a delete whose answer
-        was lost killed the replacement (409 = that pod is gone already, fine)."""
+    def uncordon(self, node: str) -> None:
+        """Mark `node` schedulable again (a rolled-back move's cordon)."""
+        self._call(lambda: self._core.patch_node(
+            node, {"spec": {"unschedulable": False}}, field_manager=FIELD_MANAGER,
+            _request_timeout=self._timeout()), f"uncordon node {node}")
+
+    def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str = "") -> bool:
+        """Delete a pod; False when it was gone already (404), or, with `uid`, when the pod of
+        that name is another one (409): the operator recreates a deleted worker under the same
+        name, so a retry of a delete whose answer was lost killed the replacement."""
         options = k8s.V1DeleteOptions(grace_period_seconds=grace_s, preconditions=(
             k8s.V1Preconditions(uid=uid) if uid else None))
         try:
@@ -228,6 +245,8 @@ class KubeClient:
         except KubeError as err:
             if err.status not in (404, 409):
                 raise
+            return False
+        return True
 
     def create_event(self, namespace: str, involved: dict, reason: str, message: str,
                      warning: bool, instance: str) -> str:
@@ -245,7 +264,7 @@ class KubeClient:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         self._call(lambda: self._core.create_namespaced_event(
-            namespace, body, _request_timeout=self._timeout()),
+            namespace, body, field_manager=FIELD_MANAGER, _request_timeout=self._timeout()),
             f"create event on {involved['name']}")
         return name
 
@@ -254,7 +273,8 @@ class KubeClient:
         `lastTimestamp` to now; raises `KubeError` (404 when the Event has gone)."""
         patch = {"count": count, "message": message[:1024], "lastTimestamp": now_rfc3339()}
         self._call(lambda: self._core.patch_namespaced_event(
-            name, namespace, patch, _request_timeout=self._timeout()),
+            name, namespace, patch, field_manager=FIELD_MANAGER,
+            _request_timeout=self._timeout()),
             f"count event {namespace}/{name}")
 
     # ------------------------------------------------------------------------------ leases
@@ -272,14 +292,15 @@ class KubeClient:
     def create_lease(self, namespace: str, body: dict) -> None:
         """Create a Lease; raises `KubeError` with status 409 when it already exists."""
         self._call(lambda: self._coordination.create_namespaced_lease(
-            namespace, body, _request_timeout=self._timeout()),
+            namespace, body, field_manager=FIELD_MANAGER, _request_timeout=self._timeout()),
             f"create lease {namespace}", retry_conflict=False)
 
     def patch_lease(self, namespace: str, name: str, patch: dict) -> None:
         """Patch a Lease; a `metadata.resourceVersion` in `patch` makes it conditional (409 when
         another replica changed it first, which is not retried)."""
         self._call(lambda: self._coordination.patch_namespaced_lease(
-            name, namespace, patch, _request_timeout=self._timeout()),
+            name, namespace, patch, field_manager=FIELD_MANAGER,
+            _request_timeout=self._timeout()),
             f"patch lease {namespace}/{name}", retry_conflict=False)
 
     # ----------------------------------------------------------------------------- helpers
@@ -315,6 +336,8 @@ class KubeClient:
                 last = self._no_retry(attempt, attempts, wait) if retryable else ""
                 if last is not None:
                     raise KubeError(f"{what}: HTTP {status} {err.reason or ''}".strip()
+                                    + (_status_message(err) if status in _EXPLAINED_STATUS
+                                       else "")
                                     + (f" after {attempt + 1} attempts" if attempt else "")
                                     + last, status) from err
             except (urllib3.exceptions.HTTPError, OSError) as err:
@@ -346,6 +369,20 @@ def _unanswered(err: Exception) -> str:
     cause = reason if isinstance(reason, BaseException) else err
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0][:200]}" if lines else type(cause).__name__
+
+
+def _status_message(err: ApiException) -> str:
+    """": " and the API server's own words for a refusal, the `message` of the Status it
+    answered with (a 403 names the user, the verb and the resource; a 422 the invalid field),
+    or "" when the body is no Status: the reason phrase alone ("Forbidden") says neither."""
+    try:
+        body = json.loads(err.body or "")
+    except (TypeError, ValueError):
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str) or not message.strip():
+        return ""
+    return ": " + " ".join(message.split())[:_STATUS_MESSAGE_CHARS]
 
 
 def _retry_after(err: ApiException) -> float:

@@ -5,7 +5,8 @@ create it if absent; renew it if we hold it; take it over if its holder has not 
 `lease_duration_s`. Every update carries the `resourceVersion` that was read, so of two replicas
 racing for an expired lease the API server lets exactly one win (the other gets 409). A replica
 acts only while its last successful renewal is younger than the lease duration minus a safety
-margin, and releases the lease on shutdown so a standby takes over at once.
+margin, and releases the lease on shutdown so a standby takes over at its next cycle (within
+`interval_s`), not after the lease has lapsed.
 """
 
 from __future__ import annotations

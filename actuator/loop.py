@@ -3,9 +3,17 @@
 Everything with side effects is injected (Kubernetes client, metrics source, policy), so the
 same loop runs in the cluster, against the digital twin and in tests. A cycle that cannot observe
 (Prometheus or the API down or slow) makes no move and turns /healthz red, and the loop keeps
-going; a standby replica only tries to take the lease. Only actions that were really applied
-(or, in dry-run, would have been) enter the guardrails' history, so a failed move is not held
-back by its own cooldown.
+going; a standby replica only tries to take the lease. Only actions that changed the job (applied,
+or, in dry-run, would have been, or failed after a first write landed) enter the guardrails'
+history.
+
+A move that fails is bounded, not free (`failed_moves`): its job waits out a backoff before any
+next try, the tries count once against the hourly disruption budget (none that restarted no
+running worker), and after `max_move_failures` the move is given up, the job marked (Event
+`MoveGivenUp`, annotation `rlalloc.io/held`) and left alone until it changes. A half-applied
+move is completed by the next try, or, once given up or refused by the guardrails, rolled back
+(`Applier.roll_back`): the job pinned to where its workers are, the cordon it set lifted. The
+record is kept in the job's annotations, so a restart or a new leader goes on from it.
 
 Each decision is logged as one JSON line showing the move from -> to (or why a guardrail refused
 it), and a cycle that decided anything adds one summary line (`cycle_summary`): idle cycles log
@@ -16,22 +24,38 @@ many of the cycle's decisions were contested and how many deviated from its base
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from rlalloc.actuator.apply import Applier
+from rlalloc.actuator.apply import Applier, leftover_pods
 from rlalloc.actuator.config import ActuatorConfig
 from rlalloc.actuator.crd_schema import PyTorchJobValidationError
 from rlalloc.actuator.events import EventRecorder
+from rlalloc.actuator.failed_moves import (
+    GIVEN_UP_REASON,
+    MoveFailure,
+    after_failure,
+    backoff_s,
+    give_up,
+    held_text,
+    job_fingerprint,
+    next_try_s,
+    nodes_involved,
+    record_annotations,
+    recorded_failure,
+    release_reason,
+)
 from rlalloc.actuator.guardrails import (
     Decision,
     DecisionHistory,
     Policy,
     decide,
+    history_annotations,
     recorded_history,
     rule_of,
 )
@@ -112,6 +136,12 @@ class Controller:
         self._history = DecisionHistory()
         self._told_unmanageable: set[str] = set()
         """Opted-in jobs left alone whose warning is out (said once, again if they return)."""
+        self._failures: dict[str, MoveFailure] = {}
+        """Job id -> its failing move (`failed_moves`), as written to the job's annotations or,
+        where that write failed, only here."""
+        self._unwritten: set[str] = set()
+        """Jobs whose latest record could not be written: theirs is the one above, not the one
+        their annotations hold."""
         self._cycle = 0
 
     # ------------------------------------------------------------------------- one cycle
@@ -148,21 +178,29 @@ class Controller:
             log.warning("job %s is opted in but not managed: %s", job_id,
                         built.unmanageable[job_id], extra={"event": {"job": job_id}})
         self._told_unmanageable = set(built.unmanageable)
+        self._failures = self._read_failures(built)
+        self._converge(built)
         counts_before = self.policy_counts()
         decided = decide(built.state, self._policy, self.config, self._history,
-                         built.nodes_without_telemetry)
+                         built.nodes_without_telemetry, self._failures)
         counts_after = self.policy_counts()
         if counts_before is not None and counts_after is not None:
             report.contested = counts_after[0] - counts_before[0]
             report.deviations = counts_after[1] - counts_before[1]
         history = self._history
         for decision in decided.decisions:
-            outcome, detail, changed = self._carry_out(decision, built)
+            job_id, now = decision.action.job_id, built.state.time_s
+            outcome, detail, tried = self._carry_out(decision, built)
+            if outcome in (APPLIED, DRY_RUN):
+                history = history.record(job_id, now, decision.counted)
+                self._failures.pop(job_id, None)  # a success resets the backoff
+                self._unwritten.discard(job_id)
+            elif tried:
+                history, detail = self._failed(decision, detail, built, history)
+            elif outcome == REFUSED and decision.retry:
+                self._roll_back(self._failures[job_id], built, decision.reason)
             report.outcomes.append((decision, outcome))
             report.lines.append(self._report(decision, outcome, detail, built))
-            if changed:
-                history = history.record(decision.action.job_id, built.state.time_s,
-                                         decision.disruptive)
             if outcome == FAILED:
                 break  # later actions were decided assuming this one happened
         self._history = history
@@ -206,25 +244,191 @@ class Controller:
         return build_state(observation, self.config, self._ledger, signals)
 
     def _carry_out(self, decision: Decision, built: BuiltState) -> tuple[str, str, bool]:
-        """The outcome, its detail, and whether the job changed (applied, a dry run's would-be
-        change, or a failure after a write had landed: `Applier.changed`), which the
-        guardrails' history records."""
+        """The outcome, its detail, and whether the move was tried and failed (its error is
+        the detail; `Applier.changed` and the rest say what had landed)."""
         if not decision.accepted:
             self.metrics.refused.labels(rule_of(decision.reason)).inc()
             return REFUSED, decision.reason, False
         if self.config.dry_run:
-            return DRY_RUN, "dry run: nothing written", True
-        if self._elector and not self._elector.is_leader:
+            return DRY_RUN, "dry run: nothing written", False
+        if not self._may_write():
             return FAILED, "lost the lease before acting", False
         try:
-            with self._kube.within(self._elector.seconds_left if self._elector else None):
-                self._applier.apply(decision.action, built, decision.disruptive)
+            with self._within_lease():
+                self._applier.apply(decision.action, built, decision.counted)
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
-            changed = self._applier.changed
-            partly = "partly applied, counted as a change (cooldown, disruption caps): "
-            return FAILED, (partly if changed else "") + str(err), changed
-        return APPLIED, "", True
+            return FAILED, str(err), True
+        return APPLIED, "", False
+
+    # ------------------------------------------------------------------ failed moves
+    def _may_write(self) -> bool:
+        """Whether this replica may write now: not in dry run, and holding the lease."""
+        return not self.config.dry_run and (self._elector is None or self._elector.is_leader)
+
+    def _within_lease(self) -> contextlib.AbstractContextManager[None]:
+        """Bound the calls of the block by the lease margin (see `KubeClient.within`)."""
+        return self._kube.within(self._elector.seconds_left if self._elector else None)
+
+    def _failed(self, decision: Decision, error: str, built: BuiltState,
+                history: DecisionHistory) -> tuple[DecisionHistory, str]:
+        """Account for a try of `decision` that failed with `error`: the guardrails' history
+        (a change if a write landed, a disruption only if it restarted running workers and
+        the move had not counted one), the job's record (`failed_moves.after_failure`, given up
+        after `max_move_failures`), both written to the job; returns the history and the
+        decision's detail."""
+        action, applier, now = decision.action, self._applier, built.state.time_s
+        counted = applier.disrupted and decision.counted
+        fix: dict[str, str | None] = {}
+        if applier.changed:
+            history = history.record(action.job_id, now, counted)
+            # the first write recorded the change and, for a move that counts, a disruption:
+            # correct that to what happened
+            fix = history_annotations(_annotations(built, action.job_id), now, counted)
+        # a write without an answer may have landed: converged as a half-applied move is
+        record = after_failure(self._failures.get(action.job_id), action, now, error,
+                               changed=applier.changed or applier.unanswered, counted=counted,
+                               cordoned=applier.cordoned)
+        if applier.changed:
+            cost = ("no running worker restarted, nothing counted" if not applier.disrupted
+                    else "a disruption counted once" if counted
+                    else "its disruption counted by an earlier try")
+            error = f"partly applied, {cost}: {error}"
+        if record.failures >= self.config.max_move_failures:
+            record = give_up(record, now, "")  # its fingerprint: the next cycle's observation
+            note = (f"; given up after {record.failures} failed tries, the job is left alone "
+                    f"until it changes (see {GIVEN_UP_REASON})")
+            self._event(built, action.job_id, GIVEN_UP_REASON, held_text(record) + (
+                "; to be rolled back to where its workers are" if record.pending else "")
+                + "; left alone until the job, its worker pods or its nodes' readiness "
+                "change: fix the cause, then remove the annotation rlalloc.io/held to retry "
+                "now", warning=True)
+        else:
+            note = (f"; try {record.failures} of {self.config.max_move_failures}, the job's "
+                    f"next in {backoff_s(record.failures, self.config):.0f}s")
+        self._store(record, built, fix)
+        return history, error + note
+
+    def _read_failures(self, built: BuiltState) -> dict[str, MoveFailure]:
+        """The managed jobs' records of failing moves: the annotations' (a restarted or new
+        leader's memory is empty), or this replica's where its write failed. A given-up move
+        whose job changed (`failed_moves.release_reason`) is released: forgotten, or, if half
+        applied and not yet rolled back, tried again from its first try; one given up in the
+        last cycle takes this cycle's state as the one to wait for a change of."""
+        records: dict[str, MoveFailure] = {}
+        for job_id in built.jobs:
+            annotations = _annotations(built, job_id)
+            recorded = job_id not in self._unwritten
+            record = (recorded_failure(annotations, job_id) if recorded
+                      else self._failures.get(job_id))
+            if record is None:
+                continue
+            fingerprint = self._fingerprint(built, record)
+            if record.held and not record.fingerprint:
+                record = replace(record, fingerprint=fingerprint)
+                if not record.pending:  # (a roll-back, this cycle, writes it with the rest)
+                    self._store(record, built)
+            if why := release_reason(record, annotations, fingerprint, recorded):
+                log.info("job %s: %s, its given-up move may be tried again", job_id, why,
+                         extra={"event": {"job": job_id, "cycle": self._cycle}})
+                record = (replace(record, failures=0, held_since=None, fingerprint="")
+                          if record.pending else None)
+                self._store(record, built, job_id=job_id)
+                if record is None:
+                    continue
+            records[job_id] = record
+        self._unwritten &= set(records)
+        return records
+
+    def _converge(self, built: BuiltState) -> None:
+        """Bring half-applied moves to a consistent state before deciding: one whose workers
+        all left as it meant (the operator, a node's eviction) is complete and forgotten; one
+        given up is rolled back (again after its backoff, when a roll-back failed)."""
+        now = built.state.time_s
+        for job_id, record in list(self._failures.items()):
+            if not record.pending:
+                continue
+            if not leftover_pods(built.jobs[job_id], record.action, self.config.node_affinity):
+                log.info("job %s: %s completed", job_id, record.action.describe(),
+                         extra={"event": {"job": job_id, "cycle": self._cycle}})
+                self._failures.pop(job_id)
+                self._store(None, built, job_id=job_id)
+            elif record.held and (record.last_s == record.held_since
+                                  or next_try_s(record, now, self.config) <= now):
+                self._roll_back(record, built, "given up")
+
+    def _roll_back(self, record: MoveFailure, built: BuiltState, why: str) -> None:
+        """Roll the half-applied move of `record` back (`Applier.roll_back`) and record that;
+        when it cannot (or may not: a dry run, a lost lease), the record stays half applied,
+        for the next try after its backoff."""
+        job_id, action = record.action.job_id, record.action
+        rolled = replace(record, pending=False, cordoned="")
+        if not self._may_write():
+            return
+        try:
+            with self._within_lease():
+                self._applier.roll_back(action, built, record.cordoned,
+                                        record_annotations(rolled))
+        except (KubeError, PyTorchJobValidationError) as err:
+            self.metrics.errors.labels("act").inc()
+            log.warning("job %s: could not roll back %s: %s", job_id, action.describe(), err,
+                        extra={"event": {"job": job_id, "cycle": self._cycle}})
+            self._failures[job_id] = replace(record, last_s=built.state.time_s)
+            self._unwritten.add(job_id)
+            return
+        self._failures[job_id] = rolled
+        self._unwritten.discard(job_id)
+        where = format_placement(tuple(p.node for p in built.jobs[job_id].pods)) or "no node"
+        message = (f"{action.describe()} rolled back ({why}): pinned to where its workers are, "
+                   f"{where}" + (f"; {record.cordoned} uncordoned" if record.cordoned else ""))
+        log.warning("job %s: %s", job_id, message,
+                    extra={"event": {"job": job_id, "cycle": self._cycle}})
+        self._event(built, job_id, "MoveRolledBack", message, warning=True)
+
+    def _store(self, record: MoveFailure | None, built: BuiltState,
+               extra: dict[str, str | None] | None = None, job_id: str = "") -> None:
+        """Keep `record` (None: forget `job_id`'s) and write it to the job's annotations with
+        `extra`. A write that fails leaves the record here alone (`_unwritten`), for the cycles
+        to come."""
+        job_id = record.action.job_id if record is not None else job_id
+        if record is None:
+            self._failures.pop(job_id, None)
+        else:
+            self._failures[job_id] = record
+        if not self._may_write():
+            return
+        try:
+            with self._within_lease():
+                self._applier.annotate(built.jobs[job_id],
+                                       {**(extra or {}), **record_annotations(record)})
+        except (KubeError, PyTorchJobValidationError) as err:
+            self.metrics.errors.labels("act").inc()
+            log.warning("job %s: could not record its failed moves: %s", job_id, err,
+                        extra={"event": {"job": job_id, "cycle": self._cycle}})
+            if record is not None:
+                self._unwritten.add(job_id)
+            return
+        self._unwritten.discard(job_id)
+
+    def _fingerprint(self, built: BuiltState, record: MoveFailure) -> str:
+        """The job's state as a given-up move waits for it to change (`job_fingerprint`)."""
+        ref = built.jobs[record.action.job_id]
+        names = built.state.nodes.name
+        ready = {node: node in names and bool(built.state.nodes.ready[names.index(node)])
+                 for node in nodes_involved(ref, record.action)}
+        return job_fingerprint(ref, ready)
+
+    def _event(self, built: BuiltState, job_id: str, reason: str, message: str,
+               warning: bool) -> None:
+        """Record an Event on the job (a failure to is logged and counted, no more)."""
+        ref = built.jobs[job_id]
+        try:
+            self._events.record(ref.namespace,
+                                involved_pytorchjob(ref.namespace, ref.name, ref.uid),
+                                reason, message, warning=warning, instance=self.identity)
+        except KubeError as err:
+            self.metrics.errors.labels("event").inc()
+            log.warning("could not record the event: %s", err)
 
     def _report(self, decision: Decision, outcome: str, detail: str, built: BuiltState) -> str:
         """Count the decision, log it as one JSON line and record it as an Event on the job;
@@ -282,13 +486,19 @@ class Controller:
         return int(self._policy.contested), int(self._policy.deviations)
 
     def shutdown(self) -> None:
-        """Release the lease (if held) so a standby replica takes over at once. Calls get one
-        attempt from now on (`KubeClient.stop_retrying`): with the API gone, retrying the
-        release would hold the exit for seconds and the Lease expires anyway."""
+        """Release the lease (if held) so a standby replica takes over at its next cycle
+        (within `interval_s`), not after the lease has lapsed. Calls get one attempt from now
+        on (`KubeClient.stop_retrying`): with the API gone, retrying the release would hold
+        the exit for seconds and the Lease expires anyway."""
         self._kube.stop_retrying()
         if self._elector is not None:
             self._elector.release()
             self.metrics.leader.set(0)
+
+
+def _annotations(built: BuiltState, job_id: str) -> dict[str, str]:
+    """The job's annotations as read this cycle."""
+    return built.jobs[job_id].obj["metadata"].get("annotations") or {}
 
 
 _EVENT_REASONS = {REFUSED: "ActionRefused", FAILED: "ActionFailed"}

@@ -115,8 +115,9 @@ def _world(tmp_path, state: ClusterState, **overrides: object):
         server.call(server.api.put, PODS, "default", obj["metadata"]["name"], obj)
     for obj in jobs:
         server.call(server.api.put, PYTORCHJOBS, "default", obj["metadata"]["name"], obj)
+    # no backoff of failed moves by default: the clock of this world stands still
     settings = {"api_backoff_s": 0.01, "api_retries": 3, "leader_election": False,
-                "cooldown_s": 0.0, **overrides}
+                "cooldown_s": 0.0, "move_backoff_s": 0.0, **overrides}
     config = ActuatorConfig(lease_namespace="default", **settings)
 
     class Twinish:  # what kube_client needs of a twin
@@ -318,12 +319,15 @@ def test_a_node_without_telemetry_holds_up_no_other_move():
     assert any("node-a" in d.action.nodes for d in cycle.decisions)
 
 
-def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tmp_path):
+def test_a_move_that_failed_after_its_first_write_waits_and_counts_once(tmp_path):
     """The resize's patch landed (the job restarts) but a pod deletion was refused: recorded
-    as nothing, the job was resized again every cycle, cooldown and caps bypassed."""
+    as nothing, the job was resized again every cycle, cooldown and caps bypassed; counted as
+    a change every time, each try spent the hour's disruption budget again. Now the job waits
+    out its backoff, and the next try, the actuator's own of the same half-applied move, counts
+    no second disruption."""
     state = _state()
     server, config, kube, metrics = _world(tmp_path, state, cooldown_s=300.0,
-                                           max_actions_per_cycle=1)
+                                           max_actions_per_cycle=1, move_backoff_s=60.0)
     try:
         grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0001",) * 3))
         again = _rename(Action(ActionKind.SCALE, "j", 4, ("node-0001",) * 4))
@@ -331,10 +335,20 @@ def test_a_move_that_failed_after_its_first_write_counts_against_the_cooldown(tm
         server.api.inject_fault("DELETE", "/pods/", *[403] * 4)
         first = ctl.run_cycle()
         [(_, outcome)] = first.outcomes
-        assert outcome == "failed" and "partly applied" in first.lines[0]
+        assert outcome == "failed" and "partly applied, a disruption counted once" in (
+            first.lines[0])
         second = ctl.run_cycle()
         [(decision, outcome)] = second.outcomes
-        assert outcome == "refused" and decision.reason.startswith("cooldown")
+        assert outcome == "refused" and decision.reason == (
+            "backoff: 1 failed try, next try in 60s")
+        ctl._source = RecordedMetrics(replace(metrics.snapshot, clock_s=state.time_s + 61.0))
+        third = ctl.run_cycle()
+        [(decision, outcome)] = third.outcomes
+        assert decision.retry and decision.action == grow and outcome == "failed"
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert annotations["rlalloc.io/disruptions"] == "100.0"  # the first try's, once
+        assert json.loads(annotations["rlalloc.io/move-failures"])["failures"] == 2
     finally:
         server.stop()
 
@@ -390,6 +404,29 @@ def test_a_scale_that_fails_records_no_change(tmp_path):
         server.stop()
 
 
+def test_without_node_affinity_a_resize_keeps_the_placement_annotation_current(tmp_path):
+    """The `/scale` path left `rlalloc.io/placement` naming an earlier placement."""
+    server, config, kube, metrics = _world(tmp_path, _state(), node_affinity=False)
+    try:
+        server.call(server.api.patch, PYTORCHJOBS, "default", "j",
+                    {"metadata": {"annotations": {"rlalloc.io/placement": "node-0001=2"}}})
+        grow = _rename(Action(ActionKind.SCALE, "j", 3, ("node-0000",) * 3))
+        suspend = _rename(Action(ActionKind.SCALE, "j", 0, ()))
+        ctl = _controller(config, kube, metrics, Scripted(grow), "a-0")
+
+        def placement() -> str | None:
+            return server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+                "annotations"].get("rlalloc.io/placement")
+
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["applied"]
+        assert placement() == "node-0000=3"
+        ctl._policy = Scripted(suspend)
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["applied"]
+        assert placement() is None
+    finally:
+        server.stop()
+
+
 def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
     """Recording it as a change skipped the `break`: q was then started onto the GPUs j's
     undeleted pods still held, as if j's move had happened."""
@@ -403,6 +440,120 @@ def test_a_partly_applied_move_still_ends_the_cycle(tmp_path):
         report = ctl.run_cycle()
         assert [(d.action.job_id, o) for d, o in report.outcomes] == [("default/j", "failed")]
         assert not any("/pytorchjobs/q" in write for write in _writes(server.api))
+    finally:
+        server.stop()
+
+
+def test_a_new_leader_keeps_a_jobs_backoff_and_its_given_up_mark(tmp_path):
+    """Kept in memory only, a restarted actuator or a new leader would try a failing move at
+    once, and again up to the give-up, every time: the record is in the job's annotations."""
+    server, config, kube, metrics = _world(tmp_path, _state(), move_backoff_s=60.0)
+    try:
+        start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", 403)
+        first = _controller(config, kube, metrics, Scripted(start), "replica-a").run_cycle()
+        assert [o for _, o in first.outcomes] == ["failed"]
+        successor = _controller(config, kube, metrics, Scripted(start), "replica-b").run_cycle()
+        [(decision, outcome)] = successor.outcomes
+        assert outcome == "refused" and decision.reason.startswith("backoff: 1 failed try")
+        # given up after one more failure (a replica whose limit is 2): marked for a person
+        later = RecordedMetrics(replace(metrics.snapshot, clock_s=metrics.snapshot.clock_s + 61))
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", 403)
+        third = _controller(replace(config, max_move_failures=2), kube, later, Scripted(start),
+                            "replica-c").run_cycle()
+        assert [o for _, o in third.outcomes] == ["failed"]
+        assert "given up after 2 failed tries" in third.lines[0]
+        q = server.call(server.api.get, PYTORCHJOBS, "default", "q")
+        assert q["metadata"]["annotations"]["rlalloc.io/held"].startswith(
+            "MoveGivenUp: scale default/q to 2 workers on [node-0001] failed 2 times (patch "
+            "pytorchjob default/q: HTTP 403 Forbidden: injected HTTP 403) since ")
+        events = server.call(server.api.list, EVENTS)
+        assert [e["reason"] for e in events if e["reason"] == "MoveGivenUp"] == ["MoveGivenUp"]
+        much_later = RecordedMetrics(replace(later.snapshot, clock_s=later.snapshot.clock_s + 1e5))
+        fourth = _controller(config, kube, much_later, Scripted(start), "replica-d")
+        [(decision, outcome)] = fourth.run_cycle().outcomes
+        assert outcome == "refused" and decision.reason.startswith("move given up")
+        # a person removes the mark: tried again at once (and applied: the API allows it now)
+        server.call(server.api.patch, PYTORCHJOBS, "default", "q",
+                    {"metadata": {"annotations": {"rlalloc.io/held": None}}})
+        fourth._policy = Scripted(start)
+        assert [o for _, o in fourth.run_cycle().outcomes] == ["applied"]
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "q")["metadata"][
+            "annotations"]
+        assert "rlalloc.io/move-failures" not in annotations
+        assert "rlalloc.io/held" not in annotations
+    finally:
+        server.stop()
+
+
+def test_a_half_applied_failover_the_guardrails_no_longer_allow_is_rolled_back(tmp_path):
+    """The failover pinned j to node-0001 and cordoned node-0000, then its pod deletions were
+    refused; before its next try node-0001 was cordoned (by someone else): it cannot complete,
+    so j is pinned back to where its workers are and node-0000 given back."""
+    state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
+                              from_node="node-0000"))
+        server.api.inject_fault("DELETE", "/pods/", 403)
+        ctl = _controller(config, kube, metrics, Scripted(move), "a-0")
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+        assert server.call(server.api.get, NODES, None, "node-0000")["spec"]["unschedulable"]
+        server.call(server.api.patch, NODES, None, "node-0001", {"spec": {"unschedulable": True}})
+        report = ctl.run_cycle()
+        [(decision, outcome)] = report.outcomes
+        assert decision.retry and outcome == "refused"
+        assert decision.reason == "node node-0001 is cordoned"
+        j = server.call(server.api.get, PYTORCHJOBS, "default", "j")
+        terms = j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"][
+            "nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][-1]["values"] == ["node-0000"]
+        assert j["metadata"]["annotations"]["rlalloc.io/placement"] == "node-0000=2"
+        record = json.loads(j["metadata"]["annotations"]["rlalloc.io/move-failures"])
+        assert (record["pending"], record["cordoned"], record["failures"]) == (False, "", 1)
+        assert not server.call(server.api.get, NODES, None, "node-0000")["spec"]["unschedulable"]
+        assert any(e["reason"] == "MoveRolledBack" for e in server.call(server.api.list, EVENTS))
+    finally:
+        server.stop()
+
+
+def test_a_failover_whose_write_went_unanswered_is_tried_again_by_the_actuator(tmp_path):
+    """A 5xx after the retries (or no answer at all) may hide a write that landed: the
+    failover's affinity patch, with the workers still on the failing node. Taken as half
+    applied, the move is the actuator's to complete (or roll back), not left to the policy."""
+    state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
+    server, config, kube, metrics = _world(tmp_path, state)
+    try:
+        move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
+                              from_node="node-0000"))
+        server.api.inject_fault("PATCH", "/pytorchjobs/j", *[503] * (config.api_retries + 1))
+        ctl = _controller(config, kube, metrics, Scripted(move), "a-0")
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+        report = ctl.run_cycle()  # the policy has nothing more to say
+        assert [(d.retry, o) for d, o in report.outcomes] == [(True, "applied")]
+        assert server.call(server.api.list, PODS) == []
+    finally:
+        server.stop()
+
+
+def test_a_half_applied_move_whose_workers_left_by_themselves_is_complete(tmp_path):
+    state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
+    server, config, kube, metrics = _world(tmp_path, state, move_backoff_s=60.0)
+    try:
+        move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
+                              from_node="node-0000"))
+        server.api.inject_fault("DELETE", "/pods/", 403)
+        ctl = _controller(config, kube, metrics, Scripted(move), "a-0")
+        assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+        for pod in server.call(server.api.list, PODS):  # the operator moved them (an eviction)
+            pod["spec"]["nodeName"] = "node-0001"
+            server.call(server.api.put, PODS, "default", pod["metadata"]["name"], pod)
+        assert ctl.run_cycle().outcomes == []  # complete: no try, no roll-back
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert "rlalloc.io/move-failures" not in annotations
+        assert annotations["rlalloc.io/placement"] == "node-0001=2"
+        assert server.call(server.api.get, NODES, None, "node-0000")["spec"]["unschedulable"]
     finally:
         server.stop()
 
@@ -451,7 +602,13 @@ def test_api_5xx_beyond_the_retries_leaves_the_job_untouched(tmp_path):
         ctl = _controller(config, kube, metrics, Scripted(_rename(start)), "a-0")
         report = ctl.run_cycle()
         assert [o for _, o in report.outcomes] == ["failed"]
-        assert server.call(server.api.get, PYTORCHJOBS, "default", "q") == before
+        after = server.call(server.api.get, PYTORCHJOBS, "default", "q")
+        # untouched but for the record of the failed try (its backoff, for any replica); a 5xx
+        # may have landed all the same, so it is taken as half applied, to converge
+        record = json.loads(after["metadata"]["annotations"].pop("rlalloc.io/move-failures"))
+        assert (record["failures"], record["pending"], record["counted"]) == (1, True, False)
+        del after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"]
+        assert after == before
         assert ctl.metrics.errors.labels("act")._value.get() == 1
         events = server.call(server.api.list, EVENTS)
         assert [e["reason"] for e in events] == ["ActionFailed"]
@@ -465,7 +622,8 @@ def test_a_move_failing_every_cycle_is_one_event_counted_again(tmp_path):
     state = _state()
     server, config, kube, metrics = _world(tmp_path, state)
     try:
-        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[403] * 3)
+        # each cycle: the move's patch, then the patch recording its failure (refused too)
+        server.api.inject_fault("PATCH", "/pytorchjobs/q", *[403] * 6)
         start = _rename(Action(ActionKind.SCALE, "q", 2, ("node-0001", "node-0001")))
         ctl = _controller(config, kube, metrics, Scripted(), "a-0")
         for _ in range(2):
@@ -496,10 +654,10 @@ def test_failover_stops_before_deleting_pods_when_the_cordon_fails(tmp_path):
         assert [o for _, o in report.outcomes] == ["failed"]
         assert not any(w.startswith("DELETE") for w in _writes(server.api))
         assert len([p for p in server.call(server.api.list, PODS)]) == 2
-        # the same move succeeds on the next cycle once the API is back
-        ctl._policy = Scripted(_rename(move))
+        # half applied (the job pinned to node-0001): the actuator completes it on the next
+        # cycle once the API is back, without the policy's asking
         report = ctl.run_cycle()
-        assert [o for _, o in report.outcomes] == ["applied"]
+        assert [(d.retry, o) for d, o in report.outcomes] == [(True, "applied")]
         node = server.call(server.api.get, NODES, None, "node-0000")
         assert node["spec"]["unschedulable"] is True
         assert server.call(server.api.list, PODS) == []  # deleted; the operator recreates them
@@ -658,7 +816,9 @@ def test_the_leader_gives_a_failing_move_up_within_its_lease(tmp_path):
         [(_, outcome)] = report.outcomes
         assert outcome == "failed" and "lease margin" in report.lines[0]
         patches = [w for w in _writes(server.api) if "/pytorchjobs/q" in w]
-        assert 1 <= len(patches) <= 3  # not the 5 attempts that run to 7.5 s
+        # the move's (not the 5 attempts that run to 7.5 s), then at most one recording its
+        # failure, not retried either
+        assert 1 <= len(patches) <= 4
     finally:
         server.stop()
 
@@ -1019,6 +1179,8 @@ def test_the_actuator_checks_its_patches_against_the_crd_the_cluster_has(tmp_pat
         read = [r.url.path for r in list(server.api) if "/customresourcedefinitions/" in
                 r.url.path]
         moves = _moves(server.api)
+        replicas = server.call(server.api.get, PYTORCHJOBS, "default", "q")["spec"][
+            "pytorchReplicaSpecs"]["Worker"]["replicas"]
     finally:
         server.stop()
     assert (code, err) == (0, [])
@@ -1026,8 +1188,11 @@ def test_the_actuator_checks_its_patches_against_the_crd_the_cluster_has(tmp_pat
     assert out[1] == (
         "  failed: scale default/q: 0 -> 2 workers, none -> node-0001=2 (PyTorchJob q violates "
         f"the CRD schema (the cluster's CRD {PYTORCHJOB_CRD}): "
-        "spec.pytorchReplicaSpecs.Worker.replica: unknown field)")
-    assert moves == []  # refused before it was sent
+        "spec.pytorchReplicaSpecs.Worker.replica: unknown field; try 1 of 5, the job's next "
+        "in 60s)")
+    # refused before it was sent: the one write records the failed try
+    assert moves == ["PATCH /apis/kubeflow.org/v1/namespaces/default/pytorchjobs/q"]
+    assert replicas == 0
 
 
 def test_the_api_server_is_asked_to_refuse_unknown_fields(tmp_path):
@@ -1039,20 +1204,33 @@ def test_the_api_server_is_asked_to_refuse_unknown_fields(tmp_path):
         with pytest.raises(KubeError, match="HTTP 422") as refused:
             kube.patch_pytorchjob("default", "q", {"spec": {"bogus": 1}})
         writes = [r for r in list(server.api) if str(r.method.value).upper() == "PATCH"]
+        kube.cordon("node-0001")
+        kube.uncordon("node-0001")
+        kube.create_event("default", {"name": "q", "namespace": "default", "uid": "u"},
+                          "Test", "m", False, "a-0")
+        every_write = [r for r in list(server.api) if str(r.method.value).upper() != "GET"]
     finally:
         server.stop()
     assert refused.value.status == 422
+    # the API server's own words: which field it refused
+    assert str(refused.value).endswith("spec.bogus: unknown field")
     assert [r.url.query.get("fieldValidation") for r in writes] == ["Strict"] * 3
+    # every write names its field manager, so managedFields tell the actuator's changes apart
+    assert len(every_write) == 6
+    assert {r.url.query.get("fieldManager") for r in every_write} == {"rlalloc-actuator"}
 
 
-@pytest.mark.parametrize("status, fix", [
-    (403, f"grant get on customresourcedefinitions named {PYTORCHJOB_CRD}, as the ClusterRole "
-          "of actuator/deploy/20-rbac.yaml does, or set RLALLOC_CRD_PATH to a copy of the CRD"),
-    (404, "the Kubeflow Training Operator's PyTorchJob CRD is not installed in this cluster; "
-          "install the Training Operator, or point the kubeconfig at a cluster that has it"),
+@pytest.mark.parametrize("status, said, fix", [
+    # the API server's own message follows its status (the twin's injected fault says this)
+    (403, ": injected HTTP 403",
+     f"grant get on customresourcedefinitions named {PYTORCHJOB_CRD}, as the ClusterRole "
+     "of actuator/deploy/20-rbac.yaml does, or set RLALLOC_CRD_PATH to a copy of the CRD"),
+    (404, "", "the Kubeflow Training Operator's PyTorchJob CRD is not installed in this "
+              "cluster; install the Training Operator, or point the kubeconfig at a cluster "
+              "that has it"),
 ])
 def test_a_crd_the_actuator_cannot_read_is_one_line_naming_the_fix(tmp_path, monkeypatch,
-                                                                   capsys, status, fix):
+                                                                   capsys, status, said, fix):
     server, *_ = _world(tmp_path, _state())
     if status == 403:
         server.api.inject_fault("GET", "/customresourcedefinitions/", 403)
@@ -1066,7 +1244,7 @@ def test_a_crd_the_actuator_cannot_read_is_one_line_naming_the_fix(tmp_path, mon
     assert code == 2 and err == [
         f"rlalloc: error: cannot read the PyTorchJob CRD from the Kubernetes API at {server.url} "
         f"(read customresourcedefinition {PYTORCHJOB_CRD}: HTTP {status} "
-        f"{HTTPStatus(status).phrase}); {fix}"]
+        f"{HTTPStatus(status).phrase}{said}); {fix}"]
 
 
 def test_rlalloc_crd_path_wins_over_the_clusters_crd(tmp_path, monkeypatch, capsys):

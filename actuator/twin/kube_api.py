@@ -19,7 +19,12 @@ same way. This subclass adds, before the emulator touches its store:
   too, as the API server does under `fieldValidation=Strict` (which the actuator always sends;
   the twin takes the parameter and prunes nothing);
 - injected faults (`inject_fault`): the next matching requests are answered with the given
-  statuses without touching the store, like a real overloaded or flaky API server;
+  statuses without touching the store, like a real overloaded or flaky API server, at once or
+  held past the client's timeout (a request lost on its way); lost responses
+  (`inject_lost_response`): the next matching requests are carried out, the write lands in the
+  store, but the answer the client gets is an error, or none in time, so it cannot tell that
+  it landed (a connection cut after the API server committed). `faults_served` counts both as
+  they are given, `clear_faults` ends those not served yet;
 - discovery and lists shaped as the API server writes them, so kubectl and typed clients read
   them: the core group's `groupVersion` is "v1" (kmock writes "/v1", and kubectl then finds no
   core resource), each resource has its singular and short names, and a list carries its `kind`
@@ -44,6 +49,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -102,6 +108,20 @@ class _Fault:
     path_contains: str
     statuses: list[int]
     retry_after_s: int
+    hold_s: float = 0.0
+    """How long the answer is held before it is sent."""
+    lost_response: bool = False
+    """The request is carried out first and only its answer replaced (`inject_lost_response`)."""
+
+    def served(self) -> str:
+        """What the client gets this time, for `TwinKubeAPI.faults_served`."""
+        what = f"HTTP {self.statuses[0]}" + (f" held {self.hold_s:g} s" if self.hold_s else "")
+        return f"lost response ({what})" if self.lost_response else what
+
+    def matches(self, request: kmock.Request) -> bool:
+        """Whether `request` is one this fault is waiting for."""
+        return (self.method in ("*", str(request.method.value).upper())
+                and self.path_contains in request.url.path and bool(self.statuses))
 
 
 @attrs.define(kw_only=True)
@@ -111,6 +131,10 @@ class TwinKubeAPI(KubernetesEmulator):
     _version: int = attrs.field(default=0, init=False)
     _faults: list[_Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    faults_served: Counter[tuple[str, str, str]] = attrs.field(factory=Counter, init=False)
+    """Injected answers given so far, by (method, path of the request, what it got: "HTTP
+    503", "HTTP 504 held 0.5 s", "lost response (HTTP 504)"), counted as they are taken: a
+    held answer whose client gave up is counted too."""
     clock_s: Callable[[], float] = attrs.field(default=time.time)
     """The API server's clock (Unix seconds): the wall clock, or the twin's (`Twin` sets it)."""
     requests_kept: int = REQUESTS_KEPT
@@ -130,12 +154,31 @@ class TwinKubeAPI(KubernetesEmulator):
 
     # ------------------------------------------------------------------- test & twin API
     def inject_fault(self, method: str, path_contains: str, *statuses: int,
-                     retry_after_s: int = 0) -> None:
+                     retry_after_s: int = 0, hold_s: float = 0.0) -> None:
         """Answer the next ``len(statuses)`` requests whose method is `method` ("*" = any) and
-        whose path contains `path_contains` with these HTTP statuses, in order."""
+        whose path contains `path_contains` with these HTTP statuses, in order, without
+        touching the store. `hold_s`: each answer is held that long first; longer than the
+        client's request timeout, the client sees a timeout (a request lost on its way)."""
         with self._faults_lock:
             self._faults.append(_Fault(method.upper(), path_contains, list(statuses),
-                                       retry_after_s))
+                                       retry_after_s, hold_s))
+
+    def inject_lost_response(self, method: str, path_contains: str, count: int = 1,
+                             status: int = 504, hold_s: float = 0.0) -> None:
+        """Carry out the next `count` requests matching as in `inject_fault` (a write lands in
+        the store), but answer each with `status` instead (504, as an API server does when its
+        storage outlived the request's deadline), held `hold_s` first (longer than the client's
+        request timeout: the client sees a timeout). The client cannot tell that the write
+        landed: what a connection cut after the API server committed looks like."""
+        with self._faults_lock:
+            self._faults.append(_Fault(method.upper(), path_contains, [status] * count, 0,
+                                       hold_s, lost_response=True))
+
+    def clear_faults(self) -> None:
+        """Forget every injected fault not served yet: the API server is well again (a
+        permission restored, an overload over)."""
+        with self._faults_lock:
+            self._faults.clear()
 
     def get(self, resource: kmock.resource, namespace: str | None, name: str) -> dict | None:
         """A deep copy of the stored object, or None (call from the server's thread)."""
@@ -212,9 +255,22 @@ class TwinKubeAPI(KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         self._forget_old_requests()
-        fault = self._take_fault(request)
-        if fault is not None:
-            return fault
+        taken = self._take_fault(request)
+        if taken is None:
+            return await self._serve(request)
+        fault, status = taken
+        if fault.lost_response:
+            await self._serve(request)  # the write lands; its answer does not
+        if fault.hold_s:
+            await asyncio.sleep(fault.hold_s)
+        headers = {"Retry-After": str(fault.retry_after_s)} if fault.retry_after_s else None
+        if fault.lost_response:
+            return _status(status, "Timeout", "injected lost response: the request was carried "
+                           "out, its answer lost", headers)
+        return _status(status, "InjectedFault", f"injected HTTP {status}", headers)
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Answer `request` as the API server would (the additions of the module docstring)."""
         if request.resource == PYTORCHJOBS and request.subresource == "scale":
             return self._scale(request)
         if request.resource is not None and request.subresource is None:
@@ -233,17 +289,18 @@ class TwinKubeAPI(KubernetesEmulator):
         for kept in (self._requests, *(reaction._requests for reaction in self._payloads)):
             del kept[:-self.requests_kept]
 
-    def _take_fault(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+    def _take_fault(self, request: kmock.Request) -> tuple[_Fault, int] | None:
+        """The injected fault waiting for `request`, if any, and the status it answers with
+        this time (counted in `faults_served`)."""
         with self._faults_lock:
             for fault in self._faults:
-                if (fault.method in ("*", str(request.method.value).upper())
-                        and fault.path_contains in request.url.path and fault.statuses):
+                if fault.matches(request):
+                    self.faults_served[(str(request.method.value).upper(), request.url.path,
+                                        fault.served())] += 1
                     status = fault.statuses.pop(0)
                     if not fault.statuses:
                         self._faults.remove(fault)
-                    headers = ({"Retry-After": str(fault.retry_after_s)}
-                               if fault.retry_after_s else None)
-                    return _status(status, "InjectedFault", f"injected HTTP {status}", headers)
+                    return fault, status
         return None
 
     def _check_write(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
