@@ -197,16 +197,12 @@ def test_twin_command_writes_a_runnable_demo(tmp_path, capsys):
 def test_actuate_command_runs_a_dry_cycle_against_the_twin(tmp_path, monkeypatch, capsys):
     import json
     import logging
-    import sys
-    import types
 
     from rlalloc.actuator.twin.harness import actuator_settings
     from rlalloc.actuator.twin.kube_api import dump_kubeconfig
     from rlalloc.cli.main import main
 
-    registry = types.ModuleType("rlalloc.agent.registry")
-    registry.load_policy = lambda name: TinyElastic()
-    monkeypatch.setitem(sys.modules, "rlalloc.agent.registry", registry)
+    monkeypatch.setattr("rlalloc.cli.actuate.load_policy", lambda name: TinyElastic())
     root = logging.getLogger()  # the actuator installs its JSON handler here: restored after
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -1088,9 +1087,7 @@ def _actuate(tmp_path, monkeypatch, capsys, settings: dict, *flags: str,
         monkeypatch.delenv(CRD_PATH_ENV, raising=False)
     else:
         monkeypatch.setenv(CRD_PATH_ENV, str(crd_file))
-    registry = types.ModuleType("rlalloc.agent.registry")
-    registry.load_policy = lambda name: policy or TinyElastic()
-    monkeypatch.setitem(sys.modules, "rlalloc.agent.registry", registry)
+    monkeypatch.setattr("rlalloc.cli.actuate.load_policy", lambda name: policy or TinyElastic())
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # the actuator installs its JSON handler here
     monkeypatch.setattr(root, "level", root.level)
