@@ -14,7 +14,12 @@
 - Every change is also recorded in the job's annotations (`rlalloc.io/last-change`,
   `rlalloc.io/disruptions`: `guardrails.history_annotations`), read back each cycle, so that the
   cooldown and the hourly disruption cap hold across a restart or a new leader: in the placement
-  patch, or after the `/scale` or the move's deletions.
+  patch, or after the `/scale` or the move's deletions. A placement patch with later writes to
+  come (a cordon, deletions) records the move as in flight instead (`in_flight_record`, the
+  job's failed-moves record, half applied) and no disruption; a last write after the
+  deletions records the disruption, if one happened, and clears the record. A replica killed
+  in between leaves the record, from which the next leader completes the move (a retry), and
+  no disruption recorded for workers nobody restarted.
 - Migrate (failover): pin the job to its new nodes (as above), cordon the failing node, then
   delete the job's pods there and on any other node the new placement leaves — with grace 0
   when the node is unreachable, since a pod stuck Terminating on a dead kubelet would block its
@@ -40,7 +45,7 @@ import copy
 from collections.abc import Callable
 
 from rlalloc.actuator.config import ActuatorConfig
-from rlalloc.actuator.failed_moves import record_annotations
+from rlalloc.actuator.failed_moves import MoveFailure, record_annotations, same_move
 from rlalloc.actuator.guardrails import history_annotations
 from rlalloc.actuator.k8s_names import (
     HOSTNAME_LABEL,
@@ -74,8 +79,10 @@ class Applier:
         """Whether the write the last `apply` failed on may have landed all the same: no
         answer, or a 5xx after the retries (the API server may have committed it)."""
 
-    def apply(self, action: Action, built: BuiltState, counted: bool = False) -> None:
-        """Carry out `action` (`counted`: it counts against the hourly disruption budget);
+    def apply(self, action: Action, built: BuiltState, counted: bool = False,
+              record: MoveFailure | None = None) -> None:
+        """Carry out `action` (`counted`: it counts against the hourly disruption budget;
+        `record`: the job's record of failed tries, `failed_moves`);
         raises `KubeError` (or a validation error) when it could not (`changed`, `disrupted`
         and `cordoned` say what had landed by then). The change is recorded in the job's
         annotations (`guardrails.history_annotations`), so the cooldown and the disruption cap
@@ -85,12 +92,13 @@ class Applier:
         self.changed, self.disrupted, self.cordoned = False, False, ""
         self.unanswered = False
         try:
-            self._write(action, built, counted)
+            self._write(action, built, counted, record)
         except KubeError as err:
             self.unanswered = err.status == 0 or err.status >= 500
             raise
 
-    def _write(self, action: Action, built: BuiltState, counted: bool) -> None:
+    def _write(self, action: Action, built: BuiltState, counted: bool,
+               record: MoveFailure | None) -> None:
         """The writes of `apply`, in order, each setting what it changed."""
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
@@ -111,18 +119,32 @@ class Applier:
             recorded[PLACEMENT_ANNOTATION] = format_placement(action.nodes) or None
             self._patch(ref, {"metadata": {"annotations": recorded}}, changes_job=False)
             return
+        cordon = action.kind == ActionKind.MIGRATE and not is_cordoned(built, action.from_node)
+        leftover = leftover_pods(ref, action, self._config.node_affinity)
+        in_flight = self._config.node_affinity and bool(cordon or leftover)
         if self._config.node_affinity:
             patch = placement_patch(ref, action, requested)
-            patch["metadata"]["annotations"].update(recorded)
+            resized = running and len(action.nodes) != worker_replicas(ref)
+            if in_flight:  # the disruption is recorded by the write after the deletions
+                patch["metadata"]["annotations"].update({
+                    **history_annotations(current, built.state.time_s, counted and resized),
+                    **record_annotations(in_flight_record(record, action, built.state.time_s,
+                                                          counted and resized))})
+            else:
+                patch["metadata"]["annotations"].update(recorded)
             self._patch(ref, patch)
-            self.disrupted = running and len(action.nodes) != worker_replicas(ref)
-        if action.kind == ActionKind.MIGRATE and not is_cordoned(built, action.from_node):
+            self.disrupted = resized
+        if cordon:
             self._kube.cordon(action.from_node)
             self.changed, self.cordoned = True, action.from_node
-        for pod in leftover_pods(ref, action, self._config.node_affinity):
+        for pod in leftover:
             grace = 0 if pod.node in built.unreachable_nodes else self._config.pod_grace_s
             if self._kube.delete_pod(pod.namespace, pod.name, grace, pod.uid):
                 self.changed, self.disrupted = True, True
+        if in_flight:
+            self._patch(ref, {"metadata": {"annotations": {
+                **history_annotations(current, built.state.time_s, counted and self.disrupted),
+                **record_annotations(None)}}}, changes_job=False)
         if not self._config.node_affinity:
             recorded[PLACEMENT_ANNOTATION] = format_placement(action.nodes)
             self._patch(ref, {"metadata": {"annotations": recorded}}, changes_job=False)
@@ -157,6 +179,21 @@ class Applier:
         self._validate(merge_patch(ref.obj, patch))
         self._kube.patch_pytorchjob(ref.namespace, ref.name, patch)
         self.changed |= changes_job
+
+
+def in_flight_record(record: MoveFailure | None, action: Action, now_s: float,
+                     counted: bool) -> MoveFailure:
+    """The record a move's first write leaves on its job while its later writes are to come
+    (the cordon, the deletions): half applied, its failed tries (`record`'s) unchanged, and
+    `counted` when that write restarted running workers and counted it (or an earlier try of
+    the same move did). A replica that dies before the move's last write leaves it there, and
+    the next leader completes the move (a retry) instead of leaving it half applied."""
+    same = record is not None and same_move(record.action, action)
+    return MoveFailure(
+        action=action, failures=record.failures if record else 0,
+        last_s=record.last_s if record else now_s, error=record.error if record else "",
+        pending=True, counted=counted or (same and record.counted),
+        cordoned=record.cordoned if record else "")
 
 
 def request_annotation(ref: JobRef, requested_workers: int) -> dict[str, str]:

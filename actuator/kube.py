@@ -235,17 +235,32 @@ class KubeClient:
     def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str = "") -> bool:
         """Delete a pod; False when it was gone already (404), or, with `uid`, when the pod of
         that name is another one (409): the operator recreates a deleted worker under the same
-        name, so a retry of a delete whose answer was lost killed the replacement."""
+        name, so a retry of a delete whose answer was lost killed the replacement. Either answer
+        to a retry of an attempt that got no answer is True: that attempt deleted it (its
+        answer was lost: no answer, or a 5xx, which the API server may answer after it
+        committed the delete), which the caller counts as a disruption."""
         options = k8s.V1DeleteOptions(grace_period_seconds=grace_s, preconditions=(
             k8s.V1Preconditions(uid=uid) if uid else None))
+        unanswered = False
+
+        def delete() -> Any:
+            nonlocal unanswered
+            try:
+                return self._core.delete_namespaced_pod(
+                    name, namespace, body=options, _request_timeout=self._timeout())
+            except ApiException as err:
+                unanswered |= int(err.status or 0) >= 500
+                raise
+            except (urllib3.exceptions.HTTPError, OSError):
+                unanswered = True
+                raise
+
         try:
-            self._call(lambda: self._core.delete_namespaced_pod(
-                name, namespace, body=options, _request_timeout=self._timeout()),
-                f"delete pod {namespace}/{name}", retry_conflict=False)
+            self._call(delete, f"delete pod {namespace}/{name}", retry_conflict=False)
         except KubeError as err:
             if err.status not in (404, 409):
                 raise
-            return False
+            return unanswered
         return True
 
     def create_event(self, namespace: str, involved: dict, reason: str, message: str,

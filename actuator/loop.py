@@ -255,7 +255,8 @@ class Controller:
             return FAILED, "lost the lease before acting", False
         try:
             with self._within_lease():
-                self._applier.apply(decision.action, built, decision.counted)
+                self._applier.apply(decision.action, built, decision.counted,
+                                    self._failures.get(decision.action.job_id))
         except (KubeError, PyTorchJobValidationError) as err:
             self.metrics.errors.labels("act").inc()
             return FAILED, str(err), True

@@ -824,9 +824,6 @@ def _workload(rng: random.Random) -> list:
 
 
 @pytest.mark.expensive
-@pytest.mark.xfail(strict=True, reason="known, open: a leader killed part-way through a move "
-                   "leaves a disruption recorded that restarted nobody (invariant 3; "
-                   "docs/actuator.md, Chaos soak)")
 def test_the_actuator_survives_a_day_of_chaos(tmp_path, monkeypatch, capsys):
     rng = random.Random(SEED)
     clock = VirtualClock()

@@ -557,6 +557,58 @@ def test_a_half_applied_move_whose_workers_left_by_themselves_is_complete(tmp_pa
         server.stop()
 
 
+class _Killed(BaseException):
+    """The replica's process dying mid-move (no `except Exception` catches it)."""
+
+
+def test_a_move_killed_after_its_first_write_is_completed_by_a_new_leader_counted_once(
+        tmp_path):
+    """A leader killed between a failover's placement patch and its pod deletions restarted
+    nobody: no disruption is recorded, and the move is left recorded as in flight, which the
+    next leader completes before asking its policy (which proposes nothing), counting the
+    disruption once."""
+    server, config, kube, metrics = _world(tmp_path, _state())
+    try:
+        move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
+                              from_node="node-0000"))
+
+        def killed(*args: object, **kwargs: object) -> bool:
+            raise _Killed()
+
+        kube.delete_pod = killed
+        with pytest.raises(_Killed):
+            _controller(config, kube, metrics, Scripted(move), "a").run_cycle()
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert annotations["rlalloc.io/disruptions"] == ""
+        record = json.loads(annotations["rlalloc.io/move-failures"])
+        assert (record["failures"], record["pending"], record["counted"]) == (0, True, False)
+        new_leader = KubeClient(config, kube._core.api_client)
+        report = _controller(config, new_leader, metrics, Scripted(), "b").run_cycle()
+        assert [(d.retry, o) for d, o in report.outcomes] == [(True, "applied")]
+        assert server.call(server.api.list, PODS) == []
+        annotations = server.call(server.api.get, PYTORCHJOBS, "default", "j")["metadata"][
+            "annotations"]
+        assert annotations["rlalloc.io/disruptions"] == "100.0"
+        assert "rlalloc.io/move-failures" not in annotations
+    finally:
+        server.stop()
+
+
+def test_a_delete_whose_answer_was_lost_counts_as_deleted(tmp_path):
+    """The first attempt deleted the pod but its answer was lost; the retry finds it gone:
+    the pod was deleted by this call, a disruption to count, not one found gone already."""
+    server, config, kube, _ = _world(tmp_path, _state())
+    try:
+        pod = server.call(server.api.get, PODS, "default", "j-worker-0")
+        server.api.inject_lost_response("DELETE", "/pods/j-worker-0")
+        assert kube.delete_pod("default", "j-worker-0", 0, pod["metadata"]["uid"])
+        assert server.call(server.api.get, PODS, "default", "j-worker-0") is None
+        assert not kube.delete_pod("default", "j-worker-0", 0, pod["metadata"]["uid"])
+    finally:
+        server.stop()
+
+
 # --------------------------------------------------------------------------- Kubernetes API
 def test_api_429_and_503_are_retried_and_the_move_applies_once(tmp_path):
     state = _state()
