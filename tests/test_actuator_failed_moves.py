@@ -276,6 +276,23 @@ def _pods(twin: object, name: str) -> list[dict]:
             if p["metadata"]["name"].startswith(f"{name}-worker-")]
 
 
+def _nodes_of(twin: object, name: str) -> list[str]:
+    """The nodes of job `name`'s worker pods, sorted ("" for a pod not bound yet)."""
+    return sorted(p["spec"].get("nodeName") or "" for p in _pods(twin, name))
+
+
+def _cycles_until(ctl: object, reports: list, done: object, limit: int) -> bool:
+    """Cycles of `ctl`, one a wall second (their reports appended to `reports`), until `done()`
+    holds; whether it did within `limit` cycles."""
+    for _ in range(limit):
+        started = time.monotonic()
+        reports.append(ctl.run_cycle())
+        if done():
+            return True
+        time.sleep(max(1.0 - (time.monotonic() - started), 0.0))
+    return False
+
+
 def _job(twin: object, name: str) -> dict:
     return twin.call(twin.api.get, PYTORCHJOBS, "default", name)
 
@@ -331,18 +348,11 @@ def test_a_failover_whose_pod_deletions_are_forbidden_is_bounded_and_completes_o
         ctl = controller(tmp_path, twin, config, policy)
         reports = []
 
-        def cycle_until(done: object, timeout_s: float) -> bool:
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                started = time.monotonic()
-                reports.append(ctl.run_cycle())
-                if done():
-                    return True
-                time.sleep(max(1.0 - (time.monotonic() - started), 0.0))
-            return False
+        def cycle_until(done: object, limit: int) -> bool:
+            return _cycles_until(ctl, reports, done, limit)
 
         def j_nodes() -> list[str]:
-            return sorted(p["spec"].get("nodeName") or "" for p in _pods(twin, "j"))
+            return _nodes_of(twin, "j")
 
         assert cycle_until(lambda: j_nodes() == ["node-0000"] * 4, 60)
         twin.api.inject_fault("DELETE", "/pods/", *[403] * failures)
@@ -382,7 +392,7 @@ def test_a_failover_whose_pod_deletions_are_forbidden_is_bounded_and_completes_o
         # and left alone while nothing changes
         left_alone = len(reports)
         for _ in range(3):
-            cycle_until(lambda: False, 1.0)
+            cycle_until(lambda: False, 1)
         assert not any(d.action.job_id == "default/j" for r in reports[left_alone:]
                        for d, _ in r.outcomes)
         assert HELD_ANNOTATION in _job(twin, "j")["metadata"]["annotations"]
@@ -430,20 +440,14 @@ def test_a_failover_refused_until_the_permission_returns_completes_at_its_next_t
         reports: list = []
 
         def j_nodes() -> list[str]:
-            return sorted(p["spec"].get("nodeName") or "" for p in _pods(twin, "j"))
+            return _nodes_of(twin, "j")
 
         def moved() -> bool:
             nodes = j_nodes()
             return len(nodes) == 4 and "node-0000" not in nodes and "" not in nodes
 
         def cycles_until(done: object, limit: int) -> bool:
-            for _ in range(limit):
-                started = time.monotonic()
-                reports.append(ctl.run_cycle())
-                if done():
-                    return True
-                time.sleep(max(1.0 - (time.monotonic() - started), 0.0))
-            return False
+            return _cycles_until(ctl, reports, done, limit)
 
         assert cycles_until(lambda: j_nodes() == ["node-0000"] * 4, 60)
         twin.api.inject_fault("DELETE", "/pods/", *[403] * refused)

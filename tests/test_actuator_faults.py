@@ -485,18 +485,29 @@ def test_a_new_leader_keeps_a_jobs_backoff_and_its_given_up_mark(tmp_path):
         server.stop()
 
 
-def test_a_half_applied_failover_the_guardrails_no_longer_allow_is_rolled_back(tmp_path):
-    """The failover pinned j to node-0001 and cordoned node-0000, then its pod deletions were
-    refused; before its next try node-0001 was cordoned (by someone else): it cannot complete,
-    so j is pinned back to where its workers are and node-0000 given back."""
+def _refused_failover(tmp_path, **settings):
+    """A world in which j's failover off XID-warned node-0000 has just failed at its pod
+    deletions (its affinity patched, the node cordoned): the server and the controller."""
     state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
-    server, config, kube, metrics = _world(tmp_path, state)
+    server, config, kube, metrics = _world(tmp_path, state, **settings)
     try:
         move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
                               from_node="node-0000"))
         server.api.inject_fault("DELETE", "/pods/", 403)
         ctl = _controller(config, kube, metrics, Scripted(move), "a-0")
         assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
+    except BaseException:
+        server.stop()
+        raise
+    return server, ctl
+
+
+def test_a_half_applied_failover_the_guardrails_no_longer_allow_is_rolled_back(tmp_path):
+    """The failover pinned j to node-0001 and cordoned node-0000, then its pod deletions were
+    refused; before its next try node-0001 was cordoned (by someone else): it cannot complete,
+    so j is pinned back to where its workers are and node-0000 given back."""
+    server, ctl = _refused_failover(tmp_path)
+    try:
         assert server.call(server.api.get, NODES, None, "node-0000")["spec"]["unschedulable"]
         server.call(server.api.patch, NODES, None, "node-0001", {"spec": {"unschedulable": True}})
         report = ctl.run_cycle()
@@ -536,14 +547,8 @@ def test_a_failover_whose_write_went_unanswered_is_tried_again_by_the_actuator(t
 
 
 def test_a_half_applied_move_whose_workers_left_by_themselves_is_complete(tmp_path):
-    state = replace(_state(), nodes=replace(_state().nodes, xid_errors_5m=_xid([2, 0])))
-    server, config, kube, metrics = _world(tmp_path, state, move_backoff_s=60.0)
+    server, ctl = _refused_failover(tmp_path, move_backoff_s=60.0)
     try:
-        move = _rename(Action(ActionKind.MIGRATE, "j", 2, ("node-0001", "node-0001"),
-                              from_node="node-0000"))
-        server.api.inject_fault("DELETE", "/pods/", 403)
-        ctl = _controller(config, kube, metrics, Scripted(move), "a-0")
-        assert [o for _, o in ctl.run_cycle().outcomes] == ["failed"]
         for pod in server.call(server.api.list, PODS):  # the operator moved them (an eviction)
             pod["spec"]["nodeName"] = "node-0001"
             server.call(server.api.put, PODS, "default", pod["metadata"]["name"], pod)
