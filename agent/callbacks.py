@@ -12,7 +12,7 @@ from rich.progress import Progress
 from stable_baselines3.common.callbacks import BaseCallback
 
 from rlalloc.agent.checkpoints import CHECKPOINT_DIR, prune_checkpoints, save_checkpoint
-from rlalloc.agent.export import deployed_net, export_model, in_memory_policy
+from rlalloc.agent.export import deployed_net, export_model, in_memory_policy, uses_mask
 from rlalloc.agent.heuristics import Speedups
 from rlalloc.agent.job_sizes import JobSizeHistory
 from rlalloc.agent.model_card import CARD_FILE, jct_json, jct_read, jct_text
@@ -64,7 +64,8 @@ class PeriodicEvaluation:
         config = self.config
         net, _ = deployed_net(model, config.algo)
         policy = in_memory_policy(net, config.algo, self.spec, residual=config.residual,
-                                  sizes=self.sizes, speedups=self.speedups)
+                                  sizes=self.sizes, speedups=self.speedups,
+                                  masked=uses_mask(model, config.algo))
         with progress_task(self.progress, f"evaluate step {step:,}", self.eval_jobs) as advance:
             jct = evaluate_jct(policy.act, config, self.eval_workloads, on_progress=advance,
                                give_up=self.give_up)
@@ -112,7 +113,7 @@ class StepsAndEvaluations(BaseCallback):
 
 def discount_callbacks(config: TrainConfig) -> list:
     """The callback that feeds step discounts to PPO's buffer under a time discount."""
-    if config.time_discount_s <= 0:
+    if config.time_discount_s <= 0 or config.algo != "ppo":  # a DQN's buffer reads them itself
         return []
     from rlalloc.agent.smdp import RecordDiscounts
     return [RecordDiscounts()]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlalloc.agent.sb3_models import DQN_LEARNING_STARTS, dqn_class
+from rlalloc.agent.dqn import dqn_class
+from rlalloc.agent.sb3_models import DQN_LEARNING_STARTS, configure_dqn_from
 from rlalloc.agent.train_config import TrainConfig
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import write_atomic
@@ -79,6 +80,7 @@ def load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
         model = MaskablePPO.load(path, env=vec_env, device="cpu")
     else:
         model = dqn_class().load(path, env=vec_env, device="cpu")
+        configure_dqn_from(model, config)
         model.acts_from_start = bool(config.warm_start or config.residual
                                      or model.num_timesteps >= model.learning_starts)
         model.learning_starts = model.num_timesteps + DQN_LEARNING_STARTS

@@ -210,12 +210,14 @@ def save_deployed(directory: Path, meta: ExportMeta, state_dict: dict) -> None:
 
 def _check_algo(raw: dict) -> None:
     """A ValueError unless ``algo`` and ``masked`` are what `export_model` writes: a PPO that
-    takes the argmax over valid actions, or a DQN that takes the plain one. Another algorithm
-    or a flipped flag loaded and ran, choosing actions as its network was never trained to."""
+    takes the argmax over valid actions, or a DQN that takes it over valid actions or all
+    (as it was trained, `rlalloc.agent.dqn`). Another algorithm or an unmasked PPO loaded and
+    ran, choosing actions as its network was never trained to."""
     algo, masked = raw.get("algo"), raw.get("masked")
-    if algo not in ("ppo", "dqn") or masked is not (algo == "ppo"):
+    if algo not in ("ppo", "dqn") or not isinstance(masked, bool) or (algo == "ppo"
+                                                                       and not masked):
         raise ValueError(f"algo {algo!r} with masked {masked!r}: this rlalloc runs a masked "
-                         "ppo or an unmasked dqn")
+                         "ppo or a dqn, masked or not")
 
 
 def _residual_names(value: object) -> tuple[str, ...]:

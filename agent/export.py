@@ -52,14 +52,20 @@ def deployed_net(model: object, algo: str) -> tuple[PolicyNet, str]:
     return net, activation
 
 
+def uses_mask(model: object, algo: str) -> bool:
+    """Whether `model` acts by the argmax over valid actions only: MaskablePPO always, a DQN
+    where it was trained so (`rlalloc.agent.dqn`; SB3's own DQN takes the plain argmax)."""
+    return algo == "ppo" or bool(getattr(model, "masked", False))
+
+
 def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
           obs_norm: ObsNormalization | None, residual: tuple[str, ...],
-          sizes: JobSizeHistory | None, profiles: tuple[str, ...] = ()) -> ExportMeta:
+          sizes: JobSizeHistory | None, masked: bool, profiles: tuple[str, ...] = ()) -> ExportMeta:
     linears = [m for m in net.layers if isinstance(m, nn.Linear)]
     return ExportMeta(
         algo=algo, obs_size=linears[0].in_features, num_actions=linears[-1].out_features,
         hidden_sizes=tuple(m.out_features for m in linears[:-1]), activation=activation,
-        feature_spec=ExportMeta.spec_fields(spec), masked=algo == "ppo", obs_norm=obs_norm,
+        feature_spec=ExportMeta.spec_fields(spec), masked=masked, obs_norm=obs_norm,
         residual=residual, job_sizes=None if sizes is None else tuple(sizes.to_json()),
         profiles=profiles)
 
@@ -67,11 +73,14 @@ def _meta(net: PolicyNet, algo: str, activation: str, spec: FeatureSpec,
 def in_memory_policy(net: PolicyNet, algo: str, spec: FeatureSpec, activation: str = "tanh",
                      residual: tuple[str, ...] = (),
                      sizes: JobSizeHistory | None = None,
-                     speedups: Speedups | None = None) -> LearnedPolicy:
+                     speedups: Speedups | None = None,
+                     masked: bool | None = None) -> LearnedPolicy:
     """The deployed policy for `net` without a round trip through files (for evaluations
-    during training); `sizes` and `speedups` are what its heuristics are told."""
-    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual, sizes), net,
-                         speedups)
+    during training); `sizes` and `speedups` are what its heuristics are told; `masked`
+    whether it acts over valid actions only (`uses_mask`; None: as `algo`'s SB3 class does)."""
+    masked = algo == "ppo" if masked is None else masked
+    return LearnedPolicy(algo, _meta(net, algo, activation, spec, None, residual, sizes, masked),
+                         net, speedups)
 
 
 def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
@@ -85,6 +94,7 @@ def export_model(model: object, algo: str, spec: FeatureSpec, directory: Path,
     profiles, copied into `directory` already (`rlalloc.agent.job_speeds.copy_profiles`), tell them
     job speeds."""
     net, activation = deployed_net(model, algo)
-    meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes, profiles)
+    meta = _meta(net, algo, activation, spec, obs_norm, residual, sizes,
+                 uses_mask(model, algo), profiles)
     save_deployed(Path(directory), meta, net.state_dict())
     return meta

@@ -219,15 +219,18 @@ def init_follow_head(action_net: torch.nn.Linear, num_teachers: int, veto_p: flo
 def init_follow_q_head(q_head: torch.nn.Linear, num_teachers: int, margin: float) -> None:
     """Make a Q-network whose outputs were all fitted to the first heuristic's returns start
     as that heuristic (DQN's counterpart of `init_follow_head`): every action gets the same
-    row, the mean one, so that Q(s, a) = V(s) for all actions, and the first follow action
-    `margin` more. The greedy (unmasked) policy is then the heuristic exactly; where it
-    proposes nothing its follow action decodes to a no-op (counted as an invalid action by
-    the env), and TD learning can overturn the margin wherever a deviation is found to pay."""
+    row, the mean one, so that Q(s, a) = V(s) for all actions, then the first follow action
+    `margin` more and the no-op half of it. The greedy policy over valid actions is then the
+    heuristic exactly: its follow action where it proposes something, else the no-op (equal
+    rows alone leave that tie to rounding); unmasked, the follow action where it proposes
+    nothing decodes to a no-op too (counted as an invalid action by the env). TD learning can
+    overturn the margins wherever a deviation is found to pay."""
     num_raw = q_head.out_features - num_teachers
     with torch.no_grad():
         q_head.weight.copy_(q_head.weight.mean(dim=0, keepdim=True).expand_as(q_head.weight))
         q_head.bias.fill_(float(q_head.bias.mean()))
         q_head.bias[num_raw] += margin
+        q_head.bias[0] += margin / 2
 
 
 def follow_first(num_teachers: int) -> Callable[[np.ndarray, np.ndarray], int]:

@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
-import numpy as np
-
+from rlalloc.agent.dqn import configure_dqn, dqn_class, masked_replay_buffer_class
 from rlalloc.agent.train_config import TrainConfig
 
 TB_DIR = "tb"
 DQN_LEARNING_STARTS = 1000
 """Steps a DQN collects into its replay buffer before its first update (again on a resume),
-acting epsilon-greedily as after them (`dqn_class`)."""
-
-
-@cache  # one class: models built and loaded are of the same type
-def dqn_class() -> type:
-    """SB3's `DQN`, acting epsilon-greedily with its own Q-network from its first step once it
-    has one worth acting on (`acts_from_start`: warm-started, residual or resumed).
-
-    SB3's DQN acts uniformly at random until `learning_starts` (the warm-up of
-    `OffPolicyAlgorithm._sample_action`), which throws a warm start away: 1,000 random steps
-    at the start and after every resume, and a replay buffer full of them. With
-    `acts_from_start` this one takes the action `DQN.predict` samples after the warm-up (the
-    greedy one, or at the exploration rate a uniform one, unmasked as ever) from the first
-    step; `learning_starts` still says when the gradient updates begin. A DQN started from
-    SB3's random initialisation keeps SB3's uniform warm-up, its exploration. (Built on call:
-    SB3 is imported only where it is used.)"""
-    from stable_baselines3 import DQN
-
-    class WarmStartedDQN(DQN):
-        acts_from_start = False
-
-        def _sample_action(self, learning_starts: int, action_noise: object = None,
-                           n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
-            return super()._sample_action(0 if self.acts_from_start else learning_starts,
-                                          action_noise, n_envs)
-
-    return WarmStartedDQN
+acting epsilon-greedily as after them (`rlalloc.agent.dqn.dqn_class`)."""
 
 
 def build_model(config: TrainConfig, vec_env: object) -> object:
@@ -57,13 +29,22 @@ def build_model(config: TrainConfig, vec_env: object) -> object:
                                         "vf": list(config.net_arch)}},
             device="cpu", verbose=0)
     start_eps, end_eps = config.dqn_exploration
-    return dqn_class()(
+    model = dqn_class()(
         "MlpPolicy", vec_env, learning_rate=config.learning_rate,
         buffer_size=config.dqn_buffer_size, learning_starts=DQN_LEARNING_STARTS, batch_size=64,
         gamma=config.gamma, train_freq=4, target_update_interval=2000,
         exploration_initial_eps=start_eps, exploration_final_eps=end_eps,
         exploration_fraction=0.3, seed=config.seed,
+        replay_buffer_class=masked_replay_buffer_class(),
         policy_kwargs={"net_arch": list(config.net_arch)}, device="cpu", verbose=0)
+    configure_dqn_from(model, config)
+    return model
+
+
+def configure_dqn_from(model: object, config: TrainConfig) -> None:
+    """Give a built or loaded DQN `config`'s learning settings (`rlalloc.agent.dqn`)."""
+    configure_dqn(model, config.dqn_double, config.dqn_masked, config.dqn_demo_weight,
+                  len(config.residual))
 
 
 def _rollout_buffer_class(config: TrainConfig) -> type | None:

@@ -20,7 +20,7 @@ class TrainConfig:
     """One training run; saved as train_config.json next to the model so it can be re-run."""
 
     algo: str = "ppo"
-    """'ppo' (sb3-contrib MaskablePPO, reads the action mask) or 'dqn' (no mask)."""
+    """'ppo' (sb3-contrib MaskablePPO, reads the action mask) or 'dqn' (`rlalloc.agent.dqn`)."""
     workloads: tuple[str, ...] = ("synthetic:160:1.0",)
     """Training workloads; each episode replays one, chosen at random."""
     cluster: str = "16x4"
@@ -47,8 +47,9 @@ class TrainConfig:
     gamma: float = 0.99
     time_discount_s: float = 0.0
     """Semi-MDP discount: time constant (simulated seconds) of exp(-t/T), applied on top of
-    `gamma` per step (`RewardWeights.time_discount_s`, `rlalloc.agent.smdp`; PPO only); 0: off. With
-    it, set gamma 1 so that zero-time actions are not discounted at all."""
+    `gamma` per step (`RewardWeights.time_discount_s`; PPO's GAE in `rlalloc.agent.smdp`, DQN's
+    TD target in `rlalloc.agent.dqn`); 0: off. With it, set gamma 1 so that zero-time actions
+    are not discounted at all."""
     gae_lambda: float = 0.95
     """GAE lambda (`--gae-lambda`): lower trusts the critic sooner, less variance, more bias."""
     clip_range: float = 0.1
@@ -103,6 +104,15 @@ class TrainConfig:
     dqn_buffer_size: int = 100_000
     dqn_exploration: tuple[float, float] = (0.05, 0.01)
     """DQN epsilon start and end (small: the warm start already acts like the heuristic)."""
+    dqn_double: bool = True
+    """DQN: double Q-learning, the online network choosing the target's next action
+    (`rlalloc.agent.dqn`); False: SB3's max of the target network."""
+    dqn_masked: bool = True
+    """DQN: act, explore and take the target's max over valid actions only; False: over all
+    (SB3's DQN; an invalid action is then a counted no-op in the env)."""
+    dqn_demo_weight: float = 0.0
+    """Residual DQN: weight of DQfD's large-margin loss keeping the first heuristic's action
+    ahead of the others by the start's margin (`large_margin_loss`); 0: off."""
     extra: dict = field(default_factory=dict)
     """Free-form notes saved with the config (the command line that produced it)."""
 
@@ -119,8 +129,9 @@ def check_config(config: TrainConfig) -> None:
     if not (config.give_up_factor == 0 or 1 <= config.give_up_factor < math.inf):
         raise UserError(f"give_up_factor {config.give_up_factor}: 0 (never give up) or a finite "
                         "factor of at least 1 (a run is given up past that many times static)")
-    if config.time_discount_s > 0 and config.algo != "ppo":
-        raise UserError("--time-discount-s needs --algo ppo (agent.smdp discounts PPO's GAE)")
+    if config.dqn_demo_weight > 0 and not (config.algo == "dqn" and config.residual):
+        raise UserError("--dqn-demo-weight keeps a residual DQN near its first heuristic; use "
+                        "it with --algo dqn --residual H1[,H2...]")
     if config.imitate and config.algo != "ppo":
         raise UserError("--imitate fits a PPO actor to the lookahead's advantages; use --algo "
                         "ppo, or --residual without --imitate for DQN")

@@ -9,7 +9,7 @@ import numpy as np
 from rich.progress import Progress
 
 from rlalloc.agent.distill import Recording, fit_advantages, prefer_base
-from rlalloc.agent.export import deployed_net, in_memory_policy
+from rlalloc.agent.export import deployed_net, in_memory_policy, uses_mask
 from rlalloc.agent.heuristics import Speedups
 from rlalloc.agent.imitation import collect_demonstrations, concatenate, fit_policy
 from rlalloc.agent.job_sizes import JobSizeHistory
@@ -69,7 +69,8 @@ def _warm_start(config: TrainConfig, model: object, log: Callable[[str], None],
         if round_ == config.dagger_rounds:
             break
         net, _ = deployed_net(model, config.algo)
-        student = in_memory_policy(net, config.algo, envs[0].unwrapped.featurizer.spec)
+        student = in_memory_policy(net, config.algo, envs[0].unwrapped.featurizer.spec,
+                                   masked=uses_mask(model, config.algo))
         cap = 3 * teacher_steps // max(len(envs), 1)
         demos = concatenate([demos] + [
             _stepped(step, collect_demonstrations(env, teacher, 1,

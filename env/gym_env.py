@@ -127,8 +127,9 @@ class ClusterAllocEnv(gym.Env):
         info = {"invalid_actions": sim.invalid_actions}
         if self.reward_weights.time_discount_s > 0:
             info["discount"] = math.exp(-elapsed_s / self.reward_weights.time_discount_s)
-        if terminated or truncated:
+        if terminated or truncated:  # a vector env resets at once: the last state's mask
             info["metrics"] = sim.accounting.summary()
+            info["terminal_action_mask"] = self.action_masks()
         return self._observation(), reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Everything a trained model directory holds besides the model itself, and how it is written.
 
-``baselines.json`` keeps the Holt-Winters parameters fitted on the training series, so
-evaluation judges every model on the same footing; ``card.json`` says what the model was
-trained on and with which command. `staged_model_dir` writes a model's files so that a
-directory never holds half of one run's files and half of another's. Every JSON file here is
-strict JSON: a NaN is an error when written, never a bare ``NaN`` other readers reject.
+``baselines.json`` keeps what the baselines learned from the training series (Holt-Winters
+parameters, empirical error quantiles), so evaluation judges every model on the same footing;
+``card.json`` says what the model was trained and validated on and with which command.
+`staged_model_dir` writes a model's files so that a directory never holds half of one run's
+files and half of another's. Every JSON file here is strict JSON: a NaN is an error when
+written, never a bare ``NaN`` other readers reject.
 """
 
 from __future__ import annotations
@@ -17,22 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from rlalloc.env.output import prepare_out_dir, staged_outputs
-from rlalloc.forecaster.baselines import HoltWintersParams
+from rlalloc.forecaster.quantile_baselines import FittedBaselines
 
 BASELINES_FILE = "baselines.json"
 CARD_FILE = "card.json"
 
 
-def save_baselines(directory: Path, holt_winters: HoltWintersParams) -> None:
-    """Write the fitted baseline parameters."""
-    data = {"holt_winters": holt_winters.to_json()}
-    (directory / BASELINES_FILE).write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+def save_baselines(directory: Path, fitted: FittedBaselines) -> None:
+    """Write the fitted baselines."""
+    text = json.dumps(fitted.to_json(), indent=2, allow_nan=False)
+    (directory / BASELINES_FILE).write_text(text + "\n")
 
 
-def load_baselines(directory: Path) -> HoltWintersParams:
-    """Holt-Winters parameters saved by `save_baselines`."""
-    data = json.loads((directory / BASELINES_FILE).read_text())
-    return HoltWintersParams(**data["holt_winters"])
+def load_baselines(directory: Path) -> FittedBaselines:
+    """Baselines saved by `save_baselines`."""
+    return FittedBaselines.from_json(json.loads((directory / BASELINES_FILE).read_text()))
 
 
 def write_card(directory: Path, card: dict[str, Any]) -> None:

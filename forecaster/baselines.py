@@ -39,6 +39,13 @@ class HoltWintersParams:
     smoothing_trend: float
     smoothing_seasonal: float
     damping_trend: float
+    residual_std: float = 0.0
+    """Spread of the fit's one-step errors: the scale of its prediction intervals
+    (`rlalloc.forecaster.quantile_baselines`)."""
+
+    def smoothing(self) -> dict[str, float]:
+        """The smoothing parameters, as statsmodels' ``fit`` takes them."""
+        return {k: v for k, v in asdict(self).items() if k != "residual_std"}
 
     def to_json(self) -> dict[str, float]:
         """Plain-JSON form, saved next to the LSTM so evaluation uses the same fit."""
@@ -70,12 +77,15 @@ def moving_average(
 
 
 def fit_holt_winters(demand: np.ndarray) -> HoltWintersParams:
-    """Fit the smoothing parameters on the last `HOLT_WINTERS_FIT_DAYS` days of ``demand``."""
+    """Fit the smoothing parameters on the last `HOLT_WINTERS_FIT_DAYS` days of ``demand``,
+    and the spread of its one-step errors there."""
     recent = demand[-HOLT_WINTERS_FIT_DAYS * MINUTES_PER_DAY :].astype(np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # statsmodels' convergence chatter; the fit is checked
         fitted = _model(recent).fit()
-    params = {k: float(fitted.params[k]) for k in HoltWintersParams.__dataclass_fields__}
+    params = {k: float(fitted.params[k]) for k in HoltWintersParams.__dataclass_fields__
+              if k != "residual_std"}
+    params["residual_std"] = float(np.sqrt(fitted.sse / len(recent)))
     if not all(np.isfinite(v) for v in params.values()):
         raise ValueError(f"Holt-Winters fit gave non-finite parameters {params}")
     return HoltWintersParams(**params)
@@ -105,10 +115,10 @@ def holt_winters(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             first = _model(series[: k * MINUTES_PER_DAY]).fit(
-                optimized=False, **params.to_json()).params
+                optimized=False, **params.smoothing()).params
             states = _model(series, known=(first["initial_level"], first["initial_trend"],
                                            first["initial_seasons"])).fit(
-                optimized=False, **params.to_json())
+                optimized=False, **params.smoothing())
         at = origins[rows]
         for column, h in enumerate(horizons_min):
             damped_sum = sum(params.damping_trend**i for i in range(1, h + 1))

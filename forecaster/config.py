@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from rlalloc.forecaster.quantiles import QUANTILE_LEVELS
 from rlalloc.models import shipped
 
 SHIPPED_MODEL_DIR = shipped("forecaster")
@@ -23,7 +24,9 @@ class ForecasterConfig:
     """Input window, network size and training schedule of the LSTM demand forecaster."""
 
     horizons_min: tuple[int, ...] = HORIZONS_MIN
-    """Minutes ahead to forecast; the network has one output per horizon."""
+    """Minutes ahead to forecast; the network has one output per horizon and quantile level."""
+    quantiles: tuple[float, ...] = QUANTILE_LEVELS
+    """Quantile levels forecast at every horizon (ascending, the median among them)."""
     lookback_min: int = 360
     """Recent history the LSTM reads: long enough to see the current level settle (6 h)."""
     block_min: int = 5
@@ -50,9 +53,13 @@ class ForecasterConfig:
     train_stride_min: int = 3
     """Distance between consecutive training origins; 1 would only repeat near-identical windows."""
     validation_fraction: float = 0.1
-    """Tail of every training segment held out to pick the best epoch."""
+    """Tail of every training segment held out to pick the best epoch and calibrate, when no
+    validation series are given."""
     seed: int = 0
     """Seed of weight initialisation and batch order."""
+    calibrate: bool = True
+    """Shift each quantile except the median, per horizon, by the residual quantile on the
+    validation VCs (conformal-style), so coverage holds on clusters never trained on."""
 
     @property
     def min_history_min(self) -> int:
@@ -72,6 +79,7 @@ class ForecasterConfig:
             raise ValueError(f"unknown forecaster config keys {sorted(unknown)}")
         values = dict(data)
         values["horizons_min"] = tuple(values.get("horizons_min", HORIZONS_MIN))
+        values["quantiles"] = tuple(values.get("quantiles", QUANTILE_LEVELS))
         return cls(**values)
 
 

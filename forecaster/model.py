@@ -1,8 +1,12 @@
 """The deployable demand forecaster: weights + config + normalisation stats, plain files only.
 
 A saved model is a directory with ``weights.pt`` (a torch ``state_dict`` of tensors, loaded with
-``weights_only=True``) and ``config.json`` (the `ForecasterConfig`, the `NormalisationStats` and
-the input sizes). Nothing is pickled, so it loads across Python and torch versions.
+``weights_only=True``) and ``config.json`` (the `ForecasterConfig`, the `NormalisationStats`,
+the input sizes and the quantile calibration). Nothing is pickled, so it loads across Python
+and torch versions.
+
+It forecasts quantiles of demand (`ForecasterConfig.quantiles`) at every horizon; the median
+is the point forecast the simulator and actuator use (`rlalloc.forecaster.signals`).
 """
 
 from __future__ import annotations
@@ -17,15 +21,16 @@ from rlalloc.forecaster.config import SHIPPED_MODEL_DIR, ForecasterConfig, Norma
 from rlalloc.forecaster.features import build_inputs, local_scale
 from rlalloc.forecaster.history import check_history
 from rlalloc.forecaster.network import DemandLSTM
+from rlalloc.forecaster.quantiles import MEDIAN, level_index, without_crossing
 from rlalloc.forecaster.series import MINUTES_PER_DAY
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.json"
 
 
 class LSTMForecaster:
-    """Forecast demand (fraction of the cluster's GPUs) at each configured horizon."""
+    """Forecast quantiles of demand (fraction of the cluster's GPUs) at each horizon."""
 
     def __init__(
         self,
@@ -34,12 +39,29 @@ class LSTMForecaster:
         network: DemandLSTM,
         n_seq_features: int,
         n_scalar_features: int,
+        calibration: np.ndarray | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
         self.network = network.eval()
         self.n_seq_features = n_seq_features
         self.n_scalar_features = n_scalar_features
+        shape = (len(config.horizons_min), len(config.quantiles))
+        self.calibration = np.zeros(shape) if calibration is None else np.asarray(
+            calibration, dtype=np.float64)
+        """(H, Q) shift of each scaled quantile, fitted on the validation VCs (zero: none)."""
+        if self.calibration.shape != shape or not np.isfinite(self.calibration).all():
+            raise ValueError(f"calibration must be {shape} finite numbers")
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """Quantile levels along the last axis of what `predict` returns."""
+        return self.config.quantiles
+
+    @property
+    def median_index(self) -> int:
+        """Position of the median (the point forecast) among `quantiles`."""
+        return level_index(self.config.quantiles, MEDIAN)
 
     @property
     def horizons_min(self) -> tuple[int, ...]:
@@ -52,36 +74,40 @@ class LSTMForecaster:
         return self.config.min_history_min
 
     def predict(self, history: np.ndarray, last_minute_of_day: int | None = None) -> np.ndarray:
-        """Demand at each horizon after the last sample of ``history``.
+        """Quantiles of demand at each horizon after the last sample of ``history``.
 
         ``history`` is per-minute demand, oldest first, at least `min_history_min` samples,
         all finite. ``last_minute_of_day`` (0..1439) is the minute of the last sample; required
-        when the model uses the time of day. Returns float64 array of len(horizons_min).
+        when the model uses the time of day. Returns a float64 array (len(horizons_min),
+        len(quantiles)), non-decreasing along its last axis; column `median_index` is the
+        point forecast.
         """
         demand = check_history(history, self.min_history_min)
         minute_of_day = self._minutes(len(demand), last_minute_of_day)
-        origin = np.array([len(demand) - 1])
-        sequence, scalars = build_inputs(demand, minute_of_day, origin, self.config, self.stats)
-        with torch.inference_mode():
-            change = self.network(torch.from_numpy(sequence), torch.from_numpy(scalars))
-        scale = local_scale(demand, origin, self.config)
-        return demand[-1] + change.numpy()[0].astype(np.float64) * scale[0]
+        return self.predict_many(demand, minute_of_day, np.array([len(demand) - 1]))[0]
 
     def predict_many(
         self, demand: np.ndarray, minute_of_day: np.ndarray, origins: np.ndarray
     ) -> np.ndarray:
-        """Forecasts from many origins of one series at once, (len(origins), n_horizons).
+        """Forecasts from many origins of one series at once, (len(origins), H, Q).
 
         The batched form of `predict`, for evaluation over a whole series.
         """
         outputs = []
         for chunk in np.array_split(origins, max(1, len(origins) // 4096)):
-            sequence, scalars = build_inputs(demand, minute_of_day, chunk, self.config, self.stats)
-            with torch.inference_mode():
-                change = self.network(torch.from_numpy(sequence), torch.from_numpy(scalars))
-            scale = local_scale(demand, chunk, self.config)
-            outputs.append(demand[chunk, None] + change.numpy() * scale[:, None])
+            outputs.append(self._scaled_quantiles(demand, minute_of_day, chunk)
+                           * local_scale(demand, chunk, self.config)[:, None, None]
+                           + demand[chunk, None, None])
         return np.concatenate(outputs).astype(np.float64)
+
+    def _scaled_quantiles(
+        self, demand: np.ndarray, minute_of_day: np.ndarray, origins: np.ndarray
+    ) -> np.ndarray:
+        """Calibrated quantiles of the change in units of `local_scale`, (N, H, Q)."""
+        sequence, scalars = build_inputs(demand, minute_of_day, origins, self.config, self.stats)
+        with torch.inference_mode():
+            change = self.network(torch.from_numpy(sequence), torch.from_numpy(scalars))
+        return without_crossing(change.numpy().astype(np.float64) + self.calibration)
 
     def _minutes(self, length: int, last_minute_of_day: int | None) -> np.ndarray:
         """Minute of day of every history sample (zeros when the model ignores time of day)."""
@@ -105,6 +131,7 @@ class LSTMForecaster:
             "stats": self.stats.to_json(),
             "n_seq_features": self.n_seq_features,
             "n_scalar_features": self.n_scalar_features,
+            "calibration": self.calibration.tolist(),
         }
         text = json.dumps(meta, indent=2, allow_nan=False)
         (directory / CONFIG_FILE).write_text(text + "\n")
@@ -127,6 +154,7 @@ class LSTMForecaster:
             network,
             meta["n_seq_features"],
             meta["n_scalar_features"],
+            np.asarray(meta["calibration"], dtype=np.float64),
         )
 
 

@@ -15,13 +15,13 @@ from typing import TypeVar
 
 from rlalloc.env.errors import UserError
 from rlalloc.forecaster.artifacts import BASELINES_FILE, load_baselines
-from rlalloc.forecaster.baselines import HoltWintersParams
 from rlalloc.forecaster.model import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     LSTMForecaster,
     load_demand_forecaster,
 )
+from rlalloc.forecaster.quantile_baselines import FittedBaselines
 from rlalloc.forecaster.risk import RISK_MODEL_FILE
 from rlalloc.forecaster.standin import STANDIN_FILE, EWMAForecaster, load_standin
 
@@ -32,7 +32,7 @@ Loaded = TypeVar("Loaded")
 
 def load_model_dir(
     model: Path, needs_horizon_min: int
-) -> tuple[LSTMForecaster, EWMAForecaster, HoltWintersParams]:
+) -> tuple[LSTMForecaster, EWMAForecaster, FittedBaselines]:
     """The LSTM, its stand-in and the fitted baselines of ``model``, or a one-line `UserError`
     naming the file at fault. ``needs_horizon_min`` is a horizon the caller reads (the
     evaluation figure's), which the model must forecast."""
@@ -46,7 +46,7 @@ def load_model_dir(
                             "--out` directory, or train one again into it with --force")
     lstm = _load(model, f"{CONFIG_FILE} and {WEIGHTS_FILE}", load_demand_forecaster)
     standin = _load(model, STANDIN_FILE, load_standin)
-    holt_winters = _load(model, BASELINES_FILE, load_baselines)
+    fitted = _load(model, BASELINES_FILE, load_baselines)
     if standin.horizons_min != lstm.horizons_min:
         raise UserError(f"--model {model}: {STANDIN_FILE} forecasts {list(standin.horizons_min)} "
                         f"minutes ahead but {CONFIG_FILE} {list(lstm.horizons_min)}; {RETRAIN}")
@@ -54,7 +54,12 @@ def load_model_dir(
         raise UserError(f"--model {model}: {CONFIG_FILE} forecasts {list(lstm.horizons_min)} "
                         f"minutes ahead, without the {needs_horizon_min} minutes evaluation "
                         f"needs; {RETRAIN}")
-    return lstm, standin, holt_winters
+    if (fitted.naive.horizons_min, fitted.naive.levels) != (lstm.horizons_min, lstm.quantiles):
+        raise UserError(f"--model {model}: {BASELINES_FILE} forecasts levels "
+                        f"{list(fitted.naive.levels)} at {list(fitted.naive.horizons_min)} "
+                        f"minutes but {CONFIG_FILE} {list(lstm.quantiles)} at "
+                        f"{list(lstm.horizons_min)}; {RETRAIN}")
+    return lstm, standin, fitted
 
 
 def _load(model: Path, files: str, loader: Callable[[Path], Loaded]) -> Loaded:

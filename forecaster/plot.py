@@ -1,4 +1,5 @@
-"""Forecast-versus-actual figure for one sample day of an evaluation."""
+"""Figures of an evaluation: forecasts and their bands against actual demand on one sample
+day, and the capacity rule's trade-off between idle and waiting GPU-hours."""
 
 from __future__ import annotations
 
@@ -11,11 +12,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from rlalloc.forecaster.evaluate import Evaluation
+from rlalloc.forecaster.quantiles import level_index
 from rlalloc.forecaster.series import MINUTES_PER_DAY
 
-PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin")
+PLOTTED_MODELS = ("lstm", "naive", "holt_winters", "ewma_standin", "naive_hourly",
+                  "seasonal_naive", "seasonal_naive_hourly")
 MODEL_COLORS = {name: f"C{i}" for i, name in enumerate(PLOTTED_MODELS)}
 """One colour per model, whichever of them an evaluation has."""
+DAY_MODELS = PLOTTED_MODELS[:4]
+"""The models drawn on the sample day (more would hide the actual)."""
+BANDED_MODELS = ("lstm", "naive")
+"""Models whose [q0.1, q0.9] band the sample day shades."""
+BAND = (0.1, 0.9)
 PLOT_HORIZON_MIN = 60
 """The horizon drawn by default: the longest the allocator plans over."""
 
@@ -36,6 +44,8 @@ def plot_sample_day(
     """
     column = evaluation.horizons_min.index(horizon_min)
     in_first = evaluation.segment_of_origin == 0
+    if evaluation.series_of_origin is not None:
+        in_first &= evaluation.series_of_origin == 0
     minutes = evaluation.origin_minutes[in_first]
     day_of_origin = (minutes - minutes[0]) // MINUTES_PER_DAY
     if day is None:
@@ -48,11 +58,18 @@ def plot_sample_day(
                             & (evaluation.origin_minutes < start + MINUTES_PER_DAY))
     hours = (evaluation.origin_minutes[chosen] + horizon_min - start) / 60.0
     figure, axes = plt.subplots(figsize=(11, 4.5), layout="constrained")
-    for name in PLOTTED_MODELS:  # the LSTM on top of the baselines, the actual over all
+    for name in BANDED_MODELS:
+        if name in evaluation.quantile_forecasts:
+            band = evaluation.quantile_forecasts[name][chosen, column]
+            low, high = (band[:, level_index(evaluation.quantiles, q)] for q in BAND)
+            axes.fill_between(hours, low, high, color=MODEL_COLORS[name], alpha=0.15, lw=0,
+                              label=f"{name} q{BAND[0]:g}-q{BAND[1]:g}")
+    for name in DAY_MODELS:  # the LSTM on top of the baselines, the actual over all
         if name in evaluation.forecasts:
             lstm = name == "lstm"
             axes.plot(hours, evaluation.forecasts[name][chosen, column], lw=1.6 if lstm else 1,
-                      alpha=1.0 if lstm else 0.7, zorder=3 if lstm else 2, label=name,
+                      alpha=1.0 if lstm else 0.7, zorder=3 if lstm else 2,
+                      label=f"{name} (median)" if name in evaluation.quantile_forecasts else name,
                       color=MODEL_COLORS[name])
     axes.plot(hours, evaluation.actual[chosen, column], color="black", lw=1.5, zorder=4,
               label="actual")
@@ -64,6 +81,35 @@ def plot_sample_day(
                    f"sample day {day + 1}", fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110)
+    plt.close(figure)
+    return png.getvalue()
+
+
+def plot_capacity(capacity: dict[str, list[dict[str, float]]], horizon_min: int) -> bytes:
+    """PNG of each forecaster's capacity rule: GPU-hours held idle against GPU-hours of demand
+    left waiting, one point per quantile level q (labelled on the LSTM's curve); lower-left
+    is better."""
+    figure, axes = plt.subplots(figsize=(8, 5.5), layout="constrained")
+    for name, curve in capacity.items():
+        lstm = name == "lstm"
+        axes.plot([c["waiting_gpu_hours"] for c in curve], [c["idle_gpu_hours"] for c in curve],
+                  marker="o", ms=3, lw=1.8 if lstm else 1, zorder=3 if lstm else 2, label=name,
+                  color=MODEL_COLORS.get(name))
+        if lstm:
+            for cost in curve:
+                axes.annotate(f"q{cost['level']:g}", (cost["waiting_gpu_hours"],
+                                                      cost["idle_gpu_hours"]),
+                              fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axes.set_xscale("log")  # seasonal naive's curve lies an order of magnitude out
+    axes.set_yscale("log")
+    axes.set_xlabel("GPU-hours of demand left waiting (log)")
+    axes.set_ylabel("GPU-hours held idle (log)")
+    axes.set_title(f"Keeping GPUs for the q-quantile of demand {horizon_min} min ahead "
+                   "(lower left is better)", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
     png = io.BytesIO()
     figure.savefig(png, format="png", dpi=110)
     plt.close(figure)

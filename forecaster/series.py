@@ -75,6 +75,9 @@ class DemandSeries:
     filled_minutes: int
     """How many minutes of `segments` were forward-filled (repaired), reported so a repair is
     never silent."""
+    size_gpus: float = 1.0
+    """The cluster's median size in GPUs (its total column), which turns demand fractions back
+    into GPUs (GPU-hours of the capacity rule); 1 for a plain demand file, which has none."""
 
     @property
     def minutes(self) -> int:
@@ -97,7 +100,7 @@ def load_demand_series(
     if frame.empty:
         raise UserError(f"{path}: no data rows below the header; pass a per-minute CSV with at "
                         f"least {min_points} rows")
-    demand = _demand_column(path, frame)
+    demand, size_gpus = _demand_column(path, frame)
     times = _parse_times(path, frame)
     segments = _segments(times, demand, max_gap_min)
     usable = [(s, filled) for s, filled in segments if len(s.demand) >= min_points]
@@ -108,7 +111,7 @@ def load_demand_series(
             f"{min_points} (input window + horizon); supply a longer per-minute series"
         )
     return DemandSeries(source=str(path), segments=tuple(s for s, _ in usable),
-                        filled_minutes=sum(filled for _, filled in usable))
+                        filled_minutes=sum(filled for _, filled in usable), size_gpus=size_gpus)
 
 
 def check_filled_share(series: DemandSeries) -> str:
@@ -148,13 +151,14 @@ def _read_rows(path: Path) -> pd.DataFrame:
     return frame[~blank]
 
 
-def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
-    """Demand fraction per row, from whichever known layout the header matches."""
+def _demand_column(path: Path, frame: pd.DataFrame) -> tuple[np.ndarray, float]:
+    """Demand fraction per row, from whichever known layout the header matches, and the
+    cluster's median size (1 where the layout has none)."""
     for columns, layout in _LAYOUTS:
         if all(c in frame.columns for c in columns):
             values = {c: _numeric(path, frame, c) for c in columns}
             if layout == "demand":
-                return values["demand"]
+                return values["demand"], 1.0
             total_name = "total_gpu_num" if layout == "helios" else "total"
             total = values[total_name]
             bad = np.flatnonzero(total <= 0)
@@ -163,9 +167,10 @@ def _demand_column(path: Path, frame: pd.DataFrame) -> np.ndarray:
                     f"{path}, line {frame.index[bad[0]]}: column '{total_name}' is "
                     f"{total[bad[0]]:g}; the cluster size must be positive, fix or drop that row"
                 )
+            size = float(np.median(total))
             if layout == "helios":
-                return (values["running_gpu_num"] + values["pending_gpu_num"]) / total
-            return values["active"] / total
+                return (values["running_gpu_num"] + values["pending_gpu_num"]) / total, size
+            return values["active"] / total, size
     known = "; ".join(f"{_LAYOUT_SOURCES[layout]} {','.join(('time', *columns))}"
                       for columns, layout in _LAYOUTS)
     raise UserError(f"{path}: header {','.join(map(str, frame.columns))} matches no "

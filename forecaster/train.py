@@ -1,8 +1,10 @@
-"""Fit the LSTM forecaster on demand segments, keeping the epoch that validates best.
+"""Fit the LSTM forecaster on demand segments with the pinball loss, keeping the epoch that
+validates best, then calibrate its quantiles on the validation windows.
 
-The validation windows are the tail of each training segment: their origins start where the
-last training target ends, so no validation target is trained on. The test series is never
-seen here.
+Validation is either separate series (other clusters: `forecast train --val-series`, which is
+how the shipped model is chosen and calibrated) or, without them, the tail of each training
+segment, whose origins start where the last training target ends so no validation target is
+trained on. The evaluation series are never seen here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rlalloc.forecaster.features import (
 )
 from rlalloc.forecaster.model import LSTMForecaster
 from rlalloc.forecaster.network import DemandLSTM
+from rlalloc.forecaster.quantiles import MEDIAN, level_index
 from rlalloc.forecaster.series import DemandSegment
 
 
@@ -36,20 +39,31 @@ class TrainingReport:
 
     train_windows: int
     validation_windows: int
-    validation_mae_per_epoch: tuple[float, ...]
-    """Validation MAE relative to the naive forecast's (1.0 = naive), horizons weighted alike."""
+    validation_pinball_per_epoch: tuple[float, ...]
+    """Validation pinball loss, mean over levels and windows, each horizon in units of its
+    typical change (so the horizons weigh alike)."""
     best_epoch: int
     wall_time_s: float
+    validation_coverage: tuple[tuple[float, ...], ...] = ()
+    """Per horizon, per level: share of validation targets at or below the quantile before
+    calibration (calibration brings it to the level)."""
 
 
 def train_forecaster(
-    segments: list[DemandSegment], config: ForecasterConfig, show_progress: bool = True
+    segments: list[DemandSegment],
+    config: ForecasterConfig,
+    show_progress: bool = True,
+    validation: list[DemandSegment] | None = None,
 ) -> tuple[LSTMForecaster, TrainingReport]:
-    """Train on ``segments`` and return the best-validating model with a report."""
+    """Train on ``segments`` and return the best-validating, calibrated model with a report.
+
+    ``validation``: segments of other series that choose the epoch and calibrate the
+    quantiles; without them, the tail of every training segment does.
+    """
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    train_parts, val_parts = _split(segments, config)
+    train_parts, val_parts = (segments, validation) if validation else _split(segments, config)
     stats = fit_stats([p.demand for p in train_parts], config)
     train_set = _tensors(train_parts, config, stats, stride=config.train_stride_min)
     val_set = _tensors(val_parts, config, stats, stride=config.train_stride_min)
@@ -62,7 +76,8 @@ def train_forecaster(
     optimiser = torch.optim.Adam(network.parameters(), lr=config.learning_rate)
     n_batches = math.ceil(len(train_set[2]) / config.batch_size)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, config.epochs * n_batches)
-    best_state, best_mae, best_epoch, curve = None, math.inf, -1, []
+    levels = torch.tensor(config.quantiles, dtype=torch.float32)
+    best_state, best_loss, best_epoch, curve = None, math.inf, -1, []
     for epoch in range(config.epochs):
         network.train()
         order = torch.from_numpy(rng.permutation(len(train_set[2])))
@@ -73,37 +88,72 @@ def train_forecaster(
             leave=False,
         )
         for index in batches:
-            error = network(train_set[0][index], train_set[1][index]) - train_set[2][index]
-            loss = (error.abs() * train_set[3][index]).mean()
+            predicted = network(train_set[0][index], train_set[1][index])
+            loss = _pinball(predicted, train_set[2][index], train_set[3][index], levels).mean()
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
             scheduler.step()
             batches.set_postfix(loss=f"{loss.item():.3f}")
-        val_mae = _validation_mae(network, val_set)
-        curve.append(val_mae)
+        predicted = _predict(network, val_set)
+        val_loss = _pinball(predicted, val_set[2], val_set[3], levels).mean().item()
+        curve.append(val_loss)
         if show_progress:
-            tqdm.write(f"epoch {epoch + 1}: validation MAE (scaled) {val_mae:.4f}")
-        if val_mae < best_mae:
-            best_state, best_mae, best_epoch = copy.deepcopy(network.state_dict()), val_mae, epoch
+            tqdm.write(f"epoch {epoch + 1}: validation pinball loss {val_loss:.4f}")
+        if val_loss < best_loss:
+            best_state, best_loss, best_epoch = copy.deepcopy(network.state_dict()), val_loss, epoch
     network.load_state_dict(best_state)
+    residual = (val_set[2][..., None] - _predict(network, val_set)).numpy().astype(np.float64)
+    calibration = _calibration(residual, config)
     forecaster = LSTMForecaster(
-        config, stats, network, train_set[0].shape[-1], train_set[1].shape[-1]
+        config, stats, network, train_set[0].shape[-1], train_set[1].shape[-1], calibration
     )
     report = TrainingReport(
         train_windows=len(train_set[2]),
         validation_windows=len(val_set[2]),
-        validation_mae_per_epoch=tuple(curve),
+        validation_pinball_per_epoch=tuple(curve),
         best_epoch=best_epoch + 1,
         wall_time_s=time.perf_counter() - started,
+        validation_coverage=tuple(tuple(np.mean(residual[:, h] <= 0, axis=0).tolist())
+                                  for h in range(residual.shape[1])),
     )
     return forecaster, report
+
+
+def _calibration(residual: np.ndarray, config: ForecasterConfig) -> np.ndarray:
+    """(H, Q) shifts that make each level's quantile cover its share of the validation
+    targets (the level-quantile of the residuals, conformal-style); the median is left as
+    trained, and everything is zero when calibration is off."""
+    shift = np.zeros(residual.shape[1:])
+    if not config.calibrate:
+        return shift
+    for column, level in enumerate(config.quantiles):
+        if column != level_index(config.quantiles, MEDIAN):
+            shift[:, column] = np.quantile(residual[:, :, column], level, axis=0)
+    return shift
+
+
+def _pinball(predicted: torch.Tensor, target: torch.Tensor, weight: torch.Tensor,
+             levels: torch.Tensor) -> torch.Tensor:
+    """Pinball loss per window, horizon and level, (N, H, Q), weighted into demand units per
+    horizon's typical change (`loss_weights`)."""
+    error = target[..., None] - predicted
+    return torch.maximum(levels * error, (levels - 1.0) * error) * weight[..., None]
+
+
+def _predict(network: DemandLSTM, data: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The network's scaled quantiles for every window of ``data``, in chunks."""
+    network.eval()
+    with torch.inference_mode():
+        return torch.cat([network(s, c) for s, c in zip(data[0].split(4096),
+                                                        data[1].split(4096), strict=True)])
 
 
 def _split(
     segments: list[DemandSegment], config: ForecasterConfig
 ) -> tuple[list[DemandSegment], list[DemandSegment]]:
-    """Each segment's head trains, its tail (with its own warm-up history) validates."""
+    """Each segment's head trains, its tail (with its own warm-up history) validates: the
+    validation without separate validation series."""
     train, val = [], []
     for segment in segments:
         n_val = int(len(segment.demand) * config.validation_fraction)
@@ -146,21 +196,3 @@ def _tensors(
         torch.from_numpy(np.concatenate(targets)),
         torch.from_numpy(np.concatenate(weights)),
     )
-
-
-def _validation_mae(
-    network: DemandLSTM, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-) -> float:
-    """Weighted absolute error on the validation windows (1.0 = the naive forecast's error).
-
-    Where demand never moves in the validation windows (a cluster that stayed full), the naive
-    forecast is exact and nothing can be relative to it: the error is then the weighted
-    absolute one, which still ranks the epochs (the divisor is the same for all of them)."""
-    network.eval()
-    with torch.inference_mode():
-        errors = [
-            ((network(s, c) - t).abs() * w).sum().item()
-            for s, c, t, w in zip(*(part.split(4096) for part in data), strict=True)
-        ]
-    naive = (data[2].abs() * data[3]).sum().item()
-    return sum(errors) / naive if naive > 0 else sum(errors) / len(data[2])

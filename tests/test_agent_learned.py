@@ -118,11 +118,13 @@ def _tiny_vec_env(config: TrainConfig):
 
 def _acted_greedily(model, steps: int) -> bool:
     """Whether the first `steps` (per env) transitions in a DQN's replay buffer took the
-    greedy action of its Q-network (which no update has changed before `learning_starts`)."""
+    greedy action of its Q-network over the valid ones (which no update has changed before
+    `learning_starts`)."""
     buffer = model.replay_buffer
     obs = torch.as_tensor(buffer.observations[:steps]).flatten(0, 1)
+    valid = torch.as_tensor(buffer.masks[:steps]).flatten(0, 1)
     with torch.no_grad():
-        greedy = model.q_net(obs).argmax(-1).numpy()
+        greedy = model.q_net(obs).masked_fill(~valid, -torch.inf).argmax(-1).numpy()
     return bool((buffer.actions[:steps].flatten() == greedy).all())
 
 
@@ -250,7 +252,8 @@ def test_a_file_of_a_saved_model_is_refused_naming_its_directory(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["weights-not-torch", "meta-a-list", "meta-foreign-spec",
-                                    "meta-algo-a2c", "meta-dqn-masked", "meta-residual-a-name",
+                                    "meta-algo-a2c", "meta-ppo-unmasked", "meta-masked-a-string",
+                                    "meta-residual-a-name",
                                     "meta-residual-unknown"])
 def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
     """Each of these tracebacked (UnpicklingError, AttributeError, TypeError), was reported as
@@ -268,7 +271,9 @@ def test_a_damaged_saved_model_is_one_line(tmp_path, damage):
         (model / "policy.json").write_text("[1, 2]\n")
     else:
         meta |= {"meta-foreign-spec": {"feature_spec": {**meta["feature_spec"], "slots": 16}},
-                 "meta-algo-a2c": {"algo": "a2c"}, "meta-dqn-masked": {"masked": True},
+                 "meta-algo-a2c": {"algo": "a2c"},
+                 "meta-ppo-unmasked": {"algo": "ppo", "masked": False},
+                 "meta-masked-a-string": {"masked": "yes"},
                  "meta-residual-a-name": {"residual": "elastic"},
                  "meta-residual-unknown": {"residual": ["nope"]}}[damage]
         (model / "policy.json").write_text(json.dumps(meta))

@@ -170,14 +170,14 @@ def test_residual_export_matches_sb3_predict(tmp_path):
 def test_residual_starts_as_elastic_in_training(tmp_path, algo):
     """`rlalloc train --residual elastic` exports, before any RL step, a policy that scores
     elastic's JCT exactly: PPO by its initialised action head, DQN by Q-values fitted to
-    elastic's returns with the follow action ahead (its greedy choice ignores the mask)."""
+    elastic's returns with the follow action ahead (its greedy choice over valid actions)."""
     config = TrainConfig(algo=algo, workloads=(WORKLOAD,), cluster=CLUSTER, timesteps=0,
                          n_envs=1, residual=TEACHERS, bc_epochs=2, net_arch=(32,))
     summary = train(config, tmp_path / "model", log=lambda _: None)
     assert summary["evaluations"][0]["avg_jct_s"] == pytest.approx(
         summary["heuristic_avg_jct_s"]["elastic"], abs=1e-6)
     policy = load_policy(str(tmp_path / "model"))
-    assert policy.meta.residual == TEACHERS and policy.meta.masked == (algo == "ppo")
+    assert policy.meta.residual == TEACHERS and policy.meta.masked
     if algo == "dqn":
         assert summary["warm_start"]["q_margin"] > 0
         assert "Q-values fitted to the first's returns" in (tmp_path / "model" /

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -232,10 +233,11 @@ def test_series_with_wrong_columns_says_which_are_expected(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_risk_model_refuses_series(tmp_path, capsys):
-    assert main(["forecast", "train", "--model", "risk", "--series", "x.csv",
+@pytest.mark.parametrize("flag", ["--series", "--val-series"])
+def test_risk_model_refuses_series(tmp_path, capsys, flag):
+    assert main(["forecast", "train", "--model", "risk", flag, "x.csv",
                  "--out", str(tmp_path / "r")]) == 2
-    one_line_error(capsys, "--series", "simulated telemetry")
+    one_line_error(capsys, f"{flag}: the risk model", "simulated telemetry")
 
 
 def test_evaluate_of_a_risk_model_says_what_it_is_not_to_train_over_it(tmp_path, capsys):
@@ -247,24 +249,37 @@ def test_evaluate_of_a_risk_model_says_what_it_is_not_to_train_over_it(tmp_path,
     assert not (tmp_path / "eval").exists()
 
 
-def test_the_shipped_model_refuses_its_training_series_from_any_directory(
+def test_the_shipped_model_refuses_its_training_and_validation_series_from_anywhere(
         tmp_path, monkeypatch, capsys):
     # its card names them relative to the checkout (../shared/...): from elsewhere the paths
     # named nothing, and the model was scored on the series it was trained on
     root = Path(__file__).resolve().parents[1]
     card = json.loads((root / "models" / "forecaster" / "card.json").read_text())
-    trained = root / card["trained_on"][0]
+    trained, validated = root / card["trained_on"][0], root / card["validated_on"][0]
     if not trained.is_file():
         pytest.skip("the shared Helios series are absent")
-    copy = tmp_path / "elsewhere" / "series.csv"
-    copy.parent.mkdir()
-    shutil.copy(trained, copy)
+    (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
-    for series in (trained, copy):
-        assert main(["forecast", "evaluate", "--series", str(series), "--model",
-                     str(root / "models" / "forecaster"), "--out", str(tmp_path / "e")]) == 2
-        one_line_error(capsys, "trained on it")
+    for series, role in ((trained, "trained"), (validated, "validated")):
+        copy = tmp_path / "elsewhere" / f"copy_of_{series.name}"
+        shutil.copy(series, copy)
+        for given in (series, copy):
+            assert main(["forecast", "evaluate", "--series", str(given), "--model",
+                         str(root / "models" / "forecaster"), "--out", str(tmp_path / "e")]) == 2
+            one_line_error(capsys, f"{role} on it")
     assert not (tmp_path / "e").exists()
+
+
+def test_the_shipped_card_states_its_split_by_vc():
+    card = json.loads((Path(__file__).resolve().parents[1] / "models" / "forecaster"
+                       / "card.json").read_text())
+    train, validation = card["split"]["train"], card["split"]["validation"]
+    assert (len(train), len(validation)) == (8, 2) and not set(train) & set(validation)
+    assert [Path(p).name for p in card["trained_on"]] == train
+    assert [Path(p).name for p in card["validated_on"]] == validation
+    assert len(set(card["trained_on_sha256"] + card["validated_on_sha256"])) == 10
+    held_out = {f"earth_{vc}_cluster_sequence_vc.csv" for vc in ("vcTJs", "vcJLV", "vchbv")}
+    assert not held_out & set(train + validation)
 
 
 def test_evaluate_refuses_existing_results_without_force(trained_dir, tmp_path, capsys):
@@ -301,7 +316,7 @@ def test_evaluate_refuses_the_series_the_model_was_trained_on(trained_dir, tmp_p
     out = tmp_path / "eval"
     assert main(["forecast", "evaluate", "--series", str(linked), "--model", str(trained_dir),
                  "--out", str(out)]) == 2
-    one_line_error(capsys, "same.csv", "trained on it", "not trained on")
+    one_line_error(capsys, "same.csv", "trained on it", "not trained or validated on")
     assert not out.exists()
 
 
@@ -319,7 +334,8 @@ def test_mape_without_large_enough_targets_is_null_and_explained():
     assert result["mape_targets"] == [0, 0, 1]
     json.dumps(result, allow_nan=False)  # strict JSON: null, not NaN
     table = format_table(result)
-    assert "| n/a | n/a | 2.0 % |" in table
+    assert "| naive | 15 min | 0.0100 | n/a | - |" in table
+    assert "| naive | 60 min | 0.0100 | 2.0 % | - |" in table
     assert "MAPE n/a at 5 min, 15 min: no actual demand reached 0.05" in table
 
 
@@ -333,13 +349,15 @@ DAMAGES = {  # what is written where; None removes the file
     "NaN half-life": ("standin.json", '{"half_lives_min": [NaN, 1, 2], '
                                       '"horizons_min": [5, 15, 60]}'),
     "standin horizons": ("standin.json", '{"half_lives_min": [1, 1], "horizons_min": [5, 15]}'),
-    "NaN baselines": ("baselines.json", '{"holt_winters": {"smoothing_level": NaN, '
-                                        '"smoothing_trend": 0.1, "smoothing_seasonal": 0.1, '
-                                        '"damping_trend": 0.9}}'),
+    "NaN baselines": ("baselines.json", lambda text: re.sub(
+        r'"smoothing_level": [^,]+', '"smoothing_level": NaN', text)),
+    "NaN quantiles": ("baselines.json", lambda text: re.sub(
+        r'("overall": \[\s*\[\s*)[-0-9.e]+', r'\1NaN', text, count=1)),
     "no config key": ("config.json", '{"format_version": 1}'),
     "bad card": ("card.json", "{"),
 }
 NAMED = {"zero half-life": "half-lives [0.0, 1.0, 2.0]", "NaN baselines": "holt_winters",
+         "NaN quantiles": "not all finite",
          "standin horizons": "[5, 15] minutes ahead but config.json [5, 15, 60]"}
 """What the error names for a damage, where more than the file."""
 
@@ -350,7 +368,11 @@ def test_evaluate_model_dir_with_missing_or_broken_files_is_one_line_error(
     model = tmp_path / "model"
     shutil.copytree(trained_dir, model)
     name, content = DAMAGES[damage]
-    if content is None:
+    if callable(content):  # an edit of the file as trained
+        edited = content((model / name).read_text())
+        assert edited != (model / name).read_text()
+        (model / name).write_text(edited)
+    elif content is None:
         (model / name).unlink()
     elif isinstance(content, bytes):
         (model / name).write_bytes(content)
@@ -435,3 +457,60 @@ def test_card_names_training_series_absolutely_so_evaluate_refuses_them_anywhere
     assert main(["forecast", "evaluate", "--series", "data/train.csv", "--model", "model",
                  "--out", "eval"]) == 2
     one_line_error(capsys, "trained on it")
+
+
+def test_split_is_recorded_and_evaluate_refuses_training_and_validation_series(
+        trained_dir, tmp_path, monkeypatch, capsys):
+    # a VC the model trained or validated on is no evaluation series, under its own name or
+    # as a byte-identical copy under another one
+    fast_training(monkeypatch, trained_dir)
+    train = trained_dir.parent / "train.csv"
+    validation = write_cycle(tmp_path / "val.csv", days=4, seed=7)
+    model = tmp_path / "model"
+    assert main(["forecast", "train", "--series", str(train), "--val-series", str(validation),
+                 "--out", str(model), "--no-progress"]) == 0
+    card = json.loads((model / "card.json").read_text())
+    assert card["split"] == {"train": ["train.csv"], "validation": ["val.csv"]}
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    (tmp_path / "copies").mkdir()
+    for series, role in ((train, "trained"), (validation, "validated")):
+        copy = tmp_path / "copies" / f"renamed_{series.name}"
+        shutil.copy(series, copy)
+        for given in (series, copy):
+            assert main(["forecast", "evaluate", "--series", str(held_out), str(given),
+                         "--model", str(model), "--out", str(tmp_path / "e")]) == 2
+            one_line_error(capsys, f"--series {given}", f"was {role} on it")
+    assert not (tmp_path / "e").exists()
+
+
+def test_train_refuses_a_validation_series_that_is_a_training_one(
+        trained_dir, tmp_path, monkeypatch, capsys):
+    fast_training(monkeypatch, trained_dir)
+    train = trained_dir.parent / "train.csv"
+    copy = tmp_path / "copy.csv"
+    shutil.copy(train, copy)
+    assert main(["forecast", "train", "--series", str(train), "--val-series", str(copy),
+                 "--out", str(tmp_path / "model"), "--no-progress"]) == 2
+    one_line_error(capsys, f"--series {copy}", "SHA-256")
+    assert not (tmp_path / "model").exists()
+
+
+def test_evaluate_writes_quantile_scores_and_the_capacity_curve(trained_dir, tmp_path):
+    held_out = write_cycle(tmp_path / "test.csv", days=3, seed=1)
+    other = write_cycle(tmp_path / "other.csv", days=3, seed=2)
+    out = tmp_path / "eval"
+    assert main(["forecast", "evaluate", "--series", str(held_out), str(other), "--model",
+                 str(trained_dir), "--out", str(out), "--origin-stride", "15"]) == 0
+    result = json.loads((out / "forecast.json").read_text())
+    assert result["series"] == [str(held_out), str(other)]
+    for name in ("lstm", "naive", "naive_hourly", "seasonal_naive", "holt_winters"):
+        scores = result["models"][name]
+        assert set(scores["pinball"]) == {"0.1", "0.5", "0.9"}
+        assert all(0 <= c <= 1 for c in scores["coverage_q90"] + scores["coverage_q10_q90"])
+        curve = result["capacity"]["curves"][name]
+        assert [c["level"] for c in curve] == [q for q in result["quantiles"] if q >= 0.5]
+        # a higher quantile never holds fewer GPUs: waiting never grows along the curve
+        waiting = [c["waiting_gpu_hours"] for c in curve]
+        assert waiting == sorted(waiting, reverse=True)
+    assert "pinball" not in result["models"]["ewma_standin"]
+    assert (out / "capacity.png").stat().st_size > 1000

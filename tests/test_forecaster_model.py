@@ -1,4 +1,5 @@
-"""The LSTM forecaster on tiny worlds: shapes, a clean daily cycle, save/load, the stand-in."""
+"""The LSTM forecaster on tiny worlds: shapes, quantiles that never cross, a clean daily cycle,
+coverage of known noise, save/load, the stand-in."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from rlalloc.forecaster.config import ForecasterConfig
 from rlalloc.forecaster.model import LSTMForecaster, load_demand_forecaster
+from rlalloc.forecaster.network import DemandLSTM
 from rlalloc.forecaster.series import DemandSegment
 from rlalloc.forecaster.standin import EWMAForecaster, fit_ewma
 from rlalloc.forecaster.train import train_forecaster
@@ -40,8 +42,9 @@ def trained() -> LSTMForecaster:
 def test_predict_shape_and_horizons(trained):
     history = daily_cycle(2, seed=1).demand
     forecast = trained.predict(history, last_minute_of_day=(len(history) - 1) % 1440)
-    assert forecast.shape == (3,)
+    assert forecast.shape == (3, len(trained.quantiles))
     assert trained.horizons_min == (5, 15, 60)
+    assert trained.quantiles[trained.median_index] == 0.5
     assert np.isfinite(forecast).all()
 
 
@@ -57,7 +60,8 @@ def test_clean_daily_cycle_is_learned_better_than_naive(trained):
     held_out = daily_cycle(3, seed=7)
     demand = held_out.demand.astype(np.float64)
     origins = np.arange(TINY.min_history_min, len(demand) - 60, 7)
-    forecast = trained.predict_many(demand, held_out.minute_of_day(), origins)
+    forecast = trained.predict_many(demand, held_out.minute_of_day(), origins)[
+        ..., trained.median_index]
     actual = np.stack([demand[origins + h] for h in TINY.horizons_min], axis=1)
     lstm_mae = np.abs(forecast - actual).mean(axis=0)
     naive_mae = np.abs(demand[origins, None] - actual).mean(axis=0)
@@ -113,14 +117,73 @@ def test_ewma_standin_weighs_each_minute_by_its_half_life():
 
 
 def test_training_on_a_series_whose_validation_tail_never_moves():
-    # the cluster stays full for the last hours: the naive forecast is exact on every
-    # validation window, and the epochs must still be compared (not divided by zero)
+    # the cluster stays full for the last hours: every validation change is zero, and the
+    # epochs must still be compared and the quantiles calibrated to finite numbers
     segment = daily_cycle(3, seed=2)
     demand = segment.demand.copy()
     demand[-520:] = 1.0
     flat_tail = replace(segment, demand=demand)
     model, report = train_forecaster([flat_tail], replace(TINY, epochs=2), show_progress=False)
     assert report.validation_windows > 0 and report.best_epoch in (1, 2)
-    assert all(np.isfinite(report.validation_mae_per_epoch))
+    assert all(np.isfinite(report.validation_pinball_per_epoch))
+    assert np.isfinite(model.calibration).all()
     forecast = model.predict(demand, last_minute_of_day=(len(demand) - 1) % 1440)
     assert np.isfinite(forecast).all()
+
+
+def test_quantiles_never_cross_on_random_inputs(trained):
+    """Whatever the weights and inputs, a higher level's quantile is never below a lower's:
+    the network's median-plus-softplus-steps output, and the calibrated forecast."""
+    rng = np.random.default_rng(0)
+    network = DemandLSTM(TINY, trained.n_seq_features, trained.n_scalar_features)
+    for parameter in network.parameters():
+        torch.nn.init.normal_(parameter, std=3.0)
+    with torch.inference_mode():
+        raw = network(torch.randn(256, 12, trained.n_seq_features) * 5,
+                      torch.randn(256, trained.n_scalar_features) * 5).numpy()
+    assert raw.shape == (256, 3, len(TINY.quantiles))
+    assert (np.diff(raw, axis=-1) >= 0).all()
+    shifted = LSTMForecaster(trained.config, trained.stats, network, trained.n_seq_features,
+                             trained.n_scalar_features,
+                             calibration=rng.normal(0, 2, (3, len(TINY.quantiles))))
+    for _ in range(5):
+        history = rng.uniform(0, 1.5, TINY.min_history_min + 50)
+        forecast = shifted.predict(history, last_minute_of_day=int(rng.integers(1440)))
+        assert (np.diff(forecast, axis=-1) >= 0).all(), forecast
+
+
+def test_quantiles_cover_a_random_walk_with_known_noise():
+    """Demand a random walk with Gaussian steps (sd 0.01 a minute, centred on 1 so that every
+    walk's level lies in the range trained on): after training and calibrating on other walks,
+    the 0.9-quantile covers about 90 % of held-out outcomes at every horizon, and its distance
+    from the median grows with the horizon as the walk's 1.28 * 0.01 * sqrt(h)."""
+    def walk(seed: int, days: int) -> DemandSegment:
+        steps = np.random.default_rng(seed).normal(0.0, 0.01, days * 1440)
+        path = np.cumsum(steps)
+        return DemandSegment(demand=(1.0 + path - path.mean()).astype(np.float32),
+                             start_minute_of_day=0)
+
+    config = replace(TINY, epochs=2, min_scale=0.001)
+    model, _ = train_forecaster([walk(seed, 3) for seed in range(3)], config,
+                                show_progress=False, validation=[walk(4, 3)])
+    held_out = walk(5, 3).demand.astype(np.float64)
+    origins = np.arange(config.min_history_min, len(held_out) - 60, 5)
+    forecast = model.predict_many(held_out, np.zeros(len(held_out), dtype=int), origins)
+    actual = np.stack([held_out[origins + h] for h in config.horizons_min], axis=1)
+    q90 = forecast[..., config.quantiles.index(0.9)]
+    coverage = (actual <= q90).mean(axis=0)
+    assert np.all(np.abs(coverage - 0.9) < 0.05), coverage
+    spread = (q90 - forecast[..., model.median_index]).mean(axis=0)
+    expected = 1.2816 * 0.01 * np.sqrt(config.horizons_min)
+    np.testing.assert_allclose(spread, expected, rtol=0.35)
+
+
+def test_lstm_signals_forecast_the_shipped_models_median():
+    from rlalloc.forecaster.signals import load_signals
+
+    signals = load_signals("lstm")
+    lstm = load_demand_forecaster()
+    history = daily_cycle(2, seed=8).demand.astype(np.float64)
+    quantiles = lstm.predict(history, 600)
+    np.testing.assert_allclose(signals.demand_forecast(history, 600),
+                               np.clip(quantiles[:, lstm.median_index], 0.0, None))

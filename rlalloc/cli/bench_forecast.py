@@ -2,9 +2,10 @@
 
     rlalloc bench forecast [--out bench.json] [--epochs N]
 
-Training runs the shipped model's config on the series named in its card (or ``--series``);
-latency is the median of many single `predict` calls, as the simulator and actuator make them,
-for the LSTM, the EWMA stand-in and the risk model over 64 nodes.
+Training runs the shipped model's config on the training and validation series named in its
+card (or on ``--series``, validated on their tails) and reports minutes; latency is the median
+of many single `predict` calls, as the simulator and actuator make them, for the LSTM, the
+EWMA stand-in and the risk model over 64 nodes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.forecaster.artifacts import read_card
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
-from rlalloc.forecaster.series import load_demand_series
+from rlalloc.forecaster.series import DemandSegment, load_demand_series
 from rlalloc.forecaster.standin import load_standin
 
 LATENCY_CALLS = 300
@@ -64,18 +65,25 @@ def _training_time(args: argparse.Namespace) -> dict[str, object]:
     config = lstm.config if args.epochs is None else replace(lstm.config, epochs=args.epochs)
     # the card names its series relative to the checkout it was trained in
     paths = args.series or [Path(p) for p in card["trained_on"]]
-    missing = [str(p) for p in paths if not Path(p).is_file()]
+    val_paths = [] if args.series else [Path(p) for p in card.get("validated_on", [])]
+    missing = [str(p) for p in [*paths, *val_paths] if not Path(p).is_file()]
     if missing:
         raise UserError(f"training series not found: {', '.join(missing)}; run from the checkout "
                         "beside ../shared, pass --series, or --skip-training")
-    segments = [s for p in paths for s in
+
+    def segments(files: list[Path]) -> list[DemandSegment]:
+        return [s for p in files for s in
                 load_demand_series(p, min_points=config.min_history_min + 61).segments]
-    _, report = train_forecaster(segments, config, show_progress=True)
+
+    _, report = train_forecaster(segments(paths), config, show_progress=True,
+                                 validation=segments(val_paths) or None)
     return {
         "series": [str(p) for p in paths],
+        "validation_series": [str(p) for p in val_paths],
         "epochs": config.epochs,
         "train_windows": report.train_windows,
         "wall_time_s": round(report.wall_time_s, 1),
+        "wall_time_min": round(report.wall_time_s / 60.0, 2),
         "wall_time_per_epoch_s": round(report.wall_time_s / config.epochs, 1),
     }
 

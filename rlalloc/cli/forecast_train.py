@@ -1,6 +1,6 @@
 """`rlalloc forecast train`: train the demand forecaster (or the node-failure risk model).
 
-    rlalloc forecast train --series A.csv B.csv --out models/forecaster
+    rlalloc forecast train --series A.csv B.csv --val-series C.csv --out models/forecaster
     rlalloc forecast train --model risk --out models/risk
 """
 
@@ -30,6 +30,7 @@ from rlalloc.forecaster.artifacts import (
 from rlalloc.forecaster.baselines import HOLT_WINTERS_MIN_HISTORY_MIN, fit_holt_winters
 from rlalloc.forecaster.config import ForecasterConfig
 from rlalloc.forecaster.model import CONFIG_FILE, WEIGHTS_FILE
+from rlalloc.forecaster.quantile_baselines import fit_baselines
 from rlalloc.forecaster.risk import RISK_MODEL_FILE, RiskConfig
 from rlalloc.forecaster.series import DemandSeries, check_filled_share, load_demand_series
 from rlalloc.forecaster.standin import STANDIN_FILE, fit_ewma
@@ -45,8 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("demand", "risk"), default="demand",
                         help="demand: the LSTM forecaster; risk: the node-failure risk model")
     parser.add_argument("--series", nargs="+", type=Path, default=[],
-                        help="per-minute cluster CSVs to train the demand forecaster on "
-                             "(--model demand only)")
+                        help="per-minute cluster CSVs to train the demand forecaster (and "
+                             "fit the baselines) on (--model demand only)")
+    parser.add_argument("--val-series", nargs="+", type=Path, default=[],
+                        help="per-minute CSVs of other clusters that choose the epoch and "
+                             "calibrate the quantiles (default: the last 10 %% of every "
+                             "--series); `forecast evaluate` refuses them too")
     parser.add_argument("--out", type=out_path, required=True,
                         help="directory to write the model to")
     parser.add_argument("--force", action="store_true",
@@ -64,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
     """Check every flag, train, save, and print where the model went."""
     torch.set_num_threads(TORCH_THREADS)
     if args.model == "risk":
-        if args.series:
-            raise UserError("--series: the risk model trains on simulated telemetry, not on a "
-                            "demand series; drop --series or pass --model demand")
+        if args.series or args.val_series:
+            flag = "--series" if args.series else "--val-series"
+            raise UserError(f"{flag}: the risk model trains on simulated telemetry, not on a "
+                            f"demand series; drop {flag} or pass --model demand")
         return _train_risk(args)
     return _train_demand(args)
 
@@ -77,34 +83,44 @@ def _train_demand(args: argparse.Namespace) -> int:
 
     if not args.series:
         raise UserError("--series: give at least one per-minute cluster CSV to train on")
-    if twice := next((p for i, p in enumerate(args.series) if p in args.series[:i]), None):
+    given = [*args.series, *args.val_series]
+    if twice := next((p for i, p in enumerate(given) if p in given[:i]), None):
         raise UserError(f"--series {twice} is given twice; give each once (a series given twice "
-                        "would be trained on twice)")
+                        "would be trained on twice, or validated on what it trained on)")
     config = ForecasterConfig()
     overrides = {k: v for k, v in (("epochs", args.epochs), ("seed", args.seed)) if v is not None}
     config = replace(config, **overrides)
-    series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in args.series]
-    digests = _refuse_repeated_series(args.series)
+    series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in given]
+    digests = _refuse_repeated_series(given)
     filled = [check_filled_share(one) for one in series]
-    segments = [segment for one in series for segment in one.segments]
-    holt_winters_run = _holt_winters_run(series)
+    train_series, val_series = series[:len(args.series)], series[len(args.series):]
+    segments = [segment for one in train_series for segment in one.segments]
+    validation = [segment for one in val_series for segment in one.segments]
+    holt_winters_run = _holt_winters_run(train_series)
     with staged_model_dir(args.out, DEMAND_MODEL_FILES, args.force) as staging:
         print("\n".join(filled))  # once --out is known to take the model
-        # Baselines are fitted on the same training data, never on the evaluated series.
-        save_baselines(staging, fit_holt_winters(holt_winters_run))
+        # Baselines are fitted on the training series, never on validated or evaluated ones.
+        save_baselines(staging, fit_baselines(segments, fit_holt_winters(holt_winters_run),
+                                              config.quantiles, config.horizons_min))
         standin = fit_ewma([s.demand for s in segments], config.horizons_min)
         standin.save(staging / STANDIN_FILE)
         forecaster, report = train_forecaster(segments, config,
-                                              show_progress=not args.no_progress)
+                                              show_progress=not args.no_progress,
+                                              validation=validation or None)
         forecaster.save(staging)
         write_card(staging, {
-            "model": "LSTM demand forecaster",
+            "model": "LSTM demand forecaster (quantiles)",
             "demand": "(running_gpu_num + pending_gpu_num) / total_gpu_num "
                       "(Philly: active / total)",
+            "split": {"train": [p.name for p in args.series],
+                      "validation": [p.name for p in args.val_series]
+                      or "last 10 % of every training series"},
             # `forecast evaluate` refuses these files from any working directory, and copies
             # of them anywhere (by content: a shipped card cannot name this machine's paths)
             "trained_on": [str(p.resolve()) for p in args.series],
-            "trained_on_sha256": digests,
+            "trained_on_sha256": digests[:len(args.series)],
+            "validated_on": [str(p.resolve()) for p in args.val_series],
+            "validated_on_sha256": digests[len(args.series):],
             "filled_minutes": [one.filled_minutes for one in series],
             "command": _command_line(),
             "config": config.to_json(),

@@ -22,7 +22,8 @@ _NON_NEGATIVE = at_least(0.0, float)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc train`."""
     parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo",
-                        help="ppo = sb3-contrib MaskablePPO (masked), dqn = SB3 DQN")
+                        help="ppo = sb3-contrib MaskablePPO (masked), dqn = SB3 DQN with "
+                             "double Q-learning over valid actions (rlalloc.agent.dqn)")
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
                         help="training workload (repeatable): CSV path or "
                              "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]];"
@@ -82,6 +83,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-discount-s", type=_NON_NEGATIVE, default=_DEFAULTS.time_discount_s,
                         help="semi-MDP discount exp(-t/T) over simulated seconds, on top of "
                              "--gamma (use --gamma 1 with it); 0 = off")
+    parser.add_argument("--dqn-double", action=argparse.BooleanOptionalAction,
+                        default=_DEFAULTS.dqn_double,
+                        help="dqn: double Q-learning targets (default on)")
+    parser.add_argument("--dqn-masked", action=argparse.BooleanOptionalAction,
+                        default=_DEFAULTS.dqn_masked,
+                        help="dqn: act and take the target's max over valid actions only "
+                             "(default on; off: SB3's DQN, an invalid action a no-op)")
+    parser.add_argument("--dqn-demo-weight", type=_NON_NEGATIVE,
+                        default=_DEFAULTS.dqn_demo_weight,
+                        help="residual dqn: weight of DQfD's large-margin loss toward the first "
+                             "heuristic (0 = off)")
     parser.add_argument("--eval-every", type=POSITIVE_INT, default=_DEFAULTS.eval_every,
                         help="steps between evaluations on the training workloads")
     parser.add_argument("--keep-checkpoints", type=at_least(0),
@@ -121,6 +133,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         residual_veto_p=args.residual_veto_p,
         residual_raw_p=args.residual_raw_p, residual_switch_p=args.residual_switch_p,
         action_cost=args.action_cost, gamma=args.gamma, time_discount_s=args.time_discount_s,
+        dqn_double=args.dqn_double, dqn_masked=args.dqn_masked,
+        dqn_demo_weight=args.dqn_demo_weight,
         eval_every=args.eval_every, keep_checkpoints=args.keep_checkpoints,
         eval_workloads=tuple(args.eval_workloads or ()),
         extra={"command": "rlalloc " + shlex.join(sys.argv[1:])})
