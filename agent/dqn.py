@@ -126,13 +126,15 @@ def dqn_class() -> type:
                     episode_start: object = None, deterministic: bool = False,
                     action_masks: np.ndarray | None = None) -> tuple[np.ndarray, None]:
             """SB3's `predict`, but greedy over `action_masks` where given and `masked` (as
-            the deployed policy acts) and exploring among them; `observation` is a batch."""
+            the deployed policy acts) and exploring among them."""
             if action_masks is None or not self.masked:
                 return super().predict(observation, state, episode_start, deterministic)
             masks = np.atleast_2d(action_masks)
             actions = self._greedy(observation, masks)
             if not deterministic and np.random.rand() < self.exploration_rate:
                 actions = np.array([np.random.choice(np.flatnonzero(m)) for m in masks])
+            if not self.policy.is_vectorized_observation(observation):
+                return actions[0], None
             return actions, None
 
         def _store_transition(self, replay_buffer: object, buffer_action: np.ndarray,

@@ -25,6 +25,8 @@ class RunResult:
     finished: bool
     series: dict[str, list[float]]
     jcts_s: list[float]
+    decisions: int
+    """Decision points the run took (`Simulator.decisions`)."""
 
 
 def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
@@ -36,7 +38,7 @@ def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
     finished = sim.run(decide, on_progress, limit_s, give_up)
     metrics = {k: float(v) for k, v in sim.accounting.summary().items()}
     return RunResult(metrics, finished, sim.accounting.series,
-                     sim.accounting.finished_jcts_s().tolist())
+                     sim.accounting.finished_jcts_s().tolist(), sim.decisions)
 
 
 def lookahead_counts(policy: object) -> dict[str, int] | None:

@@ -20,7 +20,8 @@ with their true remaining work (it is a copy of the simulator): on the Pollux wo
 table of past jobs knows it exactly (`rlalloc.agent.job_sizes`), elsewhere that is knowledge a
 controller lacks. A *sampled* future (``sampled-1h``) is what a live
 controller could do instead: each fork gets the jobs that arrived within the horizon at the same
-time of day in one of a few history workloads (`HistoryArrivals`), the same draws for every
+time of day in one of a few history workloads (`HistoryArrivals`), or jobs drawn from a model
+of the next hour's arrivals given the last hour's (`ModelArrivals`), the same draws for every
 candidate, and a candidate replaces the base's proposal only if it wins in every draw. Forking
 the simulator the run happens in makes it a measurement (`rlalloc headroom`); forking one
 rebuilt from the state alone (`rlalloc.env.rebuild`) makes it a policy a controller can run
@@ -34,6 +35,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +45,7 @@ from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import JobSpeed, Simulator, time_limit_s
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
 from rlalloc.env.workload.spec import JobSpec
+from rlalloc.forecaster.arrivals import ArrivalsModel
 
 FUTURE_WORDS = {"known": math.inf, "none": 0.0}
 """Named futures; any other is a horizon such as ``1h`` or ``30m``, or ``sampled-1h``."""
@@ -72,6 +75,21 @@ _DAY_S = 86_400.0
 
 Arrivals = tuple[tuple[JobSpec, ...], tuple[JobSpeed, ...]]
 """Jobs a fork is told will arrive, with their speed models."""
+
+
+class FutureSource(Protocol):
+    """Where a sampled future's arrivals come from: past days at the same time of day
+    (`HistoryArrivals`) or an arrivals model (`ModelArrivals`)."""
+
+    horizon_s: float
+    """How far ahead each future reaches."""
+    samples: int
+    """Futures per call to `futures`."""
+
+    def futures(self, now_s: float, state: ClusterState) -> list[Arrivals]:
+        """`samples` futures for a decision on `state`, their jobs submitted after `now_s` (the
+        fork's clock) and within the horizon."""
+        ...
 
 
 class HistoryArrivals:
@@ -126,6 +144,38 @@ class HistoryArrivals:
                           for job in jobs[lo:hi]]
                 drawn_speeds += speeds[lo:hi]
             futures.append((tuple(drawn), tuple(drawn_speeds)))
+        return futures
+
+    def futures(self, now_s: float, state: ClusterState) -> list[Arrivals]:
+        """`draw` at the state's time of day."""
+        return self.draw(now_s, state.time_of_day_s)
+
+
+class ModelArrivals:
+    """Sampled futures drawn from an arrivals model (`rlalloc.forecaster.arrivals`): how many
+    jobs arrive in the horizon follows the state's time of day and its last hour of arrivals
+    (`Demand.arrivals_1h`), and each arrival is one of `history`'s jobs (the jobs the model was
+    fitted on, in the same order, with the speed models a fork runs them on). Each future is an
+    independent draw (seeded: runs repeat)."""
+
+    def __init__(self, model: ArrivalsModel, history: Arrivals, samples: int, seed: int) -> None:
+        assert len(history[0]) == len(model.job_gpus) and samples > 0
+        self.model = model
+        self.horizon_s = model.horizon_s
+        self.samples = samples
+        self._jobs, self._speeds = history
+        self._rng = np.random.default_rng(seed)
+
+    def futures(self, now_s: float, state: ClusterState) -> list[Arrivals]:
+        """`samples` draws of the model, each arrival a history job renamed and moved to its
+        drawn time after `now_s`."""
+        futures = []
+        for _ in range(self.samples):
+            drawn = self.model.draw(state.time_of_day_s, state.demand.arrivals_1h, self._rng)
+            jobs = tuple(replace(self._jobs[row], job_id=f"arrival{k}/{self._jobs[row].job_id}",
+                                 submit_s=now_s + offset_s)
+                         for k, (offset_s, row) in enumerate(drawn))
+            futures.append((jobs, tuple(self._speeds[row] for _, row in drawn)))
         return futures
 
 
@@ -186,7 +236,7 @@ class LookaheadPolicy:
 
     def __init__(self, sim_at: Callable[[ClusterState], Simulator], base: Policy,
                  alternatives: Sequence[Policy], future: Future,
-                 history: HistoryArrivals | None = None, name: str = "lookahead") -> None:
+                 history: FutureSource | None = None, name: str = "lookahead") -> None:
         assert history is not None or not future.sampled, "a sampled future needs history"
         self.sim_at = sim_at
         self.base = base
@@ -216,7 +266,7 @@ class LookaheadPolicy:
             return base_action
         self.contested += 1
         sim = self.sim_at(state)  # its clock may be the state's less whole days (env.rebuild)
-        futures: list[Arrivals] = (self.history.draw(sim.time_s, state.time_of_day_s)
+        futures: list[Arrivals] = (self.history.futures(sim.time_s, state)
                                    if self.future.sampled else [((), ())])
         self.last_costs = {action: self._costs(sim, action, futures) for action in candidates}
         base_costs = self.last_costs[base_action]

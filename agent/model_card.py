@@ -29,6 +29,7 @@ def card_markdown(summary: dict) -> str:
         f"- RL timesteps: {summary['timesteps']:,}; wall time {summary['wall_s']:.0f} s "
         f"(2-core machine, 1 torch thread)",
         f"- warm start: {_describe_warm_start(summary.get('warm_start'))}",
+        *([f"- DQN: {_describe_dqn(config)}"] if config["algo"] == "dqn" else []),
         f"- exported policy: {_describe_export(summary)} on "
         f"{', '.join(Path(w).name for w in (config['eval_workloads'] or config['workloads'][:2]))}",
         f"- same evaluation for the heuristics: {heuristic_scores(summary)}",
@@ -50,6 +51,18 @@ def card_markdown(summary: dict) -> str:
         *(["", *cluster_markdown(cluster_file)] if cluster_file else []),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _describe_dqn(config: dict) -> str:
+    """A DQN's learning settings (`rlalloc.agent.dqn`; cards of older runs lack them: SB3's)."""
+    double, masked = config.get("dqn_double", False), config.get("dqn_masked", False)
+    time_discount_s = config.get("time_discount_s", 0.0)
+    return ", ".join([
+        "double Q-learning" if double else "SB3's max of the target network",
+        "over valid actions only" if masked else "over all actions",
+        f"semi-MDP discount exp(-t/{time_discount_s:g} s)" if time_discount_s > 0
+        else f"gamma {config['gamma']:g} per step",
+        f"large-margin loss weight {config.get('dqn_demo_weight', 0.0):g}"])
 
 
 def _describe_warm_start(info: dict | None) -> str:

@@ -13,7 +13,10 @@ saved in one policy directory by `rlalloc planner fit`:
 - the history its forks draw future arrivals from: the jobs of past workloads, each at its
   offset from the workload's start, read as a time of day (a workload starts at midnight, as
   the simulator counts time), with the speed curve a policy sees;
-- the horizon and number of draws;
+- the horizon and number of draws, and where the draws come from (`PlannerConfig.futures`): past
+  days at the same time of day, or an arrivals model fitted on the same history
+  (`rlalloc.forecaster.arrivals`, saved as ``arrivals.json``) that conditions the next hour's
+  count on the last hour's;
 - the measured profiles (``profiles/``) of the applications behind the table's speed curves:
   the copy runs each job on its application's throughput model, not on the fitted curve a
   policy sees. Forking on the curve alone lost most of the lookahead's gain
@@ -42,7 +45,14 @@ from rlalloc.agent.job_speeds import (
     read_copied_profiles,
     speedups_of,
 )
-from rlalloc.agent.lookahead import Arrivals, Future, HistoryArrivals, LookaheadPolicy
+from rlalloc.agent.lookahead import (
+    Arrivals,
+    Future,
+    FutureSource,
+    HistoryArrivals,
+    LookaheadPolicy,
+    ModelArrivals,
+)
 from rlalloc.agent.sized_policy import read_saved_policy
 from rlalloc.env.errors import UserError
 from rlalloc.env.rebuild import SpeedOf, curve_speed, simulator_from_state
@@ -50,17 +60,22 @@ from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import ClusterState
 from rlalloc.env.workload.spec import JobSpec
+from rlalloc.forecaster.arrivals import ArrivalsModel
 
 PLANNER_FILE = "planner.json"
 """A saved planner: what it was fitted with, its size table and history (`save_planner`)."""
-FORMAT_VERSION = 1
+ARRIVALS_FILE = "arrivals.json"
+"""The arrivals model of a planner whose futures are drawn from one (`ArrivalsModel.to_json`)."""
+FORMAT_VERSION = 2
+FUTURES = ("past-days", "arrivals")
+"""Where a planner's sampled futures come from (`PlannerConfig.futures`)."""
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
                    "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta")
 """One history job per row of a saved planner, in this column order."""
 
 
 def planning_policy(base: ElasticPolicy, alternatives: Sequence[ElasticPolicy],
-                    history: HistoryArrivals, name: str,
+                    history: FutureSource, name: str,
                     speed_of: SpeedOf = curve_speed) -> LookaheadPolicy:
     """`LookaheadPolicy` over `base` and `alternatives` whose forks are of a simulator rebuilt
     from the state, each job given the remaining work `base` believes it has and the speed
@@ -124,13 +139,19 @@ class PlannerConfig:
     """--cluster as given."""
     fitted_on: tuple[str, ...]
     """The past workloads, as given."""
+    futures: str
+    """One of `FUTURES`: past days at the same time of day (`HistoryArrivals`), or draws of
+    the arrivals model saved in `ARRIVALS_FILE` (`ModelArrivals`)."""
 
 
 def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
-                 history: dict[str, Scenario], command: str, profiles_root: Path | None) -> None:
-    """Write `PLANNER_FILE`, a card and the profiles under `profiles_root` of the applications
-    the size table names, for the planner over the past workloads `history` (name ->
-    scenario). All of them replace an earlier planner's together or not at all."""
+                 history: dict[str, Scenario], command: str, profiles_root: Path | None,
+                 arrivals: ArrivalsModel | None = None) -> None:
+    """Write `PLANNER_FILE`, a card, the profiles under `profiles_root` of the applications
+    the size table names and the `arrivals` model its futures are drawn from (when they are:
+    `config.futures`), for the planner over the past workloads `history` (name -> scenario).
+    All of them replace an earlier planner's together or not at all."""
+    assert (arrivals is not None) == (config.futures == "arrivals")
     from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     with staged_outputs(directory) as staging:
@@ -141,9 +162,13 @@ def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
             "history_columns": list(HISTORY_COLUMNS),
             "history": [{"workload": name, "jobs": history_rows(scenario)}
                         for name, scenario in history.items()]})
+        if arrivals is not None:
+            write_json(staging / ARRIVALS_FILE, arrivals.to_json())
         write_atomic(staging / "card.md", _card(config, history, copied, command))
     if not copied:  # an earlier fit's profiles must not pass for this one's
         remove_outputs(directory, [PROFILES_DIR])
+    if arrivals is None:  # nor an earlier fit's arrivals model
+        remove_outputs(directory, [ARRIVALS_FILE])
 
 
 def _card(config: PlannerConfig, history: dict[str, Scenario], profiles: list[str],
@@ -158,15 +183,24 @@ def _card(config: PlannerConfig, history: dict[str, Scenario], profiles: list[st
         f"At every decision where `{config.base}` and its alternatives "
         f"({', '.join(f'`{a}`' for a in config.alternatives)}) propose different actions, "
         "this policy rebuilds a simulator from the cluster state, forks it once per proposal "
-        f"and per future, each future the jobs that arrived in the next "
-        f"{config.horizon_s / 3600:g} h at the same time of day in one of "
-        f"{config.samples} past days drawn at random, runs every fork to its end "
+        f"and per future, {_futures_text(config)}, runs every fork to its end "
         "under the base, and takes another proposal only if it ends with less job-time in "
         "every future (`agent/planner.py`, `agent/lookahead.py`). Every heuristic is told job "
         f"sizes from the same past workloads (`agent/job_sizes.py`). {speeds}", "",
         f"Fitted on {len(history)} workload(s) ({jobs} past jobs): {', '.join(history)}; "
         f"cluster {config.cluster}.", "",
         f"Command: `{command}`", ""])
+
+
+def _futures_text(config: PlannerConfig) -> str:
+    """How the card words where the planner's futures come from."""
+    if config.futures == "arrivals":
+        return (f"each of {config.samples} futures the jobs an arrivals model draws for the "
+                f"next {config.horizon_s / 3600:g} h ({ARRIVALS_FILE}, `forecaster/arrivals.py`: "
+                "how many follows the time of day and the last hour's arrivals, each a past "
+                "job of the same hour of the day)")
+    return (f"each future the jobs that arrived in the next {config.horizon_s / 3600:g} h at "
+            f"the same time of day in one of {config.samples} past days drawn at random")
 
 
 def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
@@ -181,9 +215,8 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
         models = read_copied_profiles(Path(directory), [str(a) for a in raw["profiles"]],
                                       sizes, "rlalloc planner fit")
         speed_of = profiled_speeds(models)
-        history = HistoryArrivals([history_arrivals(w["jobs"], speed_of)
-                                   for w in raw["history"]], float(raw["horizon_s"]),
-                                  int(raw["samples"]), int(raw["seed"]))
+        history = _future_source(Path(directory), raw, [history_arrivals(w["jobs"], speed_of)
+                                                        for w in raw["history"]])
     except UserError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:
@@ -197,3 +230,20 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
     except UserError as err:
         raise UserError(f"{path}: {err}; fit it again with `rlalloc planner fit`") from err
     return planning_policy(base, alternatives, history, name or Path(directory).name, speed_of)
+
+
+def _future_source(directory: Path, raw: dict, history: list[Arrivals]) -> FutureSource:
+    """The futures a saved planner (`raw`, its `PLANNER_FILE`) draws from the past workloads
+    `history`: past days, or its arrivals model (`ARRIVALS_FILE`) over their jobs."""
+    samples, seed = int(raw["samples"]), int(raw["seed"])
+    if raw["futures"] not in FUTURES:
+        raise ValueError(f"futures {raw['futures']!r}")
+    if raw["futures"] == "past-days":
+        return HistoryArrivals(history, float(raw["horizon_s"]), samples, seed)
+    model = ArrivalsModel.from_json(json.loads((directory / ARRIVALS_FILE).read_text()))
+    jobs = tuple(job for workload_jobs, _ in history for job in workload_jobs)
+    speeds = tuple(speed for _, workload_speeds in history for speed in workload_speeds)
+    if len(jobs) != len(model.job_gpus):
+        raise ValueError(f"{ARRIVALS_FILE} has {len(model.job_gpus)} jobs, the history "
+                         f"{len(jobs)}")
+    return ModelArrivals(model, (jobs, speeds), samples, seed)

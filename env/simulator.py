@@ -129,10 +129,14 @@ class JobSpeed:
 @dataclass(frozen=True)
 class GiveUp:
     """When a run is hopeless enough to stop it (`Simulator.run`): once its average JCT is
-    sure to exceed `avg_jct_s`, or a job has been in the system longer than `job_s`."""
+    sure to exceed `avg_jct_s`, a job has been in the system longer than `job_s`, or it has
+    taken `decisions` decision points (a policy that restarts jobs at every one moves the
+    clock by little more than their restores, so the bounds in time come only after very
+    many decisions)."""
 
     avg_jct_s: float = math.inf
     job_s: float = math.inf
+    decisions: float = math.inf
 
 
 class Simulator:
@@ -261,8 +265,9 @@ class Simulator:
         run also stops once the clock passes `limit_s` (default `time_limit_s`); and, for a
         caller that only needs to know a run is hopeless, once the jobs' time in the system
         so far per job of the workload (a lower bound of the average JCT the run would end
-        with) exceeds `give_up.avg_jct_s`, or one job has been in the system longer than
-        `give_up.job_s`. Returns whether every job finished.
+        with) exceeds `give_up.avg_jct_s`, one job has been in the system longer than
+        `give_up.job_s`, or it has taken `give_up.decisions` decision points. Returns whether
+        every job finished.
         """
         limit = time_limit_s(self) if limit_s is None else limit_s
         # every job, a fork's added ones too (inf x 0 jobs would be NaN, which stops at once)
@@ -271,7 +276,8 @@ class Simulator:
         completed = 0
         while (not self.done and self.time_s <= limit
                and self.accounting.jobs_in_system_s <= give_up_s
-               and self.longest_in_system_s() <= give_up.job_s):
+               and self.longest_in_system_s() <= give_up.job_s
+               and self.decisions < give_up.decisions):
             self.decisions += 1
             for _ in range(self.params.max_actions_per_decision):
                 action = policy(self.state())

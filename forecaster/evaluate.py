@@ -13,17 +13,29 @@ reported per horizon:
 * for the quantile models: the pinball loss per reported level and its mean over them, the
   share of outcomes at or below the 0.9-quantile and inside [q0.1, q0.9], and the capacity
   rule's idle and waiting GPU-hours for each level from the median up (`capacity`).
+
+Every quantile model is scored twice: as fitted (its name) and calibrated online on each
+evaluated series from that series' own past outcomes (its name + `ONLINE_SUFFIX`,
+`rlalloc.forecaster.online_calibration`), as a forecaster running in the cluster would be.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
 from rlalloc.forecaster import baselines
 from rlalloc.forecaster.capacity import CapacityCost, capacity_cost
+from rlalloc.forecaster.features import local_scale
 from rlalloc.forecaster.model import LSTMForecaster
+from rlalloc.forecaster.online_calibration import (
+    DEFAULT_STEP_SIZE,
+    OnlineCalibrator,
+    calibrate_segment,
+)
 from rlalloc.forecaster.quantile_baselines import FittedBaselines, holt_winters_quantiles
 from rlalloc.forecaster.quantiles import MEDIAN, REPORTED_LEVELS, level_index, pinball_loss
 from rlalloc.forecaster.series import DemandSeries
@@ -35,6 +47,18 @@ FIRST_ORIGIN_MIN = baselines.HOLT_WINTERS_MIN_HISTORY_MIN - 1
 """Origins start two days in: Holt-Winters' initial states need two seasons."""
 CAPACITY_HORIZON_MIN = 60
 """The capacity rule keeps GPUs for demand this far ahead: the longest horizon forecast."""
+ONLINE_SUFFIX = "_online"
+"""Appended to a quantile model's name for its forecasts calibrated online."""
+ONLINE_STEP_SIZES: dict[str, float] = {
+    "lstm": DEFAULT_STEP_SIZE,
+    "naive": 0.005,
+    "naive_hourly": 0.005,
+    "seasonal_naive": 2.0,
+    "seasonal_naive_hourly": 2.0,
+    "holt_winters": 0.2,
+}
+"""Each quantile model's online calibration step, each chosen on the validation VCs only (the
+lowest pinball loss there; docs/experiments/2026-11-27-forecaster-quantiles.md)."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +149,18 @@ def evaluate_series(
     standin: EWMAForecaster,
     fitted: FittedBaselines,
     origin_stride_min: int = 5,
+    step_sizes: Mapping[str, float] = MappingProxyType(ONLINE_STEP_SIZES),
 ) -> Evaluation:
-    """Forecast every origin of every segment of every series with every model."""
+    """Forecast every origin of every segment of every series with every model, the quantile
+    models also calibrated online with their ``step_sizes`` (one calibrator per series and
+    model, carried across the series' segments)."""
     horizons = lstm.horizons_min
     first = max(FIRST_ORIGIN_MIN, lstm.min_history_min - 1)
     median = level_index(lstm.quantiles, MEDIAN)
     actual, points, bands, minutes, segment_ids, series_ids, sizes = [], {}, {}, [], [], [], []
     for number, one in enumerate(series):
+        calibrators: dict[str, OnlineCalibrator] = {}
+        clock = 0
         for index, segment in enumerate(one.segments):
             demand = segment.demand.astype(np.float64)
             origins = np.arange(first, len(demand) - max(horizons), origin_stride_min)
@@ -139,6 +168,13 @@ def evaluate_series(
                 continue
             quantile_models, point_models = _forecasts(
                 demand, segment.minute_of_day(), origins, lstm, standin, fitted)
+            scales = local_scale(demand, origins, lstm.config)
+            for name, values in list(quantile_models.items()):
+                calibrator = calibrators.setdefault(
+                    name, OnlineCalibrator(lstm.quantiles, horizons, step_sizes[name]))
+                quantile_models[name + ONLINE_SUFFIX] = calibrate_segment(
+                    calibrator, values, origins, demand, scales, clock)
+            clock += len(demand)
             for name, values in quantile_models.items():
                 bands.setdefault(name, []).append(values)
                 points.setdefault(name, []).append(values[..., median])

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rlalloc.forecaster.evaluate import Evaluation
+from rlalloc.forecaster.evaluate import ONLINE_SUFFIX, Evaluation
 from rlalloc.forecaster.quantiles import level_index
 from rlalloc.forecaster.series import MINUTES_PER_DAY
 
@@ -89,14 +89,16 @@ def plot_sample_day(
 
 def plot_capacity(capacity: dict[str, list[dict[str, float]]], horizon_min: int) -> bytes:
     """PNG of each forecaster's capacity rule: GPU-hours held idle against GPU-hours of demand
-    left waiting, one point per quantile level q (labelled on the LSTM's curve); lower-left
-    is better."""
+    left waiting, one point per quantile level q (labelled on the LSTM's curve), a model
+    calibrated online dashed in its colour; lower-left is better."""
     figure, axes = plt.subplots(figsize=(8, 5.5), layout="constrained")
     for name, curve in capacity.items():
+        model, online = name.removesuffix(ONLINE_SUFFIX), name.endswith(ONLINE_SUFFIX)
         lstm = name == "lstm"
         axes.plot([c["waiting_gpu_hours"] for c in curve], [c["idle_gpu_hours"] for c in curve],
-                  marker="o", ms=3, lw=1.8 if lstm else 1, zorder=3 if lstm else 2, label=name,
-                  color=MODEL_COLORS.get(name))
+                  marker="o", ms=3, lw=1.8 if model == "lstm" else 1,
+                  zorder=3 if model == "lstm" else 2, label=name,
+                  color=MODEL_COLORS.get(model), ls="--" if online else "-")
         if lstm:
             for cost in curve:
                 axes.annotate(f"q{cost['level']:g}", (cost["waiting_gpu_hours"],

@@ -532,7 +532,9 @@ def test_a_resume_from_an_earlier_checkpoint_evaluates_the_steps_it_trains_again
 def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monkeypatch):
     """The checkpoint holds no replay buffer: resumed past learning_starts, DQN took gradient
     steps on batches of 64 drawn from its first 4, 8, 12... transitions."""
-    from stable_baselines3 import DQN
+    from rlalloc.agent.dqn import dqn_class
+
+    dqn = dqn_class()
 
     def train_to(timesteps: int, resume: bool) -> None:
         try:  # so few steps may export nothing: what is checked is how it learns
@@ -540,11 +542,14 @@ def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monk
         except UserError as err:
             assert "no policy was exported" in str(err)
 
-    config = replace(CONFIG, algo="dqn", eval_every=1100, n_envs=1)
+    # residual: it starts as elastic, whose evaluations take seconds (a 2-epoch clone, greedy
+    # over valid actions, restarts jobs at every decision until it is given up)
+    config = replace(CONFIG, algo="dqn", residual=("elastic",), eval_every=1100, n_envs=1,
+                     give_up_factor=3.0)
     train_to(1100, resume=False)
     sizes: list[int] = []
-    learn = DQN.train
-    monkeypatch.setattr(DQN, "train", lambda model, *args, **kwargs: (
+    learn = dqn.train
+    monkeypatch.setattr(dqn, "train", lambda model, *args, **kwargs: (
         sizes.append(model.replay_buffer.size()), learn(model, *args, **kwargs))[1])
     train_to(2300, resume=True)
     assert sizes and min(sizes) >= DQN_LEARNING_STARTS
@@ -562,7 +567,8 @@ def test_an_evaluation_far_worse_than_static_is_given_up_early():
                         load_policy("static").act)
     bounds = give_up_bounds(config, TINY)
     assert bounds[TINY[0]] == GiveUp(
-        pytest.approx(3.0 * static.metrics["avg_jct_s"]), pytest.approx(3.0 * max(static.jcts_s)))
+        pytest.approx(3.0 * static.metrics["avg_jct_s"]), pytest.approx(3.0 * max(static.jcts_s)),
+        30 * static.decisions)
     assert give_up_bounds(CONFIG, TINY)[TINY[0]] == GiveUp()  # factor 0: never
     decisions = {"bounded": 0, "unbounded": 0}
     for name, give_up in (("bounded", bounds), ("unbounded", None)):

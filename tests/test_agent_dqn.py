@@ -132,15 +132,15 @@ def test_a_trained_masked_dqn_never_targets_an_invalid_action(monkeypatch):
     assert len(targets) == 5 * 64 and targets.abs().max().item() < 1e5
 
 
-@pytest.mark.expensive
 def test_the_export_is_never_worse_than_the_start_on_the_evaluation_workloads(tmp_path):
-    """A residual DQN pushed hard (learning rate 1e-3, no margin loss) moves off its start;
+    """A residual DQN pushed hard (learning rate 3e-4, no margin loss) moves off its start;
     whatever it finds, the exported policy, loaded from disk and run on the evaluation
     workloads (apart from the training one), scores the best evaluation on the card, which is
     at most the start's."""
     config = TrainConfig(algo="dqn", workloads=(WORKLOAD,), eval_workloads=TINY,
                          cluster=CLUSTER, residual=TEACHERS, timesteps=2_000, eval_every=500,
-                         n_envs=1, learning_rate=1e-3, bc_epochs=2, net_arch=(32,),
+                         n_envs=1, learning_rate=3e-4, give_up_factor=1.2, bc_epochs=2,
+                         net_arch=(32,),
                          dqn_exploration=(0.3, 0.3))
     summary = train(config, tmp_path / "model", log=lambda _: None)
     scores = [e["avg_jct_s"] for e in summary["evaluations"]]

@@ -47,27 +47,36 @@ def _rollout_states(env: ClusterAllocEnv, steps: int, seed: int = 0):
     return pairs
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "masked-dqn"])
 def test_deployed_path_matches_sb3_predict(tmp_path, algo):
+    """The deployed policy acts as the trained model's own `predict`: MaskablePPO and
+    rlalloc's DQN over valid actions (`rlalloc.agent.dqn`), SB3's DQN over all of them."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN
+
+    from rlalloc.agent.dqn import dqn_class, masked_replay_buffer_class
 
     env = ClusterAllocEnv(TINY, "2x4")
     if algo == "ppo":
         model = MaskablePPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, seed=0,
                             device="cpu", policy_kwargs={"net_arch": [32, 32]})
-    else:
+    elif algo == "dqn":
         model = DQN("MlpPolicy", env, learning_starts=0, seed=0, device="cpu",
                     policy_kwargs={"net_arch": [32, 32]})
+    else:
+        model = dqn_class()("MlpPolicy", env, learning_starts=0, seed=0, device="cpu",
+                            replay_buffer_class=masked_replay_buffer_class(),
+                            policy_kwargs={"net_arch": [32, 32]})
     model.learn(128)
-    export_model(model, algo, env.featurizer.spec, tmp_path)
+    export_model(model, "ppo" if algo == "ppo" else "dqn", env.featurizer.spec, tmp_path)
     deployed = load_deployed(tmp_path)
+    assert deployed.meta.masked == (algo != "dqn")
     pairs = _rollout_states(ClusterAllocEnv(TINY, "2x4"), 300)
     for obs, mask in pairs:
-        if algo == "ppo":
-            expected, _ = model.predict(obs, deterministic=True, action_masks=mask)
-        else:
+        if algo == "dqn":
             expected, _ = model.predict(obs, deterministic=True)
+        else:
+            expected, _ = model.predict(obs, deterministic=True, action_masks=mask)
         assert deployed.choose(obs, mask) == int(expected)
 
 

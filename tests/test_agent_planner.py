@@ -17,8 +17,20 @@ from test_agent_job_sizes import NO_FAILURES
 
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy
-from rlalloc.agent.lookahead import Future, HistoryArrivals, LookaheadPolicy, cost_to_go
-from rlalloc.agent.planner import PLANNER_FILE, PROFILES_DIR, drawn_from, planning_policy
+from rlalloc.agent.lookahead import (
+    Future,
+    HistoryArrivals,
+    LookaheadPolicy,
+    ModelArrivals,
+    cost_to_go,
+)
+from rlalloc.agent.planner import (
+    ARRIVALS_FILE,
+    PLANNER_FILE,
+    PROFILES_DIR,
+    drawn_from,
+    planning_policy,
+)
 from rlalloc.agent.registry import load_policy
 from rlalloc.cli.evaluate import _planner_warnings
 from rlalloc.env.errors import UserError
@@ -290,6 +302,38 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
         with pytest.raises(UserError, match=f"{PLANNER_FILE}: .*fit it again") as err:
             load_policy(str(out))
         assert "\n" not in str(err.value)
+
+
+@needs_pollux
+def test_planner_fit_with_arrivals_draws_history_jobs_in_the_next_horizon(tmp_path):
+    out = tmp_path / "planner"
+    workloads = [str(POLLUX / f"workload-{i}.csv") for i in (1, 2)]
+    fit = ["planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
+           "--horizon", "30m", "--out", str(out)]
+    proc = _cli(*fit, "--futures", "arrivals", "--samples", "3")  # more than the past days
+    assert proc.returncode == 0, proc.stderr
+    assert f"{ARRIVALS_FILE} (over 2 past days" in proc.stdout
+    assert json.loads((out / PLANNER_FILE).read_text())["futures"] == "arrivals"
+    assert "arrivals model" in (out / "card.md").read_text()
+    planner = load_policy(str(out))
+    assert isinstance(planner.history, ModelArrivals) and planner.history.samples == 3
+    history = {(job.requested_gpus, job.min_workers, job.max_workers, round(job.work))
+               for w in workloads for job in build_scenario(w, "16x4").workload.jobs}
+    sim = build_scenario(str(POLLUX / "workload-3.csv"), "16x4").simulator(NO_FAILURES, 0)
+    run_decisions(sim, planner.base, 60)
+    state = sim.state()
+    futures = planner.history.futures(state.time_s, state)
+    assert len(futures) == 3 and any(jobs for jobs, _ in futures)
+    for jobs, speeds in futures:
+        assert len(speeds) == len(jobs) and len({job.job_id for job in jobs}) == len(jobs)
+        assert all(state.time_s < job.submit_s <= state.time_s + 1800.0 for job in jobs)
+        assert {(job.requested_gpus, job.min_workers, job.max_workers, round(job.work))
+                for job in jobs} <= history
+    planner.act(state)  # forks told the drawn jobs run
+    again = _cli(*fit, "--samples", "2", "--force")  # past days: the model must not stay
+    assert again.returncode == 0, again.stderr
+    assert not (out / ARRIVALS_FILE).exists()
+    assert isinstance(load_policy(str(out)).history, HistoryArrivals)
 
 
 @pytest.mark.parametrize("argv, named", [

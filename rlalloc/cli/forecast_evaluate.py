@@ -8,7 +8,9 @@ writes ``results/forecast.json`` (``{"horizons_min": [...], "quantiles": [...], 
 "coverage_q90": [...], "coverage_q10_q90": [...]}}, "capacity": {"curves": {name: [{"level",
 "idle_gpu_hours", "waiting_gpu_hours"}, ...]}, "idle_at_reference_waiting": {...}},
 "mape_targets": [...], ...}``, pooled over the series; a MAPE is null where no target reached
-``mape_min_demand``; point-only models have no pinball or capacity),
+``mape_min_demand``; point-only models have no pinball or capacity; every quantile model also
+appears calibrated online on each series, as ``NAME_online``, the capacity comparison's
+reference being ``lstm_online``),
 ``results/forecast_day.png`` (60-minute forecasts and bands vs actual, one day) and
 ``results/capacity.png`` (the capacity rule's idle against waiting GPU-hours over q).
 Results already in the directory are replaced only with ``--force``.
@@ -32,6 +34,8 @@ from rlalloc.forecaster.evaluate import (
     CAPACITY_HORIZON_MIN,
     FIRST_ORIGIN_MIN,
     MAPE_MIN_DEMAND,
+    ONLINE_STEP_SIZES,
+    ONLINE_SUFFIX,
     Evaluation,
     evaluate_series,
 )
@@ -83,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
             "horizons_min": list(evaluation.horizons_min),
             "quantiles": list(evaluation.quantiles),
             "models": evaluation.scores(),
-            "capacity": capacity_report(evaluation.capacity(), reference="lstm"),
+            "capacity": capacity_report(evaluation.capacity(),
+                                        reference="lstm" + ONLINE_SUFFIX),
+            "online_step_sizes": ONLINE_STEP_SIZES,
             "capacity_horizon_min": CAPACITY_HORIZON_MIN,
             "mape_min_demand": MAPE_MIN_DEMAND,
             "mape_targets": evaluation.mape_targets(),
