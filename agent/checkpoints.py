@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlalloc.agent.dqn import dqn_class
+from rlalloc.agent.dqn import dqn_class, masked_replay_buffer_class
 from rlalloc.agent.sb3_models import DQN_LEARNING_STARTS, configure_dqn_from
 from rlalloc.agent.train_config import TrainConfig
 from rlalloc.env.errors import UserError
@@ -79,7 +79,9 @@ def load_model(config: TrainConfig, path: Path, vec_env: object) -> object:
     if config.algo == "ppo":
         model = MaskablePPO.load(path, env=vec_env, device="cpu")
     else:
-        model = dqn_class().load(path, env=vec_env, device="cpu")
+        # a checkpoint of an older rlalloc names SB3's own buffer, which keeps no masks
+        model = dqn_class().load(path, env=vec_env, device="cpu", custom_objects={
+            "replay_buffer_class": masked_replay_buffer_class()})
         configure_dqn_from(model, config)
         model.acts_from_start = bool(config.warm_start or config.residual
                                      or model.num_timesteps >= model.learning_starts)

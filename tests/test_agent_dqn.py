@@ -70,13 +70,16 @@ def test_the_heuristic_action_is_its_follow_action_where_valid_else_the_noop():
     assert heuristic_actions(masks, 2).tolist() == [3, 0]
 
 
-def _tiny_dqn(config: TrainConfig, learning_starts: int = 0):
+def _vec_env(config: TrainConfig):
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from rlalloc.agent.training_env import make_training_env
 
-    vec_env = DummyVecEnv([lambda: make_training_env(config)] * config.n_envs)
-    return dqn_class()("MlpPolicy", vec_env, learning_starts=learning_starts, seed=0,
+    return DummyVecEnv([lambda: make_training_env(config)] * config.n_envs)
+
+
+def _tiny_dqn(config: TrainConfig, learning_starts: int = 0):
+    return dqn_class()("MlpPolicy", _vec_env(config), learning_starts=learning_starts, seed=0,
                        buffer_size=2_000, device="cpu", gamma=config.gamma,
                        exploration_initial_eps=0.3, exploration_final_eps=0.3,
                        replay_buffer_class=masked_replay_buffer_class(),
@@ -130,6 +133,25 @@ def test_a_trained_masked_dqn_never_targets_an_invalid_action(monkeypatch):
     model.train(gradient_steps=5, batch_size=64)
     targets = torch.cat(seen)
     assert len(targets) == 5 * 64 and targets.abs().max().item() < 1e5
+
+
+def test_a_checkpoint_of_sb3s_dqn_resumes_keeping_masks(tmp_path):
+    """A checkpoint saved before this DQN (SB3's replay buffer, which keeps no masks) resumes
+    with the masked buffer instead of failing at its first step."""
+    from stable_baselines3 import DQN
+
+    from rlalloc.agent.checkpoints import load_model, save_checkpoint
+
+    config = TrainConfig(algo="dqn", workloads=TINY, cluster="2x4", n_envs=1)
+    older = DQN("MlpPolicy", _vec_env(config), learning_starts=0, buffer_size=500, seed=0,
+                device="cpu", policy_kwargs={"net_arch": [32]})
+    older.learn(40)
+    save_checkpoint(older, tmp_path / "older.zip")
+    resumed = load_model(config, tmp_path / "older.zip", _vec_env(config))
+    resumed.learn(40, reset_num_timesteps=False)
+    buffer = resumed.replay_buffer
+    assert buffer.pos == 40 and buffer.masks[:40, 0, 0].all()  # the no-op: always valid
+    assert not buffer.masks[:40].all(), "masks of real states, not the all-valid default"
 
 
 def test_the_export_is_never_worse_than_the_start_on_the_evaluation_workloads(tmp_path):
