@@ -542,10 +542,11 @@ def test_a_resumed_dqn_refills_its_replay_buffer_before_it_learns(tmp_path, monk
         except UserError as err:
             assert "no policy was exported" in str(err)
 
-    # residual: it starts as elastic, whose evaluations take seconds (a 2-epoch clone, greedy
-    # over valid actions, restarts jobs at every decision until it is given up)
-    config = replace(CONFIG, algo="dqn", residual=("elastic",), eval_every=1100, n_envs=1,
-                     give_up_factor=3.0)
+    # residual and held near elastic by the margin loss, whose evaluations take seconds (a
+    # 2-epoch clone, greedy over valid actions, restarts jobs at every decision until it is
+    # given up)
+    config = replace(CONFIG, algo="dqn", residual=("elastic",), dqn_demo_weight=1.0,
+                     eval_every=1100, n_envs=1, give_up_factor=3.0)
     train_to(1100, resume=False)
     sizes: list[int] = []
     learn = dqn.train
