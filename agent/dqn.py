@@ -1,10 +1,11 @@
 """rlalloc's DQN (`dqn_class`): SB3's DQN with the fixes a residual start needs to survive RL.
 
-SB3's DQN, started exactly at a heuristic, left it within 16-32k steps, only for the worse
+SB3's DQN, started exactly at a heuristic, soon left it, only for the worse
 (docs/experiments/2026-11-24-residual-dqn.md). Four known causes, each addressed here with a
-known technique, each a `TrainConfig` setting so that it can be measured apart:
+known technique, each a `TrainConfig` setting so that it can be measured apart (which of them
+mattered: docs/experiments/2026-11-27-dqn-double-masked-margin.md):
 
-- **Overestimation by the max** (Thrun & Schwartz 1993): the target's max over ~120 actions,
+- **Overestimation by the max** (Thrun & Schwartz 1993): the target's max over many actions,
   most rarely tried, picks whichever is overestimated. Double Q-learning (van Hasselt et al.,
   AAAI 2016) chooses the next action with the online network and values it with the target
   network (`dqn_double`).

@@ -16,9 +16,9 @@ from rlalloc.forecaster.signals import default_signals
 
 DECISIONS_PER_FACTOR = 10
 """A periodic evaluation is given up after this many times `give_up_factor` x static's decision
-points: the heuristics take 0.8 to 1.6 times static's on the Pollux workloads, while a badly
-cloned DQN, greedy over valid actions, restarted jobs at every decision and took minutes to
-reach the bounds in time on a 12-job workload."""
+points: the heuristics take about as many as static, while a badly cloned DQN, greedy over
+valid actions, restarts jobs at every decision and moves the clock too little to reach the
+bounds in time soon (docs/experiments/2026-11-27-dqn-double-masked-margin.md, "Noticed")."""
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
