@@ -83,6 +83,11 @@ def heuristic_actions(masks: torch.Tensor, num_teachers: int) -> torch.Tensor:
     return torch.where(masks[:, follow], follow, 0)
 
 
+def _uniform_valid(masks: np.ndarray) -> np.ndarray:
+    """One action per row of `masks`, uniform over its valid ones (exploration)."""
+    return np.array([np.random.choice(np.flatnonzero(row)) for row in masks], dtype=np.int64)
+
+
 @cache  # one class: models built and loaded are of the same type
 def dqn_class() -> type:
     """SB3's `DQN` with a `MaskedReplayBuffer` and the settings of the module docstring, as
@@ -111,9 +116,7 @@ def dqn_class() -> type:
             warm_up = self.num_timesteps < learning_starts and not self.acts_from_start
             explore = np.random.rand(n_envs) < (1.0 if warm_up else self.exploration_rate)
             actions = self._greedy(self._last_obs, choice)
-            for env, explores in enumerate(explore):
-                if explores:
-                    actions[env] = np.random.choice(np.flatnonzero(choice[env]))
+            actions[explore] = _uniform_valid(choice[explore])
             return actions, actions
 
         def _greedy(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -133,7 +136,7 @@ def dqn_class() -> type:
             masks = np.atleast_2d(action_masks)
             actions = self._greedy(observation, masks)
             if not deterministic and np.random.rand() < self.exploration_rate:
-                actions = np.array([np.random.choice(np.flatnonzero(m)) for m in masks])
+                actions = _uniform_valid(masks)
             if not self.policy.is_vectorized_observation(observation):
                 return actions[0], None
             return actions, None
