@@ -60,6 +60,7 @@ class JobColumns:
     """Allocated seconds up to the anchor."""
     restarts: np.ndarray
     """Re-starts after the first start (resizes and failures)."""
+    gpus_per_worker: np.ndarray
     version: np.ndarray
     """Bumped at every allocation change: events of an older allocation are stale."""
     started_once: np.ndarray
@@ -87,6 +88,7 @@ class JobColumns:
             attained_gpu_s=np.zeros(n, dtype=np.float64),
             run_s=np.zeros(n, dtype=np.float64),
             restarts=np.zeros(n, dtype=np.int32),
+            gpus_per_worker=np.array([j.gpus_per_worker for j in jobs], dtype=np.int32),
             version=np.zeros(n, dtype=np.int64),
             started_once=np.zeros(n, dtype=bool),
         )

@@ -166,9 +166,10 @@ class RunAccounting:
         self.queued_gpus += queued_gpus
         self._check_levels()
 
-    def gpus_busy(self, placement: tuple[int, ...], busy: bool) -> None:
-        """The GPUs of `placement` (a node index per GPU) start (`busy`) or stop training now."""
-        sign = 1 if busy else -1
+    def gpus_busy(self, placement: tuple[int, ...], gpus_per_worker: int, busy: bool) -> None:
+        """The GPUs of `placement` (a node index per worker of `gpus_per_worker` GPUs) start
+        (`busy`) or stop training now."""
+        sign = gpus_per_worker if busy else -gpus_per_worker
         self.busy_gpus += sign * len(placement)
         self.busy_extra_w += sign * sum(map(self._gpu_extra_w.__getitem__, placement))
         self._check_levels()
@@ -202,11 +203,11 @@ class RunAccounting:
             self._train_from[row] = np.nan
 
     def job_failed(self, row: int, t: float, lost_gpu_s: float, lost_train_s: float,
-                   workers: int) -> None:
-        """A node failure hit the job: record what it lost."""
+                   gpus: int) -> None:
+        """A node failure hit the job, which held `gpus` GPUs: record what it lost."""
         self.failures += 1
         self.lost_gpu_s += lost_gpu_s
-        self.lost_train_gpu_s += lost_train_s * workers
+        self.lost_train_gpu_s += lost_train_s * gpus
         self._lost_train_s[row] += lost_train_s
         if np.isnan(self._failed_at[row]):
             self._failed_at[row] = t

@@ -20,12 +20,24 @@ def free_gpus_for(state: ClusterState, job_row: int | None, exclude_node: int = 
     return np.asarray(_free_list(state, job_row, exclude_node), dtype=np.int64)
 
 
+def free_slots_for(state: ClusterState, job_row: int, exclude_node: int = -1) -> np.ndarray:
+    """Workers of job `job_row` each node could hold (its own GPUs count as free): a worker
+    needs all of its `gpus_per_worker` GPUs on one node."""
+    return free_gpus_for(state, job_row, exclude_node) // gpus_per_worker_of(state, job_row)
+
+
+def gpus_per_worker_of(state: ClusterState, job_row: int | None) -> int:
+    """GPUs per worker of job `job_row` (1 for a job not in the state)."""
+    return 1 if job_row is None else int(state.jobs.gpus_per_worker[job_row])
+
+
 def _free_list(state: ClusterState, job_row: int | None, exclude_node: int) -> list[int]:
     nodes = state.nodes
     free = nodes.gpus_free.tolist()
     if job_row is not None:
+        per_worker = int(state.jobs.gpus_per_worker[job_row])
         for node in state.jobs.placement[job_row]:
-            free[node] += 1
+            free[node] += per_worker
     if not nodes.ready.all() or nodes.cordoned.any():
         free = [f if ready and not cordoned else 0 for f, ready, cordoned
                 in zip(free, nodes.ready.tolist(), nodes.cordoned.tolist(), strict=True)]
@@ -35,21 +47,27 @@ def _free_list(state: ClusterState, job_row: int | None, exclude_node: int) -> l
 
 
 def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strategy: Strategy,
-                 exclude_node: int = -1,
-                 avoid: np.ndarray | None = None) -> tuple[int, ...] | None:
+                 exclude_node: int = -1, avoid: np.ndarray | None = None,
+                 gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
     """Node index of each of `workers` workers (sorted), or None if they do not fit; none on
-    `exclude_node` nor on a node `avoid` (bool per node) marks.
+    `exclude_node` nor on a node `avoid` (bool per node) marks. A worker takes
+    `gpus_per_worker` GPUs of one node (default: job `job_row`'s, 1 for a job not in the state).
 
     PACKED puts the job on as few nodes as possible, choosing the best-fitting node for the
     remainder; SPREAD fills the most fragmented nodes first. Warned nodes come last in both.
-    Ties go to the lowest node index. (Plain Python: called once per action on clusters of
-    tens to hundreds of nodes, where a dozen numpy calls cost more than the loops.)
+    Both count free worker slots (a node's free GPUs // gpus_per_worker), so no worker is ever
+    split across nodes. Ties go to the lowest node index. (Plain Python: called once per action
+    on clusters of tens to hundreds of nodes, where a dozen numpy calls cost more than the
+    loops.)
     """
     if workers <= 0:
         return ()
+    per_worker = gpus_per_worker or gpus_per_worker_of(state, job_row)
     free = _free_list(state, job_row, exclude_node)
     if avoid is not None:
         free = [0 if avoided else f for f, avoided in zip(free, avoid.tolist(), strict=True)]
+    if per_worker > 1:
+        free = [f // per_worker for f in free]
     warned = state.nodes.warned
     healthy_free = ([0 if w else f for f, w in zip(free, warned.tolist(), strict=True)]
                     if warned.any() else free)
@@ -60,6 +78,7 @@ def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strateg
 
 
 def _pick(free: list[int], workers: int, strategy: Strategy) -> tuple[int, ...]:
+    """`workers` workers on nodes with `free` worker slots each, by `strategy`."""
     chosen: list[int] = []
     need = workers
     if strategy == _PACKED:
@@ -83,9 +102,10 @@ def _pick(free: list[int], workers: int, strategy: Strategy) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def placement_shape(placement: tuple[int, ...]) -> tuple[int, ...]:
-    """GPUs per node used by a placement, largest first (the key of the throughput models)."""
+def placement_shape(placement: tuple[int, ...], gpus_per_worker: int = 1) -> tuple[int, ...]:
+    """GPUs per node used by a placement (a node per worker of `gpus_per_worker` GPUs),
+    largest first: the key of the throughput models (two 4-GPU workers on two nodes: (4, 4))."""
     counts: dict[int, int] = {}
     for node in placement:
-        counts[node] = counts.get(node, 0) + 1
+        counts[node] = counts.get(node, 0) + gpus_per_worker
     return tuple(sorted(counts.values(), reverse=True))

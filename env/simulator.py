@@ -458,7 +458,7 @@ class Simulator:
                 "workers": alloc["workers"], "placement": alloc["placement"],
                 "speed_1gpu": static["speed_1gpu"], "scaling_alpha": static["scaling_alpha"],
                 "scaling_beta": static["scaling_beta"], "restore_s": static["restore_s"],
-                "restarts": alloc["restarts"],
+                "restarts": alloc["restarts"], "gpus_per_worker": static["gpus_per_worker"],
             },
             alloc["inputs"], t, self.params.checkpoint_interval_s,
         )
@@ -478,6 +478,7 @@ class Simulator:
             "scaling_alpha": self.columns.scaling_alpha[rows],
             "scaling_beta": self.columns.scaling_beta[rows],
             "restore_s": self.columns.restore_s[rows],
+            "gpus_per_worker": self.columns.gpus_per_worker[rows],
             "work": self.columns.work[rows],
         }
         self._snapshot_alloc = None
@@ -525,10 +526,10 @@ class Simulator:
                 return "a migration keeps the worker count"
         if tuple(sorted(nodes)) == self._placement[row]:
             return "placement unchanged"
-        own = self._placement[row]
+        own, per_worker = self._placement[row], int(self.columns.gpus_per_worker[row])
         for node in sorted(set(nodes)):  # a placement touches a few nodes: no arrays needed
-            if (self._down[node] or self._cordoned[node]
-                    or nodes.count(node) > self._gpus_free[node] + own.count(node)):
+            if (self._down[node] or self._cordoned[node] or nodes.count(node) * per_worker
+                    > self._gpus_free[node] + own.count(node) * per_worker):
                 return f"not enough free GPUs on {self.node_names[node]}"
         return ""
 
@@ -548,11 +549,12 @@ class Simulator:
         self._allocate(row, nodes, t, restore)
 
     def _allocate(self, row: int, nodes: tuple[int, ...], t: float, restore: float) -> None:
-        shape = placement_shape(nodes)
+        per_worker = int(self.columns.gpus_per_worker[row])
+        shape = placement_shape(nodes, per_worker)
         rate = self._training_rate(row, shape)
         assert rate > 0, (self.job_ids[row], shape, rate)
         for node in nodes:
-            self._gpus_free[node] -= 1
+            self._gpus_free[node] -= per_worker
             self._node_jobs[node].add(row)
             assert self._gpus_free[node] >= 0, ("GPU over-allocated", self.node_names[node])
         self._placement[row] = nodes
@@ -566,8 +568,8 @@ class Simulator:
         if not self.columns.started_once[row]:
             self.columns.started_once[row] = True
             self.accounting.job_started(row, t)
-        self.accounting.change(alloc=len(nodes), queued_gpus=-int(self.columns.requested_gpus[row]),
-                               queued_jobs=-1)
+        self.accounting.change(alloc=len(nodes) * per_worker,
+                               queued_gpus=-int(self.columns.requested_gpus[row]), queued_jobs=-1)
         if restore > 0:
             self._push(t + restore, _RESTORED, row, int(self.columns.version[row]))
         else:
@@ -576,16 +578,17 @@ class Simulator:
     def _release(self, row: int, t: float) -> None:
         """Free the job's GPUs; its progress must already be stored in `_done`."""
         held = t - self.columns.anchor_s[row]
-        self.columns.attained_gpu_s[row] += self.columns.workers[row] * held
+        per_worker = int(self.columns.gpus_per_worker[row])
+        gpus = int(self.columns.workers[row]) * per_worker
+        self.columns.attained_gpu_s[row] += gpus * held
         self.columns.run_s[row] += held
-        workers = int(self.columns.workers[row])
         if self.columns.status[row] == _RUNNING:
             self.accounting.training_stopped(row, t)
-            self.accounting.gpus_busy(self._placement[row], busy=False)
-        self.accounting.change(alloc=-workers, queued_gpus=int(self.columns.requested_gpus[row]),
+            self.accounting.gpus_busy(self._placement[row], per_worker, busy=False)
+        self.accounting.change(alloc=-gpus, queued_gpus=int(self.columns.requested_gpus[row]),
                                queued_jobs=1)
         for node in self._placement[row]:
-            self._gpus_free[node] += 1
+            self._gpus_free[node] += per_worker
             self._node_jobs[node].discard(row)
         self._placement[row] = ()
         self.columns.workers[row] = 0
@@ -694,7 +697,8 @@ class Simulator:
     def _on_restored(self, row: int, t: float) -> None:
         self.columns.status[row] = _RUNNING
         self._allocation_changed()
-        self.accounting.gpus_busy(self._placement[row], busy=True)
+        self.accounting.gpus_busy(self._placement[row], int(self.columns.gpus_per_worker[row]),
+                                  busy=True)
         self.accounting.training_started(row, t)
         self._schedule_run_end(row, t)
 
@@ -718,7 +722,8 @@ class Simulator:
         assert abs(self._progress(row, t) - end) <= 1e-6 * max(1.0, end)
         self.columns.done[row] = end
         self.columns.busy_from_s[row] = t
-        self.columns.rate[row] = self._training_rate(row, placement_shape(self._placement[row]))
+        self.columns.rate[row] = self._training_rate(
+            row, placement_shape(self._placement[row], int(self.columns.gpus_per_worker[row])))
         columns = self.columns
         columns.speed_1gpu[row], columns.scaling_alpha[row], columns.scaling_beta[row] = (
             epochs.curve(epochs.epoch_at(end)))
@@ -765,9 +770,10 @@ class Simulator:
             ckpt_progress, ckpt_time = self._last_checkpoint(row, t)
             lost_work = self._progress(row, t) - ckpt_progress
             since = t - max(ckpt_time, float(self.columns.anchor_s[row]))
-            self.accounting.job_failed(row, t, lost_gpu_s=float(self.columns.workers[row]) * since,
+            gpus = int(self.columns.workers[row] * self.columns.gpus_per_worker[row])
+            self.accounting.job_failed(row, t, lost_gpu_s=gpus * since,
                                        lost_train_s=lost_work / max(self.columns.rate[row], 1e-12),
-                                       workers=int(self.columns.workers[row]))
+                                       gpus=gpus)
             self.columns.done[row] = ckpt_progress
             self._release(row, t)
         self._down[node] = True

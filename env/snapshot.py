@@ -50,7 +50,7 @@ class SnapshotJobs(Jobs):
         columns = {
             "throughput": np.where(running, inputs["rate"], 0.0).astype(np.float32),
             "progress": np.minimum(done / inputs["work"], 1.0).astype(np.float32),
-            "attained_gpu_s": inputs["attained"] + self.workers * held,
+            "attained_gpu_s": inputs["attained"] + self.workers * self.gpus_per_worker * held,
             "run_s": inputs["run_s"] + held,
             "since_checkpoint_s": np.mod(busy_since, self._interval_s).astype(np.float32),
         }

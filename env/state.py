@@ -176,6 +176,7 @@ class JobInfo:
     since_checkpoint_s: float = 0.0
     restore_s: float = 60.0
     restarts: int = 0
+    gpus_per_worker: int = 1
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ class Jobs:
     workers: np.ndarray
     """int32: workers allocated now (0 when queued)."""
     placement: tuple[tuple[int, ...], ...]
-    """Node index of each worker (sorted); empty when queued."""
+    """Node index of each worker (sorted; a worker's GPUs are all on its node); empty when
+    queued."""
     speed_1gpu: np.ndarray
     scaling_alpha: np.ndarray
     scaling_beta: np.ndarray
@@ -215,6 +217,9 @@ class Jobs:
     """float32: checkpoint-restore time paid on a start, resize or move."""
     restarts: np.ndarray
     """int32: (re)starts after the first one: resizes, moves and failures."""
+    gpus_per_worker: np.ndarray
+    """int32: GPUs each worker holds, all on one node; a job holds `workers * gpus_per_worker`
+    GPUs, and `min_workers`, `max_workers`, `workers` and `placement` count workers."""
 
     @property
     def count(self) -> int:

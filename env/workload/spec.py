@@ -32,6 +32,10 @@ class JobSpec:
     """Name of the measured profile (bert, cifar10, ...) or None for the generic scaling model."""
     batch_size: int | None = None
     """Global batch size, kept fixed across resizes (profiled jobs only)."""
+    gpus_per_worker: int = 1
+    """GPUs each worker holds, all on one node (a pod requesting `nvidia.com/gpu: k`, torchrun
+    `--nproc-per-node k`). `min_workers`, `max_workers` and every action count workers;
+    `requested_gpus` counts GPUs, a multiple of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +48,5 @@ class Workload:
     def __post_init__(self) -> None:
         submit = [j.submit_s for j in self.jobs]
         assert submit == sorted(submit), "Workload jobs must be ordered by submit time"
+        assert all(j.gpus_per_worker >= 1 and j.requested_gpus % j.gpus_per_worker == 0
+                   for j in self.jobs), "requested_gpus must be whole workers"
