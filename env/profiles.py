@@ -109,10 +109,14 @@ def canonical_shape(gpus_per_node: tuple[int, ...] | list[int]) -> Shape:
     return tuple(sorted((g for g in gpus_per_node if g > 0), reverse=True))
 
 
-def packed_shape(num_gpus: int, gpus_per_node: int) -> Shape:
-    """The fewest-nodes placement of `num_gpus`: full nodes then the remainder (8 on 4s: (4, 4))."""
-    full, rest = divmod(num_gpus, gpus_per_node)
-    return (gpus_per_node,) * full + ((rest,) if rest else ())
+def packed_shape(num_gpus: int, gpus_per_node: int, gpus_per_worker: int = 1) -> Shape:
+    """The fewest-nodes placement of `num_gpus` in whole workers of `gpus_per_worker` GPUs:
+    full nodes then the remainder (8 on 4s: (4, 4); 9 in 3-GPU workers on 8s: (6, 3))."""
+    node_gpus = gpus_per_node // gpus_per_worker * gpus_per_worker
+    assert node_gpus > 0 and num_gpus % gpus_per_worker == 0, (num_gpus, gpus_per_node,
+                                                                gpus_per_worker)
+    full, rest = divmod(num_gpus, node_gpus)
+    return (node_gpus,) * full + ((rest,) if rest else ())
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ GENERIC = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
 
 
 def job(job_id: str, submit_s: float, gpus: int, work: float, restore_s: float = 30.0,
-        max_workers: int = 8) -> JobSpec:
-    """A generic-speed job (work in single-GPU seconds)."""
-    return JobSpec(job_id, submit_s, gpus, work, 1, max_workers, restore_s)
+        max_workers: int = 8, gpus_per_worker: int = 1) -> JobSpec:
+    """A generic-speed job (work in single-GPU seconds) of `gpus` GPUs in workers of
+    `gpus_per_worker`; `max_workers` counts workers."""
+    return JobSpec(job_id, submit_s, gpus, work, 1, max_workers, restore_s,
+                   gpus_per_worker=gpus_per_worker)
 
 
 def simulator(jobs: list[JobSpec], nodes: int = 2, gpus: int = 4, seed: int = 0,
@@ -39,11 +41,11 @@ def fifo(state: ClusterState) -> Action:
     if not len(queued):
         return NOOP
     row = int(queued[np.argmin(jobs.submit_s[queued])])
-    gpus = int(jobs.requested_gpus[row])
-    nodes = choose_nodes(state, None, gpus, Strategy.PACKED)
+    workers = int(jobs.requested_gpus[row] // jobs.gpus_per_worker[row])
+    nodes = choose_nodes(state, row, workers, Strategy.PACKED)
     if nodes is None:
         return NOOP
-    return Action(ActionKind.SCALE, jobs.job_id[row], gpus,
+    return Action(ActionKind.SCALE, jobs.job_id[row], workers,
                   tuple(state.nodes.name[n] for n in nodes))
 
 
@@ -51,9 +53,9 @@ def check_invariants(state: ClusterState) -> None:
     """What must hold in every state the simulator hands out."""
     nodes, jobs = state.nodes, state.jobs
     used = np.zeros(nodes.count, dtype=np.int64)
-    for placement in jobs.placement:
+    for placement, per_worker in zip(jobs.placement, jobs.gpus_per_worker.tolist(), strict=True):
         for node in placement:
-            used[node] += 1
+            used[node] += per_worker  # a worker's GPUs are all on its node
     assert (nodes.gpus_free >= 0).all(), "negative free GPUs"
     up = nodes.ready
     assert (used[up] + nodes.gpus_free[up] == nodes.gpus_total[up]).all(), "GPUs not conserved"
@@ -71,8 +73,9 @@ def check_accounting(sim: Simulator, state: ClusterState) -> None:
     """The levels the run's metrics integrate (allocated, training, up and queued GPUs) agree
     with the state: gpu_util, goodput and energy are only as right as these."""
     nodes, jobs, acc = state.nodes, state.jobs, sim.accounting
-    assert acc.alloc_gpus == int(jobs.workers.sum())
-    assert acc.busy_gpus == int(jobs.workers[jobs.status == JobStatus.RUNNING].sum())
+    gpus = jobs.workers * jobs.gpus_per_worker
+    assert acc.alloc_gpus == int(gpus.sum())
+    assert acc.busy_gpus == int(gpus[jobs.status == JobStatus.RUNNING].sum())
     assert acc.up_gpus == int(nodes.gpus_total[nodes.ready].sum())
     queued = jobs.status == JobStatus.QUEUED
     assert acc.queued_gpus == state.demand.pending_gpus == int(jobs.requested_gpus[queued].sum())

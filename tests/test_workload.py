@@ -155,6 +155,24 @@ def test_canonical_profiled_rows(tmp_path):
     assert (timed.application, timed.batch_size) == ("cifar10", 512)
 
 
+def test_canonical_gpus_per_worker_counts_the_elastic_range_in_workers(tmp_path):
+    path = write_csv(
+        tmp_path,
+        "job_id,submit_s,num_gpus,duration_s,min_gpus,max_gpus,gpus_per_worker\n"
+        "pretrain,0,16,3600,8,32,8\n"
+        "odd,1,9,600,,,3\n"
+        "plain,2,2,60,,,\n",
+    )
+    pretrain, odd, plain = load_workload(str(path), BIG_CLUSTER).jobs
+    assert (pretrain.gpus_per_worker, pretrain.requested_gpus) == (8, 16)
+    assert (pretrain.min_workers, pretrain.max_workers) == (1, 4)
+    assert pretrain.work / GENERIC_SCALING.iterations_per_s((8, 8)) == pytest.approx(3600.0)
+    # three 3-GPU workers packed on 8-GPU nodes: two on one node, one on another
+    assert odd.work / GENERIC_SCALING.iterations_per_s((6, 3)) == pytest.approx(600.0)
+    assert (odd.min_workers, odd.max_workers) == (1, 12)  # default: 4 x its request, in workers
+    assert (plain.gpus_per_worker, plain.min_workers, plain.max_workers) == (1, 1, 8)
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
@@ -257,6 +275,18 @@ def test_unknown_header(tmp_path):
         # pandas reads a column of only true/false as booleans, which are not GPU counts
         (CANONICAL_HEADER + "a,0,true,10\n", "row 1 (line 2): num_gpus must be a whole number"),
         (CANONICAL_HEADER + "a,0,1,True\n", "row 1 (line 2): duration_s must be a number"),
+        # workers of k GPUs: k a whole number that fits a node, GPU counts whole workers
+        ("job_id,submit_s,num_gpus,duration_s,gpus_per_worker\na,0,4,10,0\n",
+         "row 1 (line 2): gpus_per_worker must be a whole number >= 1; fix the gpus_per_worker"),
+        ("job_id,submit_s,num_gpus,duration_s,gpus_per_worker\na,0,4,10,2\nb,0,8,10,1.5\n",
+         "row 2 (line 3): gpus_per_worker must be a whole number >= 1"),
+        ("job_id,submit_s,num_gpus,duration_s,gpus_per_worker\na,0,8,10,8\n",
+         "row 1 (line 2): gpus_per_worker exceeds the largest node's 4 GPUs (a worker's GPUs "
+         "are on one node); lower it to at most 4, or simulate bigger nodes (--cluster)"),
+        ("job_id,submit_s,num_gpus,duration_s,gpus_per_worker\na,0,6,10,4\n",
+         "row 1 (line 2): num_gpus is not whole workers of gpus_per_worker GPUs; make num_gpus"),
+        ("job_id,submit_s,num_gpus,duration_s,min_gpus,gpus_per_worker\na,0,4,10,2,4\n",
+         "row 1 (line 2): min_gpus or max_gpus is not whole workers of gpus_per_worker GPUs"),
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, text, problem):

@@ -2,7 +2,8 @@
 
 One row per job, in any order (jobs are sorted by submit time). Header and columns::
 
-    job_id,submit_s,num_gpus,duration_s[,application,batch_size,min_gpus,max_gpus,restore_s]
+    job_id,submit_s,num_gpus,duration_s[,application,batch_size,min_gpus,max_gpus,restore_s,
+                                        gpus_per_worker]
 
 Required:
 
@@ -25,6 +26,10 @@ Optional (a column may be absent, or a cell empty):
   local batch (capped by the cluster), for others 4 x ``num_gpus`` (capped by the cluster).
 * ``restore_s`` — checkpoint-restore seconds (0 to a day) paid on every (re)start or resize.
   Default: the Sia figure for the application, else 65 s.
+* ``gpus_per_worker`` — GPUs each worker pod holds, all on one node (a PyTorchJob worker
+  requesting ``nvidia.com/gpu: k``, ``nprocPerNode: k``). Default 1. At most the largest node's
+  GPUs; ``num_gpus``, ``min_gpus`` and ``max_gpus`` must then be whole workers (multiples of it),
+  and the job grows and shrinks by whole workers. Default ``min_gpus`` is one worker.
 
 Every row has as many fields as the header (an empty cell keeps its comma); any other column is
 refused, since a misspelt optional one would be ignored; limits are the ``MAX_*`` constants of
@@ -32,9 +37,9 @@ refused, since a misspelt optional one would be ignored; limits are the ``MAX_*`
 
 Example::
 
-    job_id,submit_s,num_gpus,duration_s,application,batch_size,min_gpus,max_gpus,restore_s
-    llm-finetune,0,8,7200,,,4,16,300
-    resnet-sweep-3,120,4,,imagenet,3200,,,
+    job_id,submit_s,num_gpus,duration_s,application,batch_size,min_gpus,max_gpus,restore_s,gpus_per_worker
+    llm-finetune,0,16,7200,,,8,32,300,8
+    resnet-sweep-3,120,4,,imagenet,3200,,,,
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ from rlalloc.env.workload.table import (
 
 CANONICAL_COLUMNS = ("job_id", "submit_s", "num_gpus", "duration_s")
 """Required columns."""
-CANONICAL_OPTIONAL_COLUMNS = ("application", "batch_size", "min_gpus", "max_gpus", "restore_s")
+CANONICAL_OPTIONAL_COLUMNS = ("application", "batch_size", "min_gpus", "max_gpus", "restore_s",
+                              "gpus_per_worker")
 """Optional columns; an absent column is the same as all its cells empty."""
 
 
@@ -88,6 +94,7 @@ def load_canonical(
     submit_s = seconds(path, df, "submit_s", MAX_SUBMIT_S)
     gpus = whole_numbers(path, df, "num_gpus", 1)
     reject_beyond_cluster(path, gpus, "num_gpus", total)
+    per_worker = _workers_of(path, df, gpus, cluster)
 
     duration_given = df["duration_s"].notna().to_numpy()
     duration_s = seconds(path, df, "duration_s", MAX_DURATION_S, where=duration_given)
@@ -122,8 +129,17 @@ def load_canonical(
         default_max[i] = profiled_max_workers(
             profiles[applications[i]], int(batch_size[i]), int(gpus[i]), total
         )
-    min_gpus = _optional_whole(path, df, "min_gpus", MIN_WORKERS)
+    worker_capacity = _worker_capacity(cluster, per_worker)
+    default_max = np.maximum(np.minimum(default_max, worker_capacity) // per_worker * per_worker,
+                             gpus)
+    min_gpus = _optional_whole(path, df, "min_gpus", MIN_WORKERS * per_worker)
     max_gpus = _optional_whole(path, df, "max_gpus", default_max)
+    reject_rows(
+        path,
+        (min_gpus % per_worker != 0) | (max_gpus % per_worker != 0),
+        "min_gpus or max_gpus is not whole workers of gpus_per_worker GPUs",
+        "make them multiples of gpus_per_worker",
+    )
     reject_rows(
         path,
         (min_gpus > gpus) | (gpus > max_gpus),
@@ -136,15 +152,22 @@ def load_canonical(
         f"max_gpus exceeds the cluster's {total} GPUs",
         f"lower it to at most {total} or leave the cell empty for the default",
     )
+    reject_rows(
+        path,
+        max_gpus > worker_capacity,
+        "max_gpus exceeds the whole workers of gpus_per_worker GPUs the cluster's nodes hold",
+        "lower it or leave the cell empty for the default",
+    )
     restore = seconds(path, df, "restore_s", MAX_RESTORE_S,
                       where=df["restore_s"].notna().to_numpy())
 
     work = np.where(duration_given, generic_work(np.nan_to_num(duration_s), gpus,
-                                                 cluster.max_gpus_per_node), 0.0)
+                                                 cluster.max_gpus_per_node,
+                                                 gpus_per_worker=per_worker), 0.0)
     for i in np.flatnonzero(app_given).tolist():
         profile = profiles[applications[i]]
         if duration_given[i]:
-            shape = packed_shape(int(gpus[i]), cluster.max_gpus_per_node)
+            shape = packed_shape(int(gpus[i]), cluster.max_gpus_per_node, int(per_worker[i]))
             speed = profile.throughput(int(batch_size[i])).iterations_per_s(shape)
             work[i] = duration_s[i] * speed
         else:
@@ -156,8 +179,8 @@ def load_canonical(
             submit_s=float(submit_s[i]),
             requested_gpus=int(gpus[i]),
             work=float(work[i]),
-            min_workers=int(min_gpus[i]),
-            max_workers=int(max_gpus[i]),
+            min_workers=int(min_gpus[i] // per_worker[i]),
+            max_workers=int(max_gpus[i] // per_worker[i]),
             restore_s=(
                 float(restore[i])
                 if not np.isnan(restore[i])
@@ -165,10 +188,47 @@ def load_canonical(
             ),
             application=applications[i] if app_given[i] else None,
             batch_size=int(batch_size[i]) if app_given[i] else None,
+            gpus_per_worker=int(per_worker[i]),
         )
         for i in submit_order(submit_s).tolist()
     )
     return Workload(path.stem, jobs)
+
+
+def _workers_of(path: Path, df: pd.DataFrame, gpus: np.ndarray,
+                cluster: ClusterSpec) -> np.ndarray:
+    """The `gpus_per_worker` column (default 1), checked against the cluster's nodes (a worker's
+    GPUs are on one node) and the rows' `num_gpus` (whole workers)."""
+    per_worker = _optional_whole(path, df, "gpus_per_worker", 1)
+    largest = cluster.max_gpus_per_node
+    reject_rows(
+        path,
+        per_worker > largest,
+        f"gpus_per_worker exceeds the largest node's {largest} GPUs (a worker's GPUs are on one "
+        "node)",
+        f"lower it to at most {largest}, or simulate bigger nodes (--cluster)",
+    )
+    reject_rows(
+        path,
+        gpus % per_worker != 0,
+        "num_gpus is not whole workers of gpus_per_worker GPUs",
+        "make num_gpus a multiple of gpus_per_worker",
+    )
+    capacity = _worker_capacity(cluster, per_worker)
+    reject_rows(
+        path,
+        gpus > capacity,
+        "num_gpus exceeds the whole workers of gpus_per_worker GPUs the cluster's nodes hold",
+        "simulate a larger cluster (--cluster) or remove such rows",
+    )
+    return per_worker
+
+
+def _worker_capacity(cluster: ClusterSpec, per_worker: np.ndarray) -> np.ndarray:
+    """GPUs of whole workers the cluster holds, per row's worker size."""
+    node_gpus = np.array([node.gpus for node in cluster.nodes], dtype=np.int64)
+    sizes = {k: int((node_gpus // k * k).sum()) for k in np.unique(per_worker).tolist()}
+    return np.array([sizes[k] for k in per_worker.tolist()], dtype=np.int64)
 
 
 def _optional_whole(

@@ -238,12 +238,16 @@ def generic_work(
     requested: np.ndarray,
     gpus_per_node: int,
     scaling: GenericScaling = GENERIC_SCALING,
+    gpus_per_worker: np.ndarray | None = None,
 ) -> np.ndarray:
     """Iterations a generic job ran: its run time at the speed of its request packed on nodes
-    of `gpus_per_node` GPUs, so replaying it as requested reproduces the trace's run time."""
-    speed = {g: scaling.iterations_per_s(packed_shape(g, gpus_per_node)) for g in
-             np.unique(requested).tolist()}
-    return duration_s * np.array([speed[g] for g in requested.tolist()])
+    of `gpus_per_node` GPUs (in whole workers of `gpus_per_worker`, default 1), so replaying it
+    as requested reproduces the trace's run time."""
+    per_worker = np.ones_like(requested) if gpus_per_worker is None else gpus_per_worker
+    pairs = list(zip(requested.tolist(), per_worker.tolist(), strict=True))
+    speed = {pair: scaling.iterations_per_s(packed_shape(pair[0], gpus_per_node, pair[1]))
+             for pair in set(pairs)}
+    return duration_s * np.array([speed[pair] for pair in pairs])
 
 
 def submit_order(submit_s: np.ndarray) -> np.ndarray:
