@@ -1,18 +1,19 @@
 """The baselines a learned policy must beat, each a pure function of `ClusterState`.
 
-- `StaticPolicy` ("static"): what most clusters do today. Every job gets exactly the GPUs it
-  asked for, packed, in strict FIFO order (head-of-line blocking, no backfill); no resizing, no
+- `StaticPolicy` ("static"): what most clusters do today. Every job gets exactly the workers
+  it asked for, packed, in strict FIFO order (head-of-line blocking, no backfill); no resizing, no
   moves. A job stopped by a node failure goes back to the queue at its original place (it is the
   oldest job, so it restarts from its checkpoint as soon as its GPUs are free again).
 - `TiresiasPolicy` ("tiresias"): discretised two-dimensional least-attained-service (Gu et al.,
   NSDI'19). Jobs sit in priority queues by attained GPU-seconds; FIFO within a queue; a job
   that has waited `promote_knob` times as long as it has run is promoted to the top queue
   (starvation guard); lower-priority running jobs are preempted (suspended, i.e. scaled to 0)
-  when higher-priority ones need their GPUs. Jobs still get exactly their requested GPUs.
+  when higher-priority ones need their GPUs. Jobs still get exactly their requested workers.
 - `ElasticPolicy` ("elastic"): goodput-greedy elastic allocation in the spirit of Optimus and
-  Pollux. Each GPU goes to the job whose speed-up (the state's scaling curve) gains most from
-  it, per GPU; a running job is grown only when it then finishes at least `min_saving` (10%)
-  of its estimated remaining time sooner, checkpoint-restore time included (no thrashing).
+  Pollux. Each worker goes to the job whose speed-up (the state's scaling curve) gains most
+  from it, per GPU it holds; a running job is grown only when it then finishes at least
+  `min_saving` (10%) of its estimated remaining time sooner, checkpoint-restore time included
+  (no thrashing).
   With ``failover=True`` ("reactive") jobs stopped by a failure restart at once on whatever GPUs
   are free (any size within min..max); with ``proactive=True`` ("proactive") jobs are also
   moved off nodes whose telemetry warns, before the node fails; with ``remaining_power=0.5``
@@ -23,6 +24,12 @@ express (`FeatureSpec.worker_levels` plus the job's request, within min..max), a
 worker with `choose_nodes(..., PACKED)`, exactly as `Featurizer.decode` does. Every heuristic
 action is therefore also a discrete action, which lets a learned policy be warm-started by
 imitating a heuristic (`rlalloc.agent.imitation`).
+
+Workers: every policy counts a job's allocation in workers of its `gpus_per_worker` (k) GPUs,
+all on one node, as actions do: a job asks for `requested_gpus // k` workers, a worker is
+valued as the k GPUs it holds (the scaling curve's n counts GPUs), and a worker fits a node
+only where k of its GPUs are free (`choose_nodes` never splits one). With k = 1 a worker is a
+GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlalloc.env.featurizer import FeatureSpec, Featurizer, at_risk_nodes, speedup
-from rlalloc.env.placement import choose_nodes
+from rlalloc.env.placement import choose_nodes, free_gpus_for
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
@@ -43,8 +50,8 @@ _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
 def scale_action(state: ClusterState, row: int, workers: int,
                  strategy: Strategy = Strategy.PACKED,
                  avoid: np.ndarray | None = None) -> Action | None:
-    """'Run job `row` on `workers` GPUs placed by `strategy`', on no node `avoid` marks (None if
-    they do not fit)."""
+    """'Run job `row` on `workers` workers placed by `strategy`', on no node `avoid` marks (None
+    if they do not fit)."""
     nodes = choose_nodes(state, row, workers, strategy, avoid=avoid)
     if nodes is None:
         return None
@@ -55,6 +62,20 @@ def scale_action(state: ClusterState, row: int, workers: int,
 def suspend_action(state: ClusterState, row: int) -> Action:
     """'Checkpoint job `row` and release its GPUs' (scale to 0)."""
     return Action(ActionKind.SCALE, state.jobs.job_id[row], 0, ())
+
+
+def requested_workers(state: ClusterState, rows: np.ndarray | int) -> np.ndarray | int:
+    """Workers jobs `rows` asked for: their requested GPUs in workers of their own size."""
+    jobs = state.jobs
+    return jobs.requested_gpus[rows] // jobs.gpus_per_worker[rows]
+
+
+def free_worker_slots(state: ClusterState) -> dict[int, int]:
+    """Per worker size (GPUs per worker) among the state's jobs, and 1: the workers of that
+    size the free GPUs of usable nodes could hold, each on one node (`free_slots_for` of a job
+    without GPUs). What a queued job can start with; at size 1, the free GPUs."""
+    free = free_gpus_for(state, None)
+    return {k: int((free // k).sum()) for k in {1, *state.jobs.gpus_per_worker.tolist()}}
 
 
 def usable_gpus(state: ClusterState) -> tuple[int, int]:
@@ -75,20 +96,25 @@ def gpu_budget(state: ClusterState) -> int:
     other nodes, so other jobs got less than was free there and the cordoned ones were shrunk
     or preempted. The simulator has neither, and requeues a failed node's jobs at once: there
     this is every GPU of the usable nodes."""
-    nodes = state.nodes
-    held = int(state.jobs.workers.sum())
+    nodes, jobs = state.nodes, state.jobs
+    held = int((jobs.workers * jobs.gpus_per_worker).sum())
     if not nodes.ready.all():
         # a job's pods on a node that failed stay listed until evicted, holding nothing
         down = (~nodes.ready).tolist()
-        held -= sum(down[node] for placement in state.jobs.placement for node in placement)
+        held -= sum(k * sum(down[node] for node in placement)
+                    for placement, k in zip(jobs.placement, jobs.gpus_per_worker.tolist(),
+                                            strict=True))
     return usable_gpus(state)[1] + held
 
 
-def _packed_nodes(state: ClusterState, workers: np.ndarray | int) -> np.ndarray | int:
-    """Nodes that `workers` GPUs span when packed onto the largest nodes: what the speed-up
-    curve's cross-node term depends on, as the featurizer counts it."""
+def _packed_nodes(state: ClusterState, rows: np.ndarray | int,
+                  workers: np.ndarray | int) -> np.ndarray | int:
+    """Nodes that `workers` workers of jobs `rows` span when packed onto the largest nodes
+    (each holds as many whole workers as fit in its GPUs): what the speed-up curve's
+    cross-node term depends on, as the featurizer counts it."""
     per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
-    return -(-workers // per_node)
+    slots = np.maximum(per_node // state.jobs.gpus_per_worker[rows], 1)
+    return -(-workers // slots)
 
 
 def _arrival_order(state: ClusterState, rows: np.ndarray) -> np.ndarray:
@@ -107,7 +133,7 @@ class StaticPolicy:
         if not len(queued):
             return NOOP
         head = int(_arrival_order(state, queued)[0])
-        return scale_action(state, head, int(state.jobs.requested_gpus[head])) or NOOP
+        return scale_action(state, head, int(requested_workers(state, head))) or NOOP
 
 
 # ---------------------------------------------------------------------------------- tiresias
@@ -172,7 +198,7 @@ class TiresiasPolicy:
                 return suspend_action(state, row)
         for row in order.tolist():
             if chosen[row] and jobs.status[row] == _QUEUED:
-                action = scale_action(state, row, int(jobs.requested_gpus[row]))
+                action = scale_action(state, row, int(requested_workers(state, row)))
                 if action is not None:
                     return action
         return NOOP
@@ -226,16 +252,19 @@ RemainingWork = Callable[[ClusterState, np.ndarray], np.ndarray]
 is not known (the estimate from progress is used there)."""
 
 Speedups = Callable[[ClusterState, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-"""Speed-up over one GPU of the jobs at rows `rows` of a state with `workers` GPUs on `nodes`
-nodes (arrays broadcast together; 0 for 0 workers)."""
+"""Speed-up over one GPU of the jobs at rows `rows` of a state with `workers` workers (of
+each job's `gpus_per_worker` GPUs) on `nodes` nodes (arrays broadcast together; 0 for 0
+workers)."""
 
 
 def curve_speedups(state: ClusterState, rows: np.ndarray, workers: np.ndarray,
                    nodes: np.ndarray) -> np.ndarray:
-    """`Speedups` from the state's scaling curve: all a controller knows of a job's speed
-    without its application's profile (`rlalloc.agent.job_speeds` for one with)."""
+    """`Speedups` from the state's scaling curve, whose n counts GPUs: all a controller knows
+    of a job's speed without its application's profile (`rlalloc.agent.job_speeds` for one
+    with)."""
     jobs = state.jobs
-    return speedup(workers, nodes, jobs.scaling_alpha[rows], jobs.scaling_beta[rows])
+    return speedup(workers * jobs.gpus_per_worker[rows], nodes, jobs.scaling_alpha[rows],
+                   jobs.scaling_beta[rows])
 
 
 class ElasticPolicy:
@@ -263,7 +292,8 @@ class ElasticPolicy:
         n_jobs, n_levels = jobs.count, len(self._levels)
         candidates = np.empty((n_jobs, n_levels + 1), dtype=np.int64)
         candidates[:, :n_levels] = self._levels
-        candidates[:, n_levels] = jobs.requested_gpus
+        rows = np.arange(n_jobs)
+        candidates[:, n_levels] = requested_workers(state, rows)
         candidates.sort(axis=1)
         repeated = np.zeros_like(candidates, dtype=bool)
         repeated[:, 1:] = candidates[:, 1:] == candidates[:, :-1]
@@ -273,13 +303,13 @@ class ElasticPolicy:
         sizes = np.sort(np.where(allowed, candidates, np.iinfo(np.int64).max), axis=1)
         count = allowed.sum(axis=1)
         sizes[np.arange(n_levels + 1)[None, :] >= count[:, None]] = 0
-        speedups = self.speedups(state, np.arange(n_jobs)[:, None], sizes,
-                                 _packed_nodes(state, sizes))
+        speedups = self.speedups(state, rows[:, None], sizes,
+                                 _packed_nodes(state, rows[:, None], sizes))
         return SizeTable(sizes, count, speedups)
 
     def _speedup(self, state: ClusterState, row: int, workers: int, nodes_used: int = 0) -> float:
-        """Speed-up over one GPU of `workers` on `nodes_used` nodes (0: packed)."""
-        k = nodes_used or _packed_nodes(state, workers)
+        """Speed-up over one GPU of `workers` workers on `nodes_used` nodes (0: packed)."""
+        k = nodes_used or _packed_nodes(state, row, workers)
         return float(self.speedups(state, np.array([row]), np.array([workers]),
                                    np.array([k]))[0])
 
@@ -313,7 +343,7 @@ class ElasticPolicy:
         """Speed-up over one GPU of jobs `rows` as placed now (1 for a job without GPUs)."""
         workers = state.jobs.workers[rows]
         return np.where(workers > 0, self.speedups(state, rows, workers,
-                                                   _packed_nodes(state, workers)), 1.0)
+                                                   _packed_nodes(state, rows, workers)), 1.0)
 
     def _failed(self, state: ClusterState) -> np.ndarray:
         """bool per job: queued after having run (elastic never suspends: a failure did it)."""
@@ -323,32 +353,34 @@ class ElasticPolicy:
     def targets(self, state: ClusterState, table: SizeTable | None = None) -> np.ndarray:
         """Target workers per job: running jobs keep their smallest size, queued jobs are
         admitted least-attained-service first, then each further step up goes to the job
-        with the largest speed-up gain per added GPU. Restoring jobs keep what they have."""
+        with the largest speed-up gain per added GPU. Restoring jobs keep what they have.
+        The budget (`gpu_budget`) counts GPUs, a job's worker its `gpus_per_worker` of them."""
         jobs = state.jobs
         table = table or self.size_table(state)
         capacity = gpu_budget(state)
+        per_worker = jobs.gpus_per_worker.astype(np.int64)
         target = np.zeros(jobs.count, dtype=np.int64)
         restoring = jobs.status == int(JobStatus.RESTARTING)
         target[restoring] = jobs.workers[restoring]
-        capacity -= int(target.sum())
+        capacity -= int((target * per_worker).sum())
         level = np.full(jobs.count, -1, dtype=np.int64)
         # no suspensions: a running job keeps at least its smallest size
         running = np.flatnonzero(~restoring & (jobs.status == _RUNNING))
         level[running] = 0
         target[running] = table.sizes[running, 0]
-        capacity -= int(target[running].sum())
+        capacity -= int((target[running] * per_worker[running]).sum())
         queued = np.flatnonzero(~restoring & (jobs.status == _QUEUED) & (table.count > 0))
         restart_first = (self._failed(state)[queued]
                          if self.config.restarts_failed_first
                          else np.zeros(len(queued), dtype=bool))
         queued = queued[np.lexsort((jobs.submit_s[queued], jobs.attained_gpu_s[queued],
                                     ~restart_first))]
-        smallest = table.sizes[:, 0].tolist()
+        smallest, gpus_of = table.sizes[:, 0].tolist(), per_worker.tolist()
         for row in queued.tolist():
-            if smallest[row] <= capacity:
+            if smallest[row] * gpus_of[row] <= capacity:
                 level[row] = 0
                 target[row] = smallest[row]
-                capacity -= smallest[row]
+                capacity -= smallest[row] * gpus_of[row]
         sizes, speedups, count = table.sizes.tolist(), table.speedups.tolist(), table.count.tolist()
         levels = level.tolist()
         rank = {row: i for i, row in enumerate(running.tolist() + queued.tolist())}
@@ -359,7 +391,7 @@ class ElasticPolicy:
             if now < 0 or now + 1 >= count[row]:
                 return None
             gain = ((speedups[row][now + 1] - speedups[row][now])
-                    / (sizes[row][now + 1] - sizes[row][now]))
+                    / ((sizes[row][now + 1] - sizes[row][now]) * gpus_of[row]))
             return (-gain * weight.get(row, 1.0), rank[row], row) if gain > 0 else None
 
         heap = [entry for entry in map(step_gain, rank) if entry is not None]
@@ -367,11 +399,11 @@ class ElasticPolicy:
         while heap and capacity > 0:
             _, _, row = heapq.heappop(heap)
             extra = sizes[row][levels[row] + 1] - sizes[row][levels[row]]
-            if extra > capacity:
+            if extra * gpus_of[row] > capacity:
                 continue  # this step does not fit; smaller steps of other jobs may
             levels[row] += 1
             target[row] += extra
-            capacity -= extra
+            capacity -= extra * gpus_of[row]
             entry = step_gain(row)
             if entry is not None:
                 heapq.heappush(heap, entry)
@@ -401,24 +433,28 @@ class ElasticPolicy:
             if action is not None:
                 return action
         target = self.targets(state, table)
-        _, free = usable_gpus(state)
+        slots = free_worker_slots(state)
         if self.config.restarts_failed_first:
-            action = self._restart_failed(state, table, target, free)
+            action = self._restart_failed(state, table, target, slots)
             if action is not None:
                 return action
-        action = self._admit(state, table, target, free)
+        action = self._admit(state, table, target, slots)
         if action is not None:
             return action
-        return self._grow(state, target, free) or NOOP
+        return self._grow(state, target, slots[1]) or NOOP
 
     def _admit(self, state: ClusterState, table: SizeTable, target: np.ndarray,
-               free: int) -> Action | None:
+               slots: dict[int, int]) -> Action | None:
+        """Start the waiting job first in least-attained-service order that fits, at the
+        largest of its sizes up to its target that the free worker `slots` (by worker size)
+        hold; if none fits, shrink a running job to its target to make room."""
         jobs = state.jobs
         waiting = np.flatnonzero((jobs.status == _QUEUED) & (target > 0)).tolist()
         waiting.sort(key=lambda r: (jobs.attained_gpu_s[r], jobs.submit_s[r]))
+        per_worker = jobs.gpus_per_worker.tolist()
         for row in waiting:
             sizes = table.of(row)
-            fitting = sizes[(sizes <= min(free, target[row]))]
+            fitting = sizes[(sizes <= min(slots[per_worker[row]], target[row]))]
             if len(fitting):
                 action = scale_action(state, row, int(fitting[-1]))
                 if action is not None:
@@ -430,7 +466,7 @@ class ElasticPolicy:
         for row in np.flatnonzero((jobs.status == _RUNNING) & (jobs.workers > target)).tolist():
             now, new = int(jobs.workers[row]), int(target[row])
             loss = (self._speedup(state, row, now, len(set(jobs.placement[row])))
-                    - self._speedup(state, row, new)) / (now - new)
+                    - self._speedup(state, row, new)) / ((now - new) * per_worker[row])
             if best is None or loss < best[0]:
                 best = (loss, row)
         if best is None:
@@ -438,11 +474,13 @@ class ElasticPolicy:
         return scale_action(state, best[1], int(target[best[1]]))
 
     def _grow(self, state: ClusterState, target: np.ndarray, free: int) -> Action | None:
+        """The grow to its target, within the `free` GPUs and placed in whole workers, that
+        saves a running job the largest share of its remaining time (at least `min_saving`)."""
         jobs = state.jobs
         best: tuple[float, Action] | None = None
         for row in np.flatnonzero((jobs.status == _RUNNING) & (target > jobs.workers)).tolist():
             now, new = int(jobs.workers[row]), int(target[row])
-            if new - now > free:
+            if (new - now) * int(jobs.gpus_per_worker[row]) > free:
                 continue
             remaining = self.remaining_s(state, row)
             if remaining <= 0.0:  # done by the estimate (progress 1 while it saves its last
@@ -468,11 +506,14 @@ class ElasticPolicy:
                                            for n in set(action.nodes))
 
     def _restart_failed(self, state: ClusterState, table: SizeTable, target: np.ndarray,
-                        free: int) -> Action | None:
-        """Reactive failover: a failure-stopped job restarts now on whatever is free."""
+                        slots: dict[int, int]) -> Action | None:
+        """Reactive failover: a failure-stopped job restarts now on whatever is free, in the
+        free worker `slots` of its worker size."""
+        per_worker = state.jobs.gpus_per_worker
         for row in np.flatnonzero(self._failed(state)).tolist():
             sizes = table.of(row)
-            cap = min(free, max(int(target[row]), int(sizes[0]) if len(sizes) else 0))
+            cap = min(slots[int(per_worker[row])],
+                      max(int(target[row]), int(sizes[0]) if len(sizes) else 0))
             fitting = sizes[sizes <= cap]
             if len(fitting):
                 action = scale_action(state, row, int(fitting[-1]))

@@ -66,26 +66,31 @@ def profiled_speeds(models: dict[CurveKey, ThroughputFn]) -> SpeedOf:
     return speed_of
 
 
-def assumed_shape(workers: int, nodes: int, gpus_per_node: int) -> tuple[int, ...]:
-    """GPUs per node of `workers` on `nodes` nodes: packed onto full nodes when `nodes` is the
-    fewest that hold them (how the elastic heuristics place), spread evenly otherwise."""
+def assumed_shape(workers: int, nodes: int, gpus_per_node: int,
+                  gpus_per_worker: int = 1) -> tuple[int, ...]:
+    """GPUs per node of `workers` workers of `gpus_per_worker` GPUs on `nodes` nodes: packed
+    onto full nodes (as many whole workers as a node's GPUs hold) when `nodes` is the fewest
+    that hold them (how the elastic heuristics place), workers spread evenly otherwise."""
+    per_node = max(gpus_per_node // gpus_per_worker, 1)
     nodes = max(min(nodes, workers), 1)
-    full, rest = divmod(workers, gpus_per_node)
+    full, rest = divmod(workers, per_node)
     if nodes == full + (rest > 0):
-        return (gpus_per_node,) * full + ((rest,) if rest else ())
-    share, extra = divmod(workers, nodes)
-    return tuple(share + (i < extra) for i in range(nodes))
+        shape = (per_node,) * full + ((rest,) if rest else ())
+    else:
+        share, extra = divmod(workers, nodes)
+        shape = tuple(share + (i < extra) for i in range(nodes))
+    return tuple(count * gpus_per_worker for count in shape)
 
 
 class ProfiledSpeedups:
     """`rlalloc.agent.heuristics.Speedups` from measured throughput where `models` has a job's
-    curve: its iterations per second on the placement over those on one GPU; the curve
-    otherwise."""
+    curve: its iterations per second on the placement (in GPUs per node, a worker's all on
+    one node) over those on one GPU; the curve otherwise."""
 
     def __init__(self, models: dict[CurveKey, ThroughputFn]) -> None:
         self.models = models
         self._keys: dict[tuple[float, float, float], CurveKey | None] = {}
-        self._memo: dict[tuple[CurveKey, int, int, int], float] = {}
+        self._memo: dict[tuple[CurveKey, int, int, int, int], float] = {}
 
     def __call__(self, state: ClusterState, rows: np.ndarray, workers: np.ndarray,
                  nodes: np.ndarray) -> np.ndarray:
@@ -99,6 +104,7 @@ class ProfiledSpeedups:
                 for row in set(flat_rows)}
         if all(key is None for key in keys.values()):
             return curve
+        per_worker = {row: int(jobs.gpus_per_worker[row]) for row in keys}
         per_node = max(int(state.nodes.gpus_total.max(initial=1)), 1)
         # plain Python over memoised values: a decision asks for a few hundred entries, for
         # which numpy's per-call overhead (unique rows and the like) cost many times the
@@ -108,7 +114,7 @@ class ProfiledSpeedups:
                                             nodes.reshape(-1).tolist(), strict=True)):
             key = keys[row]
             if key is not None:
-                result[i] = self._speedup(key, n, k, per_node)
+                result[i] = self._speedup(key, n, k, per_node, per_worker[row])
         return result.reshape(curve.shape)
 
     def _key_of(self, curve: tuple[float, float, float]) -> CurveKey | None:
@@ -118,12 +124,13 @@ class ProfiledSpeedups:
             self._keys[curve] = key if key in self.models else None
         return self._keys[curve]
 
-    def _speedup(self, key: CurveKey, workers: int, nodes: int, per_node: int) -> float:
-        memo_key = (key, workers, nodes, per_node)
+    def _speedup(self, key: CurveKey, workers: int, nodes: int, per_node: int,
+                 per_worker: int) -> float:
+        memo_key = (key, workers, nodes, per_node, per_worker)
         if memo_key not in self._memo:
             model = self.models[key]
             self._memo[memo_key] = (0.0 if workers <= 0 else
-                                    model(assumed_shape(workers, nodes, per_node))
+                                    model(assumed_shape(workers, nodes, per_node, per_worker))
                                     / model((1,)))
         return self._memo[memo_key]
 

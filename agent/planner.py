@@ -66,12 +66,13 @@ PLANNER_FILE = "planner.json"
 """A saved planner: what it was fitted with, its size table and history (`save_planner`)."""
 ARRIVALS_FILE = "arrivals.json"
 """The arrivals model of a planner whose futures are drawn from one (`ArrivalsModel.to_json`)."""
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FUTURES = ("past-days", "arrivals")
 """Where a planner's sampled futures come from (`PlannerConfig.futures`)."""
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
-                   "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta")
-"""One history job per row of a saved planner, in this column order."""
+                   "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta", "gpus_per_worker")
+"""One history job per row of a saved planner, in this column order (`min_workers` and
+`max_workers` count workers of `gpus_per_worker` GPUs, `requested_gpus` GPUs)."""
 
 
 def planning_policy(base: ElasticPolicy, alternatives: Sequence[ElasticPolicy],
@@ -93,7 +94,7 @@ def history_rows(scenario: Scenario) -> list[list[float]]:
     """The jobs of `scenario` as `HISTORY_COLUMNS` rows."""
     return [[job.submit_s, job.requested_gpus, job.min_workers, job.max_workers,
              job.work / speed.speed_1gpu, job.restore_s, speed.speed_1gpu, speed.scaling_alpha,
-             speed.scaling_beta]
+             speed.scaling_beta, job.gpus_per_worker]
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True)]
 
 
@@ -114,9 +115,10 @@ def history_arrivals(rows: Sequence[Sequence[float]],
     curves."""
     jobs, speeds = [], []
     for index, row in enumerate(rows):
-        submit, requested, lo, hi, work_s, restore, speed_1gpu, alpha, beta = row
+        submit, requested, lo, hi, work_s, restore, speed_1gpu, alpha, beta, per_worker = row
         jobs.append(JobSpec(f"job{index}", float(submit), int(requested),
-                            float(work_s) * float(speed_1gpu), int(lo), int(hi), float(restore)))
+                            float(work_s) * float(speed_1gpu), int(lo), int(hi), float(restore),
+                            gpus_per_worker=int(per_worker)))
         speeds.append(speed_of(float(speed_1gpu), float(alpha), float(beta)))
     return tuple(jobs), tuple(speeds)
 

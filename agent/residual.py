@@ -52,7 +52,7 @@ PROPOSAL_FEATURES = 10
 """Observation entries appended per heuristic (see `ResidualFeaturizer.observe`)."""
 SIZE_FEATURES = 2
 """Observation entries appended per job slot when told job sizes (see `size_features`)."""
-_LOG_WORKERS = math.log2(1 + 16)
+_LOG_GPUS = math.log2(1 + 16)
 _LOG_MINUTES = math.log2(1 + 60 * 24 * 7)
 """Remaining work is shown as log2(1 + minutes on one GPU), a week = 1."""
 
@@ -117,15 +117,18 @@ class ResidualFeaturizer(Featurizer):
 
 
 def proposal_features(state: ClusterState, action: Action) -> np.ndarray:
-    """What a proposal would do: valid, starts a queued job, shrinks, grows, migrates, new and
-    current workers (log-scaled), the job's progress, its restore time / 300 s, and the
-    speed-up the change buys (new / current - 1, clipped to [-1, 4]). All 0 for a no-op."""
+    """What a proposal would do: valid, starts a queued job, shrinks, grows, migrates, the new
+    and current GPUs (log-scaled), the job's progress, its restore time / 300 s, and the
+    speed-up the change buys (new / current - 1, clipped to [-1, 4]). All 0 for a no-op.
+    Sizes are in GPUs (the action's workers times the job's GPUs per worker), as in the
+    featurizer's rows."""
     extra = np.zeros(PROPOSAL_FEATURES, dtype=np.float32)
     if action.kind == ActionKind.NOOP:
         return extra
     jobs = state.jobs
     row = state.job_index(action.job_id)
-    now, new = int(jobs.workers[row]), int(action.workers)
+    per_worker = int(jobs.gpus_per_worker[row])
+    now, new = int(jobs.workers[row]) * per_worker, int(action.workers) * per_worker
     gains = speedup(np.array([new, now]),
                     np.array([len(set(action.nodes)) or 1, len(set(jobs.placement[row])) or 1]),
                     jobs.scaling_alpha[row], jobs.scaling_beta[row])
@@ -134,8 +137,8 @@ def proposal_features(state: ClusterState, action: Action) -> np.ndarray:
     extra[2] = action.kind == ActionKind.SCALE and 0 < new < now
     extra[3] = action.kind == ActionKind.SCALE and 0 < now < new
     extra[4] = action.kind == ActionKind.MIGRATE
-    extra[5] = math.log2(1 + new) / _LOG_WORKERS
-    extra[6] = math.log2(1 + now) / _LOG_WORKERS
+    extra[5] = math.log2(1 + new) / _LOG_GPUS
+    extra[6] = math.log2(1 + now) / _LOG_GPUS
     extra[7] = jobs.progress[row]
     extra[8] = jobs.restore_s[row] / 300.0
     extra[9] = min(max(gains[0] / gains[1] - 1.0, -1.0), 4.0) if gains[1] > 0 else 4.0

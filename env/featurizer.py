@@ -10,8 +10,13 @@ group.
 
 Discrete action layout: index 0 is no-op; then, for each slot k, a block of
 ``1 + (len(worker_levels) + 1) * len(strategies) + 1`` actions:
-suspend | scale to each worker level (and to the job's requested count) with each placement
+suspend | scale to each worker level (and to the job's requested workers) with each placement
 strategy | migrate off its most at-risk node.
+
+Actions count workers (a worker holds the job's `gpus_per_worker` GPUs, all on one node), and
+a target is allowed only where the job's whole workers fit. Features that say how big a job is
+or what share of the cluster it holds count GPUs, so a job of 1-GPU workers reads as it always
+did, and a job of k-GPU workers reads like one of 1-GPU workers on the same GPUs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlalloc.env.placement import choose_nodes
+from rlalloc.env.placement import choose_nodes, gpus_per_worker_of
 from rlalloc.env.state import (
     NOOP,
     Action,
@@ -51,7 +56,8 @@ class FeatureSpec:
     top_k: int = 16
     """Job slots visible to the policy."""
     worker_levels: tuple[int, ...] = (1, 2, 4, 8, 16)
-    """Worker counts a scale action can ask for (plus the job's requested count)."""
+    """Worker counts a scale action can ask for (plus the job's requested workers: its
+    requested GPUs / GPUs per worker)."""
     strategies: tuple[Strategy, ...] = (Strategy.PACKED, Strategy.SPREAD)
     """Candidate placements for every scale action."""
     checkpoint_interval_s: float = 1800.0
@@ -121,19 +127,21 @@ def at_risk_nodes(state: ClusterState) -> np.ndarray:
     return state.nodes.warned | (state.nodes.failure_risk >= RISKY_NODE_SCORE)
 
 
-def speedup(n: np.ndarray, k: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """Throughput of n workers on k nodes relative to one worker: the state's scaling curve
-    ``n / (1 + alpha (n - 1) + beta n [k > 1])`` (see `rlalloc.env.profiles.GenericScaling`)."""
+def speedup(n: np.ndarray, nodes: np.ndarray, alpha: np.ndarray,
+            beta: np.ndarray) -> np.ndarray:
+    """Throughput of n GPUs on `nodes` nodes relative to one GPU: the state's scaling curve
+    ``n / (1 + alpha (n - 1) + beta n [nodes > 1])`` (see `rlalloc.env.profiles.GenericScaling`;
+    n counts GPUs whatever the job's GPUs per worker)."""
     n = np.asarray(n, dtype=np.float64)
-    cross = np.where(np.asarray(k) > 1, beta * n, 0.0)
+    cross = np.where(np.asarray(nodes) > 1, beta * n, 0.0)
     return np.where(n > 0, n / (1.0 + alpha * np.maximum(n - 1, 0) + cross), 0.0)
 
 
-def _speedup_scalar(n: int, k: int, alpha: float, beta: float) -> float:
+def _speedup_scalar(n: int, nodes: int, alpha: float, beta: float) -> float:
     """`speedup` for one job, in plain Python (the featurizer's hot loop)."""
     if n <= 0:
         return 0.0
-    return n / (1.0 + alpha * (n - 1) + (beta * n if k > 1 else 0.0))
+    return n / (1.0 + alpha * (n - 1) + (beta * n if nodes > 1 else 0.0))
 
 
 _VALUE_CACHE_SIZE = 8192
@@ -142,28 +150,32 @@ mask blocks) before it is emptied; a 16x4 episode uses a few hundred."""
 
 
 def _allocation_features(status: int, workers: int, req: int, lo: int, hi: int, alpha: float,
-                         beta: float, restore: float, placement: tuple[int, ...],
+                         beta: float, restore: float, per_worker: int, placement: tuple[int, ...],
                          per_node: int) -> tuple[float, ...]:
     """The parts of a job's feature row that depend only on its allocation and its fixed
-    attributes; columns 8-10 and 14-16 (time and node risk) are left 0 for the caller."""
+    attributes; columns 8-10 and 14-16 (time and node risk) are left 0 for the caller.
+    `workers`, `lo` and `hi` count workers of `per_worker` GPUs, `req` GPUs; sizes and
+    speed-ups are shown in GPUs, and the fewest nodes a size needs in whole workers per node."""
     n_nodes = len(set(placement))
     ceil, log2 = math.ceil, math.log2
+    workers_per_node = max(per_node // per_worker, 1)
+    gpus = workers * per_worker
     doubled = min(max(workers * 2, 1), hi)
-    now = _speedup_scalar(workers, n_nodes, alpha, beta)
-    after = _speedup_scalar(doubled, ceil(doubled / per_node), alpha, beta)
-    at_req = _speedup_scalar(req, ceil(req / per_node), alpha, beta)
-    safe_workers = max(workers, 1)
+    now = _speedup_scalar(gpus, n_nodes, alpha, beta)
+    after = _speedup_scalar(doubled * per_worker, ceil(doubled / workers_per_node), alpha, beta)
+    at_req = _speedup_scalar(req, ceil(req // per_worker / workers_per_node), alpha, beta)
+    safe_gpus = max(gpus, 1)
     return (
         1.0, status == _QUEUED, status == _RUNNING, status == _RESTARTING,
-        log2(1 + workers) / _LOG_GPUS, log2(1 + req) / _LOG_GPUS,
-        log2(1 + lo) / _LOG_GPUS, log2(1 + hi) / _LOG_GPUS,
+        log2(1 + gpus) / _LOG_GPUS, log2(1 + req) / _LOG_GPUS,
+        log2(1 + lo * per_worker) / _LOG_GPUS, log2(1 + hi * per_worker) / _LOG_GPUS,
         0.0, 0.0, 0.0,
-        now / safe_workers,
+        now / safe_gpus,
         after / now - 1.0 if now > 0 else 1.0,
         at_req / max(req, 1),
         0.0, 0.0, 0.0,
         restore / 300.0,
-        (n_nodes - ceil(safe_workers / per_node)) / safe_workers if workers else 0.0,
+        (n_nodes - ceil(workers / workers_per_node)) / safe_gpus if workers else 0.0,
     )
 
 
@@ -191,6 +203,26 @@ class _HealthView:
 
 
 @dataclass(frozen=True, slots=True)
+class _FreeView:
+    """What the featurizer derives from the nodes' free GPUs (cached by `Nodes` identity)."""
+
+    free: list[int]
+    """Free GPUs per node, 0 on a node that is not usable."""
+    features: list[float]
+    """The node-only cluster features (indices 0-1 and 11-17 of the observation)."""
+    worker_slots: dict[int, int]
+    """GPUs per worker -> workers of that size the usable nodes' free GPUs hold (filled on
+    demand; 1 -> the free GPUs in all)."""
+
+    def slots_for(self, per_worker: int) -> int:
+        """Workers of `per_worker` GPUs that fit in the free GPUs (none split across nodes)."""
+        slots = self.worker_slots.get(per_worker)
+        if slots is None:
+            slots = self.worker_slots[per_worker] = sum(f // per_worker for f in self.free)
+        return slots
+
+
+@dataclass(frozen=True, slots=True)
 class _View:
     """What observe, mask and decode all need from one state, computed once."""
 
@@ -202,15 +234,14 @@ class _View:
     """Per job row."""
     n_queued: int
     fixed: list[tuple]
-    """Per job row: (requested, min, max workers, scaling alpha, beta, restore s)."""
+    """Per job row: (requested GPUs, min, max workers, scaling alpha, beta, restore s, GPUs per
+    worker)."""
     classes: list[int]
     """Per job row: an id shared by the jobs with equal `fixed` attributes."""
     workers: list[int]
     """Per job row."""
     health: _HealthView
-    total_free: int
-    node_features: list[float]
-    """The node-only cluster features (indices 0-1 and 11-17 of the observation)."""
+    free: _FreeView
 
 
 def _health_arrays(nodes: Nodes) -> tuple[np.ndarray, ...]:
@@ -248,7 +279,7 @@ class Featurizer:
     def __init__(self, spec: FeatureSpec | None = None) -> None:
         self.spec = spec or FeatureSpec()
         self._cached: tuple[ClusterState, _View] | None = None
-        self._cached_nodes: tuple[Nodes, tuple[int, list[float]]] | None = None
+        self._cached_nodes: tuple[Nodes, _FreeView] | None = None
         self._cached_health: _HealthView | None = None
         self._cached_fixed: tuple[tuple, tuple[list[tuple], list[int]]] | None = None
         self._classes: dict[tuple, int] = {}
@@ -259,7 +290,7 @@ class Featurizer:
         if self._cached is not None and self._cached[0] is state:
             return self._cached[1]
         health = self._health(state)
-        total_free, node_features = self._free_view(state, health)
+        free = self._free_view(state, health)
         jobs = state.jobs
         status = jobs.status.tolist()
         rows = _slot_rows(status, jobs.placement, health.at_risk, self.spec.top_k)
@@ -267,8 +298,7 @@ class Featurizer:
         view = _View(slots=np.array(rows, dtype=np.int64), rows=rows,
                      placements=[jobs.placement[r] for r in rows], status=status,
                      n_queued=status.count(_QUEUED), fixed=fixed, classes=classes,
-                     workers=jobs.workers.tolist(), health=health, total_free=total_free,
-                     node_features=node_features)
+                     workers=jobs.workers.tolist(), health=health, free=free)
         self._cached = (state, view)
         return view
 
@@ -279,9 +309,10 @@ class Featurizer:
             cached = self._cached_health = _health_view(state)
         return cached
 
-    def _free_view(self, state: ClusterState, health: _HealthView) -> tuple[int, list[float]]:
-        """Free GPUs in all and the node-only observation features, cached by `Nodes` identity
-        (the simulator shares one `Nodes` between snapshots until something changes)."""
+    def _free_view(self, state: ClusterState, health: _HealthView) -> _FreeView:
+        """Free GPUs per usable node, in worker slots and the node-only observation features,
+        cached by `Nodes` identity (the simulator shares one `Nodes` between snapshots until
+        something changes)."""
         nodes = state.nodes
         if self._cached_nodes is not None and self._cached_nodes[0] is nodes:
             return self._cached_nodes[1]
@@ -297,8 +328,9 @@ class Featurizer:
               for at_least in _FREE_THRESHOLDS),
             (ascending[-1] if ascending else 0) / health.per_node,
         ]
-        self._cached_nodes = (nodes, (total_free, features))
-        return total_free, features
+        view = _FreeView(free=free, features=features, worker_slots={1: total_free})
+        self._cached_nodes = (nodes, view)
+        return view
 
     def slots(self, state: ClusterState) -> np.ndarray:
         """Rows of `state.jobs` in slot order (what slot k of the observation refers to)."""
@@ -320,7 +352,7 @@ class Featurizer:
 
     def _cluster_features(self, state: ClusterState, view: _View) -> list[float]:
         jobs, demand, top_k = state.jobs, state.demand, self.spec.top_k
-        node_features = view.node_features
+        node_features = view.free.features
         n_queued = view.n_queued
         day = 2 * math.pi * state.time_of_day_s / 86_400.0
         return [
@@ -357,12 +389,13 @@ class Featurizer:
         return rows
 
     def _fixed_attributes(self, jobs: Jobs) -> tuple[list[tuple], list[int]]:
-        """Per job row, its fixed attributes (requested, min, max workers, scaling alpha, beta,
-        restore s) and their class: a small int shared by all jobs with equal attributes, the
-        cheap-to-hash key of the per-row caches. The simulator's snapshots share the attribute
-        arrays until a job arrives or leaves, so this is cached by their identity."""
+        """Per job row, its fixed attributes (requested GPUs, min, max workers, scaling alpha,
+        beta, restore s, GPUs per worker) and their class: a small int shared by all jobs with
+        equal attributes, the cheap-to-hash key of the per-row caches. The simulator's
+        snapshots share the attribute arrays until a job arrives or leaves, so this is cached
+        by their identity."""
         arrays = (jobs.requested_gpus, jobs.min_workers, jobs.max_workers, jobs.scaling_alpha,
-                  jobs.scaling_beta, jobs.restore_s)
+                  jobs.scaling_beta, jobs.restore_s, jobs.gpus_per_worker)
         cached = self._cached_fixed
         if cached is not None and all(a is b for a, b in zip(cached[0], arrays, strict=True)):
             return cached[1]
@@ -399,13 +432,16 @@ class Featurizer:
     def action_mask(self, state: ClusterState) -> np.ndarray:
         """bool mask over the discrete actions; exact: every True action changes the state.
 
-        A slot's block depends only on the job's size bounds, its workers and the GPUs it
-        could use (free + its own), so blocks are cached by those values as bytes and joined.
+        A slot's block depends only on the job's size bounds, its workers and the workers it
+        could place (the free worker slots plus its own workers), so blocks are cached by those
+        values as bytes and joined. A node's free GPUs plus a job's own workers there hold
+        exactly its own workers more than the free GPUs alone, so the job's capacity is the
+        cluster's free slots for its worker size plus its own workers on usable nodes.
         """
         spec = self.spec
         view = self._view(state)
-        health, placements = view.health, view.placements
-        usable, total_free = health.usable_list, view.total_free
+        health, placements, free = view.health, view.placements, view.free
+        usable = health.usable_list
         fixed, classes, workers = view.fixed, view.classes, view.workers
         cache = self._mask_cache
         if len(cache) > _VALUE_CACHE_SIZE:
@@ -414,13 +450,15 @@ class Featurizer:
         for row, placement in zip(view.rows, placements, strict=True):
             own = (len(placement) if health.all_usable
                    else sum(1 for n in placement if usable[n]))
-            req, lo, hi = fixed[row][:3]
+            attributes = fixed[row]
+            lo, hi, per_worker = attributes[1], attributes[2], attributes[-1]
             # targets never exceed hi: capacities beyond it give the same block
-            capacity = min(total_free + own, hi)
+            capacity = min(free.slots_for(per_worker) + own, hi)
             key = (classes[row], workers[row], capacity)
             block = cache.get(key)
             if block is None:
-                block = cache[key] = self._slot_mask(req, lo, hi, workers[row], capacity)
+                block = cache[key] = self._slot_mask(attributes[0] // per_worker, lo, hi,
+                                                     workers[row], capacity)
             blocks.append(block)
         blocks.append(bytes((spec.top_k - len(placements)) * spec.actions_per_slot))
         mask = np.frombuffer(bytearray(b"".join(blocks)), dtype=bool)
@@ -430,7 +468,8 @@ class Featurizer:
 
     def _slot_mask(self, req: int, lo: int, hi: int, workers: int, capacity: int) -> bytes:
         """One slot's block without its migrate action: suspend if running, then each
-        (target, strategy) that is a change within [lo, hi] and fits in `capacity` GPUs."""
+        (target, strategy) that is a change within [lo, hi] and fits in `capacity` workers
+        (`req`: the requested workers)."""
         spec = self.spec
         block = bytearray(spec.actions_per_slot)
         block[0] = workers > 0
@@ -441,17 +480,18 @@ class Featurizer:
         return bytes(block)
 
     def _mask_migrations(self, state: ClusterState, view: _View, mask: np.ndarray) -> None:
-        """Allow 'migrate off the most at-risk node' where the rest of the cluster holds the job."""
-        spec, nodes = self.spec, state.nodes
+        """Allow 'migrate off the most at-risk node' where the rest of the cluster holds the
+        job's workers whole (its own workers off that node count as free slots)."""
+        spec, free = self.spec, view.free
         usable, at_risk = view.health.usable_list, view.health.at_risk_list
-        total_free = view.total_free
-        for k, placement in enumerate(view.placements):
+        for slot, (row, placement) in enumerate(zip(view.rows, view.placements, strict=True)):
             if not _touches(at_risk, placement):
                 continue
-            src = self._migration_source(state, view.rows[k])
+            per_worker = view.fixed[row][-1]
+            src = self._migration_source(state, row)
             kept = sum(1 for node in placement if node != src and usable[node])
-            free_elsewhere = total_free - (int(nodes.gpus_free[src]) if usable[src] else 0)
-            mask[(k + 1) * spec.actions_per_slot] = free_elsewhere + kept >= len(placement)
+            free_elsewhere = free.slots_for(per_worker) - free.free[src] // per_worker
+            mask[(slot + 1) * spec.actions_per_slot] = free_elsewhere + kept >= len(placement)
 
     @staticmethod
     def _migration_source(state: ClusterState, row: int) -> int:
@@ -466,16 +506,16 @@ class Featurizer:
         if index <= 0:
             return NOOP
         view = self._view(state)
-        k, offset = divmod(index - 1, spec.actions_per_slot)
-        if k >= len(view.rows):
+        slot, offset = divmod(index - 1, spec.actions_per_slot)
+        if slot >= len(view.rows):
             return NOOP
-        row = view.rows[k]
+        row = view.rows[slot]
         job_id = state.jobs.job_id[row]
         names = state.nodes.name
         if offset == 0:
             return Action(_SCALE, job_id, 0, ()) if state.jobs.workers[row] else NOOP
         if offset == spec.actions_per_slot - 1:
-            if not _touches(view.health.at_risk_list, view.placements[k]):
+            if not _touches(view.health.at_risk_list, view.placements[slot]):
                 return NOOP  # migration is for jobs on warned or risky nodes only
             src = self._migration_source(state, row)
             nodes = choose_nodes(state, row, int(state.jobs.workers[row]), _PACKED,
@@ -486,7 +526,7 @@ class Featurizer:
                           tuple(names[n] for n in nodes), from_node=names[src])
         level, strategy_index = divmod(offset - 1, len(spec.strategies))
         workers = (spec.worker_levels[level] if level < len(spec.worker_levels)
-                   else int(state.jobs.requested_gpus[row]))
+                   else int(state.jobs.requested_gpus[row]) // gpus_per_worker_of(state, row))
         if workers == state.jobs.workers[row]:
             return NOOP  # moves at the same size are migrations, not scale actions
         nodes = choose_nodes(state, row, workers, spec.strategies[strategy_index])
@@ -495,7 +535,7 @@ class Featurizer:
         return Action(_SCALE, job_id, workers, tuple(names[n] for n in nodes))
 
     def encode_scale(self, slot: int, workers: int | None, strategy: Strategy) -> int:
-        """Discrete index of 'scale slot to `workers` (None: its requested count)'."""
+        """Discrete index of 'scale slot to `workers` workers (None: its requested workers)'."""
         spec = self.spec
         level = spec.levels_per_slot - 1 if workers is None else spec.worker_levels.index(workers)
         return (1 + slot * spec.actions_per_slot + 1 + level * len(spec.strategies)
