@@ -2,12 +2,14 @@
 a checkpoint that was already written, a save captures the state at the call, not the changes
 the training loop makes once `before_update` has returned, and `restore` refuses what it must
 (only quarantined checkpoints left, changed data settings) on every start, not just the first,
-and a peer failure's emergency save does not trust a save of the same step that never committed."""
+and a peer failure's emergency save does not trust a save of the same step that never committed,
+nor writes another copy of one a sibling process of its worker committed while it waited."""
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,11 +23,11 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from rlalloc.env.errors import UserError
 from rlalloc.trainer_jobs import layout
-from rlalloc.trainer_jobs.checkpoint import Checkpointer, Progress, TrainState
+from rlalloc.trainer_jobs.checkpoint import Checkpointer, Progress, TrainState, _machine_lock
 from rlalloc.trainer_jobs.config import TrainConfig
 from rlalloc.trainer_jobs.data import DataPosition
 from rlalloc.trainer_jobs.model import ModelConfig
-from rlalloc.trainer_jobs.runlog import RunLog
+from rlalloc.trainer_jobs.runlog import RunLog, read_events
 from rlalloc.trainer_jobs.staging import ReusingStager
 
 CONFIG = TrainConfig(model=ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2,
@@ -139,6 +141,31 @@ def test_emergency_save_writes_a_step_whose_earlier_save_never_committed(world_o
     checkpointer.close()
     info, problems = layout.latest_valid(root)
     assert info.step == 2 and not problems
+
+
+def test_emergency_saves_of_one_machine_take_turns_and_keep_a_siblings_commit(world_of_one,
+                                                                              tmp_path):
+    # the k processes of a surviving worker each hold a full replica: while a sibling holds the
+    # machine's lock this rank waits, and then finds the sibling's commit instead of writing
+    # another copy of the whole state
+    root, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    state = _state(0)
+    checkpointer = Checkpointer(root, 0, 1, dist.group.WORLD, keep_last=3,
+                                config=CONFIG.to_json_dict(), run_log=RunLog(log, 0),
+                                on_commit=lambda step, unix: None)
+    _train_step(state)
+    saved: list[Path] = []
+    with _machine_lock(root):  # the sibling saving
+        waiting = threading.Thread(target=lambda: saved.append(checkpointer.emergency_save(state)))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not root.exists()
+        checkpointer.save(state, "sync", "periodic")  # stands in for the sibling's commit
+    waiting.join(30)
+    checkpointer.close()
+    assert saved == [root / layout.step_dir_name(1)]
+    assert [p.name for p in root.iterdir()] == [layout.step_dir_name(1)]
+    assert [e["reason"] for e in read_events(log) if e["event"] == "checkpoint"] == ["periodic"]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "emergency"])

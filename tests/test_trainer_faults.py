@@ -33,6 +33,7 @@ from rlalloc.trainer_jobs.launch import (
     final_timeline,
     free_port,
     start_torchrun,
+    start_worker_pods,
     wait_for_event,
     worker_pids,
 )
@@ -169,6 +170,64 @@ def test_world_size_2_1_2_continues_the_loss_curve(tmp_path):
         assert timeline[step]["samples"] == expected[step]["samples"]
     assert timeline[21]["loss"] < 0.9 * timeline[1]["loss"]
     assert timeline[60]["loss"] < timeline[21]["loss"]
+
+
+def test_a_worker_of_two_processes_leaving_resumes_the_rest_at_the_same_step(tmp_path):
+    # two worker pods of 2 processes each (nprocPerNode 2): two torchrun launchers on one
+    # elastic rendezvous (1 to 2 workers). The second pod is deleted (SIGTERM to its torchrun,
+    # as the kubelet does when a resize removes the last worker): all four ranks stop after
+    # the same step and checkpoint it, and the remaining worker's torchrun restarts its two
+    # processes, which resume from that checkpoint in a world of 2.
+    log, ckpt = tmp_path / "run.jsonl", tmp_path / "ckpt"
+    pods = start_worker_pods(
+        2, 2, [*TINY, "--max-steps", "100000", "--checkpoint-every-steps", "20",
+               "--checkpoint-dir", str(ckpt)],
+        log, max_restarts=1, output_dir=tmp_path, min_workers=1,
+        # quick to give up on the leaving worker and to close a round
+        rdzv_conf="last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2")
+    try:
+        # the first round may hold one worker if the second joined late: its joining then
+        # restarts the first, so wait for steps of the whole world of four
+        first = wait_for_event(log, lambda e: e["event"] == "step" and e["world_size"] == 4,
+                               TIMEOUT_S, pods[0])
+        wait_for_event(log, lambda e: e["event"] == "step" and e["world_size"] == 4
+                       and e["step"] >= first["step"] + 5, TIMEOUT_S, pods[0])
+        pods[1].send_signal(signal.SIGTERM)
+        pods[1].wait(TIMEOUT_S)
+        resume = wait_for_event(log, lambda e: e["event"] == "resume" and e["rank"] == 0
+                                and e["world_size"] == 2, TIMEOUT_S, pods[0])
+        wait_for_event(log, lambda e: e["event"] == "step" and e["step"] >= resume["step"] + 5
+                       and e["world_size"] == 2, TIMEOUT_S, pods[0])
+        pods[0].send_signal(signal.SIGTERM)
+        pods[0].wait(TIMEOUT_S)
+    finally:
+        for pod in pods:
+            pod.kill()
+    stops = [e for e in _events(log, "stop") if first["time"] < e["time"] < resume["time"]]
+    assert len(stops) == 4 and {e["step"] for e in stops} == {resume["step"]}
+    assert resume["saved_world_size"] == 4 and resume["path"].endswith(
+        layout.step_dir_name(resume["step"]))
+    # (world size, workers, rank, local rank) of each process started, before and after
+    shapes = [{(e["world_size"], e["workers"], e["rank"], e["local_rank"])
+               for e in _events(log, "start") if (e["time"] > stops[-1]["time"]) == after}
+              for after in (False, True)]
+    assert {(4, 2, rank, rank % 2) for rank in range(4)} <= shapes[0], shapes
+    assert shapes[1] == {(2, 1, 0, 0), (2, 1, 1, 1)}, shapes
+    timeline = final_timeline(read_events(log))
+    _assert_no_sample_twice_in_an_epoch(timeline)
+    assert timeline[resume["step"]]["world_size"] == 4
+    assert timeline[resume["step"] + 1]["world_size"] == 2
+    # the global batch and the data order do not depend on the world: an uninterrupted run of
+    # one process draws the same samples and follows the same loss curve
+    reference_log = tmp_path / "reference.jsonl"
+    reference = _run_single([*TINY, "--max-steps", str(max(timeline)),
+                             "--checkpoint-every-steps", "0",
+                             "--checkpoint-dir", str(tmp_path / "ref")], reference_log)
+    assert reference.returncode == 0, reference.stderr
+    expected = final_timeline(read_events(reference_log))
+    for step in range(1, max(timeline) + 1):
+        assert timeline[step]["samples"] == expected[step]["samples"]
+        assert timeline[step]["loss"] == pytest.approx(expected[step]["loss"], rel=2e-3)
 
 
 def test_each_step_is_logged_with_the_epoch_its_batch_was_drawn_from(tmp_path):

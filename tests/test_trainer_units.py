@@ -255,6 +255,18 @@ def test_bench_recovery_refuses_a_used_work_dir(tmp_path, capsys):
     assert "is a file, not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("workers, per_worker", [(1, 1), (4, 4), (2, 0)])
+def test_bench_recovery_refuses_a_world_it_cannot_kill_a_process_of_or_feed(capsys, workers,
+                                                                           per_worker):
+    # one process has nothing to recover with; more than the global batch of 8 leaves ranks
+    # without a sample
+    assert rlalloc_main(["bench", "recovery", "--workers", str(workers),
+                         "--nproc-per-node", str(per_worker)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--workers {workers} x --nproc-per-node {per_worker}: need" in err
+
+
 def test_bench_recovery_removes_its_temporary_work_dir_after_a_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     used: list[Path] = []
@@ -303,8 +315,35 @@ def test_manifests_match_the_crd_and_rlalloc_conventions():
         shutdown_s = float(next(a.split("=")[1] for a in command if a.startswith("--shutdown-t")))
         # kubelet waits for torchrun, which waits for the trainer's final checkpoint
         assert grace_s < shutdown_s < pod["terminationGracePeriodSeconds"]
-        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                  if "persistentVolumeClaim" in v]
         assert claims and all(c for c in claims)
+
+
+def _container(job: dict) -> dict:
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+
+
+def _trainer_config(launch: argparse.Namespace) -> TrainConfig:
+    """The trainer's configuration from a parsed torchrun command line."""
+    trainer_flags = argparse.ArgumentParser(exit_on_error=False)
+    add_train_arguments(trainer_flags)
+    return config_from_args(trainer_flags.parse_args(launch.training_script_args))
+
+
+def test_manifest_workers_hold_a_gpu_per_process_and_the_batch_fits_the_largest_world():
+    for job in _pytorchjobs():
+        per_worker = int(job["spec"]["nprocPerNode"])
+        resources = _container(job)["resources"]
+        assert per_worker > 1  # the example is a multi-GPU worker
+        assert resources["requests"]["nvidia.com/gpu"] == per_worker
+        assert resources["limits"]["nvidia.com/gpu"] == per_worker
+        command = _container(job)["command"]
+        # the operator's PET_NNODES (elasticPolicy, in workers) and PET_NPROC_PER_NODE apply
+        assert not [a for a in command if a.startswith(("--nnodes", "--nproc"))]
+        largest_world = job["spec"]["elasticPolicy"]["maxReplicas"] * per_worker
+        config = _trainer_config(get_args_parser().parse_args(command[1:]))
+        assert config.global_batch >= largest_world  # every rank gets a sample per step
 
 
 def test_manifest_command_runs_in_the_trainer_image():
@@ -312,16 +351,13 @@ def test_manifest_command_runs_in_the_trainer_image():
     assert any(e.name == "torchrun" and e.dist.name == "torch"
                for e in importlib.metadata.entry_points(group="console_scripts"))
     for job in _pytorchjobs():
-        command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
-            "containers"][0]["command"]
+        command = _container(job)["command"]
         assert command[0] == "torchrun"
         launch = get_args_parser().parse_args(command[1:])
         assert launch.module and launch.training_script == "rlalloc.trainer_jobs.train"
         module = importlib.util.find_spec(launch.training_script)
         assert Path(module.origin).is_relative_to(REPO / "trainer_jobs")  # the image copies it
-        trainer_flags = argparse.ArgumentParser(exit_on_error=False)
-        add_train_arguments(trainer_flags)
-        config_from_args(trainer_flags.parse_args(launch.training_script_args))
+        _trainer_config(launch)
 
 
 def test_validator_names_the_bad_and_the_unknown_fields(tmp_path):

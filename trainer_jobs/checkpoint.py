@@ -28,11 +28,15 @@ their next collective.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
+import tempfile
 import time
 import warnings
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +132,24 @@ def first_failure(failure: UserError | None,
     message = [str(failure) if rank == source else None]
     dist.broadcast_object_list(message, group=group, group_src=source)
     return str(message[0])
+
+
+@contextmanager
+def _machine_lock(root: Path) -> Iterator[None]:
+    """Hold this machine's lock on emergency saves into `root` (a file in the temporary
+    directory, locked with flock: the kernel releases it when its holder dies, SIGKILL
+    included). Without a writable temporary directory the saves go ahead unserialised."""
+    key = zlib.crc32(str(root.resolve()).encode())
+    try:
+        handle = (Path(tempfile.gettempdir()) / f"rlalloc-emergency-{key:08x}.lock").open("a")
+    except OSError:
+        handle = None
+    if handle is None:
+        yield
+        return
+    with handle:  # closing the file releases the lock
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _rng_key(rank: int) -> str:
@@ -278,26 +300,30 @@ class Checkpointer:
 
         Only valid for DDP, where every rank holds the whole model and optimizer; the optimizer
         has not stepped since the failed all-reduce, so the state is exactly that of
-        `state.progress.step`. Several survivors may race; the first commit wins. A save of this
-        step that is not committed yet (an async one still writing, or one whose committing rank
-        0 died) does not count: its collectives may never complete.
+        `state.progress.step`. The survivors of one machine (the processes of a worker) take
+        turns (`_machine_lock`), and each first looks for a sibling's commit: one replica is
+        written per surviving worker, not one per GPU at once (each a full copy in host memory
+        and on the volume). Survivors on other workers race; the first commit wins. A save of
+        this step that is not committed yet (an async one still writing, or one whose committing
+        rank 0 died) does not count: its collectives may never complete.
         """
         step = state.progress.step
         final = self.root / layout.step_dir_name(step)
-        if final.is_dir():
-            return final
-        started = time.perf_counter()
-        tmp_dir = self.root / layout.tmp_dir_name(step, self.rank)
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
-        try:
-            tmp_dir.mkdir(parents=True)
-            with warnings.catch_warnings():  # no_dist is the point here, not a misconfiguration
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
-            self._commit(tmp_dir, step, [self.rank], started)
-        except _WRITE_ERRORS as err:
-            raise self._write_failure(tmp_dir, step, err) from err
+        with _machine_lock(self.root):
+            if final.is_dir():
+                return final
+            started = time.perf_counter()
+            tmp_dir = self.root / layout.tmp_dir_name(step, self.rank)
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            state_dict = {"train": state, _rng_key(self.rank): torch.get_rng_state()}
+            try:
+                tmp_dir.mkdir(parents=True)
+                with warnings.catch_warnings():  # no_dist is the point, not a misconfiguration
+                    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                    dcp.save(state_dict, checkpoint_id=tmp_dir, no_dist=True)
+                self._commit(tmp_dir, step, [self.rank], started)
+            except _WRITE_ERRORS as err:
+                raise self._write_failure(tmp_dir, step, err) from err
         self.last_saved_step = step
         self.run_log.event("checkpoint", step=step, mode="sync", reason="emergency",
                            blocked_s=time.perf_counter() - started)

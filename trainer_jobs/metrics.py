@@ -43,7 +43,8 @@ class TrainerMetrics:
                                     "Training samples per second, whole job")
         self._step = gauge(TRAINER_STEP, "Optimizer steps completed (continues across restarts)")
         self._total_steps = gauge(TRAINER_TOTAL_STEPS, "Steps the job is configured to run")
-        self._world_size = gauge(TRAINER_WORLD_SIZE, "Workers in the current rendezvous")
+        self._world_size = gauge(TRAINER_WORLD_SIZE, "Ranks in the current rendezvous "
+                                 "(workers x processes per worker)")
         self._loss = gauge(TRAINER_LOSS, "Training loss of the latest step")
         self._last_checkpoint_time = gauge(
             TRAINER_LAST_CHECKPOINT_TIME,

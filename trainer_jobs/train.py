@@ -1,7 +1,13 @@
 """Elastic, checkpointing training program: `python -m rlalloc.trainer_jobs.train` or torchrun.
 
-    torchrun --nnodes=1:4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
-        --max-restarts=3 -m rlalloc.trainer_jobs.train --checkpoint-dir /ckpt
+    torchrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
+        --max-restarts=3 -m rlalloc.trainer_jobs.train --checkpoint-dir /ckpt --global-batch 256
+
+Workers and ranks: torchrun on each worker (node, pod) runs `--nproc-per-node` k processes, one
+per GPU of the worker, so the W ranks of the job are workers x k, and the job grows and shrinks by
+whole workers, k ranks at a time. Nothing below depends on how the ranks are grouped: each rank
+uses its local rank's GPU, and the data, the loss scaling and the checkpoints go by the global
+rank and W alone.
 
 Batch and learning-rate rule: the global batch (`--global-batch`) is fixed for the whole job;
 each of the W ranks takes a contiguous slice of it (sizes differ by at most one) and scales its
@@ -102,6 +108,13 @@ def _init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def _worker_shape() -> tuple[int, int]:
+    """(workers, processes per worker) of this rendezvous, as torchrun sets them
+    (GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE); a world of one without torchrun."""
+    workers = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    return workers, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def _wrap_model(model: nn.Module, config: TrainConfig, device: torch.device) -> nn.Module:
     """DDP (replicated) or FSDP2 (each block and the root sharded over all ranks)."""
     if config.parallelism == "ddp":
@@ -174,9 +187,12 @@ def train(config: TrainConfig) -> int:
 def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: int,
          device: torch.device) -> int:
     """`train` inside the process group: set up, restore, train, close the checkpointer."""
+    workers, per_worker = _worker_shape()
+    shape = f"world size {world_size} ({workers} workers x {per_worker} processes)"
     if world_size > config.global_batch:
-        raise UserError(f"world size {world_size} exceeds --global-batch {config.global_batch}; "
-                        "every rank needs at least one sample per step")
+        raise UserError(f"{shape} exceeds --global-batch {config.global_batch}; every rank needs "
+                        "at least one sample per step: pass a --global-batch of at least the "
+                        "largest world size (max workers x processes per worker)")
     setup_failure = None
     try:
         run_log, metrics = _open_outputs(config, rank)
@@ -185,7 +201,8 @@ def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: in
     message = first_failure(setup_failure)
     if message is not None:
         raise UserError(message) from setup_failure
-    run_log.event("start", pid=os.getpid(), world_size=world_size,
+    run_log.event("start", pid=os.getpid(), world_size=world_size, workers=workers,
+                  local_rank=int(os.environ["LOCAL_RANK"]),
                   restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
     torch.manual_seed(config.seed)  # identical initial weights on every rank
@@ -209,7 +226,7 @@ def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: in
                            time.time())
     if rank == 0:
         origin = f"resumed from {info.path} (world size {info.world_size})" if info else "fresh"
-        print(f"trainer: {format_count(parameters)} parameters, world size {world_size}, "
+        print(f"trainer: {format_count(parameters)} parameters, {shape}, "
               f"step {state.progress.step}/{config.max_steps}, {origin}", flush=True)
 
     exit_code = _train_loop(config, state, checkpointer, stop_signal, metrics, run_log,

@@ -10,10 +10,12 @@ Two phases with the default model (tens of millions of parameters) on local CPU 
    which overlaps the next forward and backward pass). Means over the checkpoints after the
    first; the first (`*_first_stall_s`) also allocates the async staging buffers. The sync save
    time is `checkpoint_save_s`.
-2. Recovery: torchrun with `--workers` workers and the default checkpoint interval; one worker is
-   SIGKILLed after `--kill-at-step` steps. `recovery_s` runs from the kill to the first step
-   completed after the restart; `progress_preserved` is the share of the steps completed before
-   the kill that the restart did not have to redo; `checkpoint_restore_s` is the restart's load.
+2. Recovery: `--workers` worker pods, each a torchrun of `--nproc-per-node` processes, on one
+   rendezvous, with the default checkpoint interval; the process of the last rank (on the last
+   worker) is SIGKILLed after `--kill-at-step` steps. `recovery_s` runs from the kill to the
+   first step completed after the restart; `progress_preserved` is the share of the steps
+   completed before the kill that the restart did not have to redo; `checkpoint_restore_s` is
+   the restart's load.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from rlalloc.cli.argtypes import add_bench_out_flags, out_path, require_module
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, write_json
 from rlalloc.trainer_jobs.config import TrainConfig
-from rlalloc.trainer_jobs.launch import Event, start_torchrun, wait_for_event, worker_pids
+from rlalloc.trainer_jobs.launch import Event, start_worker_pods, wait_for_event, worker_pids
 from rlalloc.trainer_jobs.model import ModelConfig, TransformerLM, count_parameters
 from rlalloc.trainer_jobs.runlog import read_events
 
@@ -50,10 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench recovery`."""
     add_bench_out_flags(parser)
     parser.add_argument("--workers", type=int, default=2,
-                        help="torchrun workers in the recovery phase (one of them is killed; "
-                             "default: %(default)s)")
+                        help="worker pods (torchrun launchers) in the recovery phase "
+                             "(default: %(default)s)")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="processes per worker, one per GPU of a pod (PyTorchJob "
+                             "nprocPerNode); the last rank's is killed (default: %(default)s)")
     parser.add_argument("--kill-at-step", type=int, default=60,
-                        help="SIGKILL a worker once the job has completed this many steps "
+                        help="SIGKILL the last rank's process once the job has completed this "
+                             "many steps "
                              "(default: %(default)s)")
     parser.add_argument("--checkpoints", type=int, default=10,
                         help="periodic checkpoints per mode in the stall phase (the first is "
@@ -65,8 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     """Reject unusable flag values before minutes of benchmarking."""
-    if args.workers < 2:
-        raise UserError(f"--workers {args.workers}: need at least 2 (one is killed)")
+    processes = args.workers * args.nproc_per_node
+    global_batch = TrainConfig(model=ModelConfig()).global_batch
+    if args.workers < 1 or args.nproc_per_node < 1 or not 2 <= processes <= global_batch:
+        raise UserError(f"--workers {args.workers} x --nproc-per-node {args.nproc_per_node}: "
+                        f"need at least 1 of each and 2 to {global_batch} processes in all (one "
+                        f"is killed; each takes a share of the global batch of {global_batch})")
     if args.kill_at_step < 1:
         raise UserError(f"--kill-at-step {args.kill_at_step}: must be at least 1")
     if args.checkpoints < 2:
@@ -162,14 +172,16 @@ def _stall_s(events: list[Event]) -> dict[str, float]:
             "step_s": baseline_s}
 
 
-def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
+def _recovery_phase(work_dir: Path, workers: int, nproc_per_node: int, kill_at_step: int,
                     progress: Progress) -> dict[str, float]:
-    """Kill a worker of a torchrun job mid-training and time its way back to training."""
+    """Kill a process of an elastic job mid-training and time its way back to training."""
     log = work_dir / "recovery.jsonl"
-    task = progress.add_task("kill a worker and recover", total=kill_at_step + 1)
-    job = start_torchrun(workers, ["--max-steps", "1000000", "--checkpoint-dir",
-                                   str(work_dir / "ckpt-recovery")],
-                         log, max_restarts=1, output_path=work_dir / "recovery.out")
+    task = progress.add_task("kill a process and recover", total=kill_at_step + 1)
+    pods = start_worker_pods(workers, nproc_per_node, ["--max-steps", "1000000",
+                                                       "--checkpoint-dir",
+                                                       str(work_dir / "ckpt-recovery")],
+                             log, max_restarts=1, output_dir=work_dir)
+    job = pods[0]  # hosts the rendezvous: the job cannot go on without it
     try:
         reached = 0
         while reached < kill_at_step:
@@ -178,7 +190,7 @@ def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
                 _TIMEOUT_S, job)
             reached = int(event["step"])
             progress.update(task, completed=reached)
-        victim = worker_pids(log, restart=0)[workers - 1]
+        victim = worker_pids(log, restart=0)[workers * nproc_per_node - 1]
         os.kill(victim, signal.SIGKILL)
         killed_unix = time.time()  # the log's events carry the same wall clock
         resume = wait_for_event(log, lambda e: e["event"] == "resume" and e["rank"] == 0,
@@ -187,11 +199,13 @@ def _recovery_phase(work_dir: Path, workers: int, kill_at_step: int,
                                _TIMEOUT_S, job)
         progress.update(task, completed=kill_at_step + 1)
     finally:
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(60)
-        except subprocess.TimeoutExpired:
-            job.kill()
+        for pod in pods:
+            pod.send_signal(signal.SIGTERM)
+        for pod in pods:
+            try:
+                pod.wait(60)
+            except subprocess.TimeoutExpired:
+                pod.kill()
     steps_at_kill = max(int(e["step"]) for e in read_events(log)
                         if e["event"] == "step" and e["time"] <= killed_unix)
     return {
@@ -213,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
     with _work_dir(args.work_dir) as work_dir, Progress(*columns, transient=False) as progress:
         sync_events = _stall_phase(work_dir, "sync", args.checkpoints, progress)
         async_events = _stall_phase(work_dir, "async", args.checkpoints, progress)
-        recovery = _recovery_phase(work_dir, args.workers, args.kill_at_step, progress)
+        recovery = _recovery_phase(work_dir, args.workers, args.nproc_per_node,
+                                   args.kill_at_step, progress)
     sync_stall, async_stall = _stall_s(sync_events), _stall_s(async_events)
     sync_saves = [e["blocked_s"] for e in sync_events
                   if e["event"] == "checkpoint" and e["reason"] == "periodic"]
@@ -231,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         "model_parameters": count_parameters(TransformerLM(defaults.model)),
         "checkpoint_every_steps": defaults.checkpoint_every_steps,
         "workers": args.workers,
+        "nproc_per_node": args.nproc_per_node,
         "kill_at_step": args.kill_at_step,
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
