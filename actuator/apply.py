@@ -3,9 +3,10 @@
 - Scale (n > 0) with node affinity on: one JSON merge patch of the PyTorchJob setting
   `Worker.replicas`, the pod template's required node affinity (the policy's nodes, added to
   every existing node-selector term so the user's own constraints still hold) and the placement
-  annotation (per-node counts). One request, so the count and the placement change together or
-  not at all. Existing workers on nodes the new placement does not use are then deleted, so the
-  training operator recreates them where the affinity says.
+  annotation (workers per node: a worker of k GPUs is one pod, placed whole on one node, so the
+  counts are of workers whatever k is). One request, so the count and the placement change
+  together or not at all. Existing workers on nodes the new placement does not use are then
+  deleted, so the training operator recreates them where the affinity says.
 - Scale with node affinity off, and every suspend (n = 0): the `/scale` subresource, after
   a merge patch of the annotations below and, where rlalloc has not yet recorded it, the
   requested workers (the request is otherwise read from `Worker.replicas`, which the scale
@@ -102,8 +103,9 @@ class Applier:
         """The writes of `apply`, in order, each setting what it changed."""
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
-        requested = int(built.state.jobs.requested_gpus[row])
-        running = bool(built.state.jobs.workers[row] > 0)
+        jobs = built.state.jobs
+        requested = int(jobs.requested_gpus[row]) // int(jobs.gpus_per_worker[row])  # workers
+        running = bool(jobs.workers[row] > 0)
         current = ref.obj["metadata"].get("annotations") or {}
         recorded = {**history_annotations(current, built.state.time_s, counted),
                     **{key: None for key in record_annotations(None) if key in current}}

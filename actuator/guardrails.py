@@ -10,8 +10,9 @@ whatever the policy does:
 
 - only managed (opted-in) jobs, only within their elasticPolicy min..max;
 - never more GPUs than are free: per node, counting the job's own GPUs and the actions already
-  accepted this cycle; never on a node that is down, cordoned or (optionally) without fresh
-  telemetry;
+  accepted this cycle, each worker as its job's GPUs per worker (a placement names a node per
+  worker, whole workers only); never on a node that is down, cordoned or (optionally) without
+  fresh telemetry;
 - a per-job cooldown after every change (failover moves are exempt: a warned node will not wait);
 - a cap on disruptive moves (those that restart running workers) per cycle and per sliding hour;
 - a job whose move failed waits out its backoff, and one whose move was given up is left alone
@@ -309,15 +310,18 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
         return f"unknown node {unknown[0]}"
     if tuple(sorted(action.nodes)) == tuple(sorted(current)):
         return "placement unchanged"
-    need = np.bincount([index[n] for n in action.nodes], minlength=nodes.count)
-    own = np.bincount(list(jobs.placement[row]), minlength=nodes.count)
+    per_worker = int(jobs.gpus_per_worker[row])
+    need = np.bincount([index[n] for n in action.nodes], minlength=nodes.count) * per_worker
+    own = np.bincount(list(jobs.placement[row]), minlength=nodes.count) * per_worker
     for i in np.flatnonzero(need > 0).tolist():
         if not nodes.ready[i]:
             return f"node {names[i]} is not Ready"
         if nodes.cordoned[i]:
             return f"node {names[i]} is cordoned"
         if need[i] > nodes.gpus_free[i] + own[i]:
-            return (f"not enough free GPUs on {names[i]}: needs {need[i]}, "
+            workers = (f" ({need[i] // per_worker} workers of {per_worker})"
+                       if per_worker > 1 else "")
+            return (f"not enough free GPUs on {names[i]}: needs {need[i]}{workers}, "
                     f"{nodes.gpus_free[i] + own[i]} free")
         if (config.require_node_telemetry and need[i] > own[i]
                 and names[i] in nodes_without_telemetry):
@@ -355,8 +359,9 @@ def reserve(state: ClusterState, action: Action) -> ClusterState:
     except KeyError:
         return state
     wanted = [index[n] for n in action.nodes if n in index]
-    need = np.bincount(wanted, minlength=state.nodes.count)
-    own = np.bincount(list(state.jobs.placement[row]), minlength=state.nodes.count)
+    per_worker = int(state.jobs.gpus_per_worker[row])
+    need = np.bincount(wanted, minlength=state.nodes.count) * per_worker
+    own = np.bincount(list(state.jobs.placement[row]), minlength=state.nodes.count) * per_worker
     free = np.maximum(state.nodes.gpus_free - np.maximum(need - own, 0), 0)
     return replace(state, nodes=replace(state.nodes, gpus_free=free.astype(
         state.nodes.gpus_free.dtype)))
@@ -372,8 +377,9 @@ def project(state: ClusterState, action: Action) -> ClusterState:
     index = {name: i for i, name in enumerate(nodes.name)}
     placement = tuple(sorted(index[n] for n in action.nodes))
     free = nodes.gpus_free.copy()
-    np.add.at(free, list(jobs.placement[row]), 1)
-    np.subtract.at(free, list(placement), 1)
+    per_worker = int(jobs.gpus_per_worker[row])
+    np.add.at(free, list(jobs.placement[row]), per_worker)
+    np.subtract.at(free, list(placement), per_worker)
     status, workers = jobs.status.copy(), jobs.workers.copy()
     restarts = jobs.restarts.copy()
     if jobs.workers[row] > 0 and placement:

@@ -12,8 +12,12 @@ The look-ahead signals are computed as the simulator computes them, by the same 
 per-minute demand history.
 
 What neither source keeps — GPU-seconds a job has received, time it has been allocated, how
-often it restarted — is integrated here across cycles in a `Ledger` (workers x elapsed time), the
-same way the simulator accumulates it; it restarts from zero when the actuator restarts.
+often it restarted — is integrated here across cycles in a `Ledger` (workers x GPUs per worker x
+elapsed time), the same way the simulator accumulates it; it restarts from zero when the actuator
+restarts.
+
+A job's GPUs per worker (`Jobs.gpus_per_worker`) are what its worker pod template requests
+(`worker_gpus`); its requested GPUs are its requested workers times that.
 
 Stale or absent samples are *missing*: a node without fresh DCGM samples gets no telemetry (and
 `nodes_without_telemetry` names it so the guardrails keep new workers off it); a job without
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
+from kubernetes.utils.quantity import parse_quantity
 
 from rlalloc.actuator.config import ActuatorConfig
 from rlalloc.actuator.k8s_names import (
@@ -144,8 +149,8 @@ class BuiltState:
     unreachable_nodes: frozenset[str]
     """Nodes whose Ready condition is Unknown or False (pods there are deleted with grace 0)."""
     unmanageable: dict[str, str] = field(default_factory=dict)
-    """Opted-in jobs left alone, job_id -> why (`worker_gpus_problem`): their GPUs count as
-    another tenant's."""
+    """Opted-in jobs left alone, job_id -> why (`worker_gpus`: their workers' GPU request is
+    invalid, or larger than any node): their GPUs count as another tenant's."""
 
 
 def job_id_of(namespace: str, name: str) -> str:
@@ -189,19 +194,20 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             arrivals_1h += 1
         if _finished(obj):
             continue
-        problem = worker_gpus_problem(obj, config.gpu_resource)
+        per_worker, problem = worker_gpus(obj, config.gpu_resource)
+        problem = problem or _too_big_problem(per_worker, node_records, config.gpu_resource)
         if problem:
             unmanageable[job_id_of(meta.get("namespace", "default"), meta.get("name", ""))] = (
                 problem)
         else:
-            managed.append((created, meta.get("name", ""), obj))
+            managed.append((created, meta.get("name", ""), obj, per_worker))
     managed.sort(key=lambda item: (item[0], item[1]))
 
     job_records: list[JobInfo] = []
     refs: dict[str, JobRef] = {}
     records: dict[str, JobRecord] = {}
     dt = max(now - ledger.time_s, 0.0) if ledger.time_s is not None else 0.0
-    for created, name, obj in managed:
+    for created, name, obj, per_worker in managed:
         namespace = obj["metadata"].get("namespace", "default")
         job_id = job_id_of(namespace, name)
         pods = workers_by_job.get((namespace, name), [])
@@ -228,7 +234,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             previous, step, total,
             trainer["trainer_checkpoint_step"].get(key) if fresh else None, lost_node)
         record = JobRecord(
-            attained_gpu_s=previous.attained_gpu_s + held * dt,
+            attained_gpu_s=previous.attained_gpu_s + held * per_worker * dt,
             run_s=previous.run_s + (dt if held else 0.0),
             restarts=previous.restarts + int(bool(names) and names != previous.placement
                                               and previous.started),
@@ -240,7 +246,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
         min_w, max_w = _elastic_range(obj, replicas, annotated)
         job_records.append(JobInfo(
             job_id=job_id, status=status, submit_s=created,
-            requested_gpus=_requested(annotated, replicas, min_w, max_w),
+            requested_gpus=_requested(annotated, replicas, min_w, max_w) * per_worker,
             min_workers=min_w, max_workers=max_w, workers=len(pods), placement=placement,
             speed_1gpu=_float(annotations, SPEED_ANNOTATION, _JOB_DEFAULTS.speed_1gpu),
             scaling_alpha=_float(annotations, ALPHA_ANNOTATION, _JOB_DEFAULTS.scaling_alpha),
@@ -252,7 +258,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             since_checkpoint_s=(max(now - checkpoint, 0.0) if checkpoint is not None
                                 and status == JobStatus.RUNNING else 0.0),
             restore_s=_float(annotations, RESTORE_ANNOTATION, _JOB_DEFAULTS.restore_s),
-            restarts=record.restarts))
+            restarts=record.restarts, gpus_per_worker=per_worker))
         refs[job_id] = JobRef(namespace, name, obj["metadata"].get("uid", ""), obj,
                               tuple(PodRef(p.namespace, p.name, p.node, p.index, p.uid)
                                     for p in pods))
@@ -357,7 +363,8 @@ def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
     for i, node in enumerate(nodes):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
-        total = _quantity((node.get("status") or {}).get("allocatable", {}), config.gpu_resource)
+        total = _gpu_quantity(((node.get("status") or {}).get("allocatable") or {}).get(
+            config.gpu_resource))
         ready = _ready(node)
         if not ready:
             unreachable.append(name)
@@ -397,11 +404,6 @@ def _rack_numbers(nodes: list[dict], rack_label: str) -> dict[str, int]:
     return {name: rank[v] for name, v in values.items()}
 
 
-def _quantity(resources: dict, key: str) -> int:
-    value = resources.get(key)
-    return int(value) if value not in (None, "") else 0
-
-
 # ----------------------------------------------------------------------------------------- pods
 @dataclass(frozen=True, slots=True)
 class _Pod:
@@ -423,8 +425,10 @@ def _gpus_in_use(pods: Iterable[dict], resource: str) -> dict[str, int]:
         gpus = 0
         for container in pod["spec"].get("containers") or []:
             resources = container.get("resources") or {}
-            gpus += _quantity(resources.get("requests") or resources.get("limits") or {},
-                              resource)
+            request = (resources.get("requests") or {}).get(resource)
+            # the request, or the limit that stands for it (the API server has checked both)
+            gpus += _gpu_quantity(request if request is not None
+                                  else (resources.get("limits") or {}).get(resource))
         if gpus:
             used[node] = used.get(node, 0) + gpus
     return used
@@ -460,22 +464,60 @@ def _finished(obj: dict) -> bool:
     return False
 
 
-def worker_gpus_problem(obj: dict, resource: str) -> str:
-    """Why the actuator cannot manage a PyTorchJob whose worker pods do not each request one
-    GPU ("" when they do): its model, the simulator's, is a worker per GPU, so the free-GPU
-    guardrail and every policy would count an 8-GPU worker as one and place it where it cannot
-    fit (the pod would stay Pending, the job restarted for nothing)."""
+def worker_gpus(obj: dict, resource: str) -> tuple[int, str]:
+    """(GPUs each worker pod of a PyTorchJob requests, why rlalloc cannot manage the job: ""
+    when it can). The GPUs are the worker template's containers' requests of `resource`, a
+    limit alone standing for the request, as Kubernetes takes it; a request that differs from
+    its limit (a GPU cannot be overcommitted: Kubernetes refuses such a pod), a quantity that
+    is not a whole number, or no GPU at all is a problem. A worker is placed whole, all of its
+    GPUs on one node, so every count of the job's GPUs is its workers times this."""
     worker = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Worker") or {}
     containers = ((worker.get("template") or {}).get("spec") or {}).get("containers") or []
     gpus = 0
     for container in containers:
         resources = container.get("resources") or {}
-        gpus += _quantity(resources.get("limits") or resources.get("requests") or {}, resource)
-    if gpus == 1:
+        request = (resources.get("requests") or {}).get(resource)
+        limit = (resources.get("limits") or {}).get(resource)
+        where = f"container {container.get('name', '')!r} of its worker pods"
+        try:
+            request_gpus, limit_gpus = _gpu_quantity(request), _gpu_quantity(limit)
+        except ValueError as err:
+            return 0, (f"{where} asks for {err.args[0]} {resource}, not a whole number of "
+                       "GPUs; rlalloc leaves the job alone")
+        if request is not None and limit is not None and request_gpus != limit_gpus:
+            return 0, (f"{where} requests {request} {resource} with a limit of {limit}; a GPU "
+                       "request must equal its limit (Kubernetes refuses such a pod), so "
+                       "rlalloc leaves the job alone")
+        gpus += request_gpus if request is not None else limit_gpus
+    if gpus < 1:
+        return 0, (f"its worker pods request no {resource}; rlalloc places GPU workers only, "
+                   "so it leaves the job alone")
+    return gpus, ""
+
+
+def _gpu_quantity(value: object) -> int:
+    """A whole number of GPUs from a Kubernetes quantity (0 when absent); ValueError(`value`)
+    for one that is not a whole, non-negative number (``1.5``, ``500m``, ``abc``)."""
+    if value is None or value == "":
+        return 0
+    try:
+        quantity = parse_quantity(value)
+    except ValueError:
+        raise ValueError(value) from None
+    if not quantity.is_finite() or quantity.is_signed() or quantity % 1:
+        raise ValueError(value)
+    return int(quantity)
+
+
+def _too_big_problem(gpus_per_worker: int, nodes: list[NodeInfo], resource: str) -> str:
+    """Why a job of `gpus_per_worker`-GPU workers cannot run on any of `nodes` ("" when the
+    largest node holds one of its workers): a worker's GPUs must all be on one node."""
+    largest = max(nodes, key=lambda node: node.gpus_total, default=None)
+    if largest is None or gpus_per_worker <= largest.gpus_total:
         return ""
-    return (f"its worker pods request {gpus} {resource} each; rlalloc manages jobs of one GPU "
-            "per worker (run one worker per GPU, as the trainer jobs do), so it leaves this "
-            "one alone")
+    return (f"its worker pods request {gpus_per_worker} {resource} each, more than any node "
+            f"has (the largest, {largest.name}, has {largest.gpus_total}); a worker's GPUs "
+            "must all be on one node, so rlalloc leaves the job alone")
 
 
 def _worker_replicas(obj: dict) -> int:

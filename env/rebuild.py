@@ -81,8 +81,8 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
     origin = math.floor(min(float(jobs.submit_s.min(initial=state.time_s)), state.time_s)
                         / _DAY_S) * _DAY_S
     placed_gpus = np.zeros(len(nodes.name), dtype=np.int64)
-    for placement in jobs.placement:
-        np.add.at(placed_gpus, list(placement), 1)
+    for placement, per_worker in zip(jobs.placement, jobs.gpus_per_worker.tolist(), strict=True):
+        np.add.at(placed_gpus, list(placement), per_worker)
     # a node's GPUs are what the state leaves free plus what its jobs hold: GPUs of pods the
     # state does not know (other tenants) stay out of the copy
     capacity = np.where(nodes.ready, nodes.gpus_free + placed_gpus, nodes.gpus_total)
@@ -99,7 +99,8 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
         specs.append(JobSpec(jobs.job_id[row], min(float(jobs.submit_s[row]), state.time_s)
                              - origin, int(jobs.requested_gpus[row]), work,
                              int(jobs.min_workers[row]), int(jobs.max_workers[row]),
-                             float(jobs.restore_s[row])))
+                             float(jobs.restore_s[row]),
+                             gpus_per_worker=int(jobs.gpus_per_worker[row])))
         speeds.append(speed_of(speed_1gpu, float(jobs.scaling_alpha[row]),
                                float(jobs.scaling_beta[row])))
         placement = jobs.placement[row]

@@ -144,9 +144,11 @@ class EmptyPrometheus:
 
 
 def job(name: str, submit_s: float, requested: int, min_workers: int, max_workers: int,
-        work: float = 1e7, restore_s: float = 30.0) -> JobSpec:
-    """A generic-speed job (1 iteration/s on one GPU; `work` iterations)."""
-    return JobSpec(name, submit_s, requested, work, min_workers, max_workers, restore_s)
+        work: float = 1e7, restore_s: float = 30.0, gpus_per_worker: int = 1) -> JobSpec:
+    """A generic-speed job (1 iteration/s on one GPU; `work` iterations) asking for `requested`
+    GPUs, workers of `gpus_per_worker` GPUs each."""
+    return JobSpec(name, submit_s, requested, work, min_workers, max_workers, restore_s,
+                   gpus_per_worker=gpus_per_worker)
 
 
 def scenario(jobs: list[JobSpec], nodes: int = 4, gpus: int = 4) -> Scenario:
@@ -237,9 +239,11 @@ class TinyElastic:
     """A small elastic policy with obvious answers, for tests (not a baseline).
 
     In order: move a running job off a warned node; start the oldest queued job on as many
-    GPUs as it asked for and are free (at least its minimum); if a queued job still cannot
+    workers as it asked for and are free (at least its minimum); if a queued job still cannot
     start, shrink the largest job above its minimum to its minimum; otherwise grow a running
-    job towards its maximum with the free GPUs. Placement: packed, as `choose_nodes` does.
+    job towards its maximum with the free GPUs. Workers are counted whole: a node's free GPUs
+    hold free GPUs // the job's GPUs per worker of them. Placement: packed, as `choose_nodes`
+    does.
     """
 
     name = "tiny-elastic"
@@ -258,10 +262,12 @@ class TinyElastic:
                 if chosen is not None and not any(warned[n] for n in chosen):
                     return Action(ActionKind.MIGRATE, jobs.job_id[row], len(chosen),
                                   tuple(names[n] for n in chosen), from_node=names[risky[0]])
-        free = int(free_gpus_for(state, None)[~warned].sum())
+        free = free_gpus_for(state, None)[~warned]
+        per_worker = jobs.gpus_per_worker
         waiting = False
         for row in np.flatnonzero(jobs.status == JobStatus.QUEUED):
-            want = min(int(jobs.requested_gpus[row]), int(jobs.max_workers[row]), free)
+            want = min(int(jobs.requested_gpus[row] // per_worker[row]),
+                       int(jobs.max_workers[row]), int((free // per_worker[row]).sum()))
             if want >= jobs.min_workers[row]:
                 chosen = choose_nodes(state, int(row), want, Strategy.PACKED)
                 if chosen is not None:
@@ -279,9 +285,10 @@ class TinyElastic:
                                   tuple(names[n] for n in chosen))
             return NOOP
         for row in range(jobs.count):
-            if jobs.status[row] == JobStatus.RUNNING and free > 0 and (
+            extra = int((free // per_worker[row]).sum())
+            if jobs.status[row] == JobStatus.RUNNING and extra > 0 and (
                     jobs.workers[row] < jobs.max_workers[row]):
-                want = int(min(jobs.max_workers[row], jobs.workers[row] + free))
+                want = int(min(jobs.max_workers[row], jobs.workers[row] + extra))
                 chosen = choose_nodes(state, row, want, Strategy.PACKED)
                 if chosen is not None:
                     return Action(ActionKind.SCALE, jobs.job_id[row], want,

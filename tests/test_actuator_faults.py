@@ -251,23 +251,6 @@ def test_the_default_demand_query_counts_no_finished_pod(tmp_path):
         exporter.stop()
 
 
-def test_a_job_of_multi_gpu_workers_is_left_alone_with_its_gpus_counted(caplog):
-    """One 8-GPU worker read as one worker of one GPU: the free-GPU guardrail then accepted a
-    placement that could not fit, and the job was restarted into a Pending pod."""
-    state = _state()
-    names = {j: j for j in state.jobs.job_id}
-    nodes, pods, jobs = cluster_objects(state, "default", names)
-    big = next(job for job in jobs if job["metadata"]["name"] == "j")
-    [container] = big["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
-    container["resources"] = {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}}
-    results = query_results(state, "default", names, state.time_s)
-    built = build_state(Observation(state.time_s, nodes, pods, jobs, results), ActuatorConfig(),
-                        Ledger())
-    assert list(built.state.jobs.job_id) == ["default/q"]
-    assert "request 2 nvidia.com/gpu each" in built.unmanageable["default/j"]
-    assert built.state.nodes.gpus_free.tolist() == [2, 4]  # j's pods still hold their GPUs
-
-
 def test_stale_metrics_are_missing():
     state = _state()
     names = {j: j for j in state.jobs.job_id}

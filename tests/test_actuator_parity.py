@@ -36,6 +36,7 @@ from rlalloc.env.params import SimParams
 from rlalloc.env.scenario import Scenario, build_scenario
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
+from rlalloc.env.workload.spec import JobSpec
 from rlalloc.forecaster.signals import default_signals
 
 from actuator_fixtures import TinyElastic, kube_client, twin_crd_validator
@@ -86,16 +87,39 @@ def _planner() -> object:
     return planning_policy(base, alternatives, history, "planner")
 
 
-def _scenario() -> Scenario:
+WORKLOADS = ("one-gpu-workers", "multi-gpu-workers")
+"""The synthetic workload as generated, and with two jobs in three made of multi-GPU workers."""
+_GPUS_PER_WORKER = (1, 2, 4)
+"""GPUs per worker of the multi-GPU workload's jobs, in turn (4: a whole node of 8x4)."""
+
+
+def _scenario(workload: str = WORKLOADS[0]) -> Scenario:
     """30 synthetic jobs on 8x4 GPUs, submitted at distinct whole seconds (the API's
-    timestamps have second precision)."""
+    timestamps have second precision); for "multi-gpu-workers", the second and third of every
+    three jobs have workers of 2 and 4 GPUs (`_whole_workers`)."""
     base = build_scenario("synthetic:30:1.2", "8x4", seed=SEED, signals=default_signals())
     jobs, last = [], -1.0
-    for spec in base.workload.jobs:
+    for i, spec in enumerate(base.workload.jobs):
         submit = max(float(round(spec.submit_s)), last + 1.0)
-        jobs.append(replace(spec, submit_s=submit))
+        spec = replace(spec, submit_s=submit)
+        if workload == "multi-gpu-workers":
+            spec = _whole_workers(spec, _GPUS_PER_WORKER[i % 3], base.cluster.total_gpus)
+        jobs.append(spec)
         last = submit
     return replace(base, workload=replace(base.workload, jobs=tuple(jobs)))
+
+
+def _whole_workers(spec: JobSpec, gpus_per_worker: int, cluster_gpus: int) -> JobSpec:
+    """`spec` (a job of one-GPU workers) as a job of `gpus_per_worker`-GPU workers asking for
+    about as many GPUs: its request rounded up to whole workers, its range to those that fit
+    the cluster."""
+    k = gpus_per_worker
+    most = cluster_gpus // k
+    workers = min(max(-(-spec.requested_gpus // k), 1), most)
+    low = min(max(spec.min_workers // k, 1), workers)
+    high = max(min(spec.max_workers // k, most), workers)
+    return replace(spec, requested_gpus=workers * k, min_workers=low, max_workers=high,
+                   gpus_per_worker=k)
 
 
 class _Seen(NamedTuple):
@@ -116,10 +140,11 @@ def _sim_telemetry(sim: Simulator, lag_s: float) -> tuple[np.ndarray, np.ndarray
     return sim.node_telemetry(sim.time_s), sim.node_telemetry(sim.time_s - lag_s)
 
 
-def _record(policy: object) -> list[_Seen]:
-    """Every decision point of a simulator run, up to MAX_DECISIONS policy calls."""
+def _record(policy: object, workload: str) -> list[_Seen]:
+    """Every decision point of a simulator run of `workload`, up to MAX_DECISIONS policy
+    calls."""
     params = SimParams(failures=FailureParams(failures_per_gpu_day=3.0))
-    scenario = _scenario()
+    scenario = _scenario(workload)
     signals = scenario.signals
     assert signals.node_risk is not None and signals.demand_forecast is not None
     sim = scenario.simulator(params, seed=SEED)
@@ -178,10 +203,14 @@ _submit_stamp: dict[str, str] = {}
 
 
 @pytest.mark.expensive
+@pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("make_policy", _policies())
-def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
-    recorded = _record(make_policy())
+def test_actuator_decides_like_the_simulator(tmp_path, make_policy, workload):
+    recorded = _record(make_policy(), workload)
     assert len(recorded) == MAX_DECISIONS
+    if workload == "multi-gpu-workers":  # multi-GPU workers ran, and were placed whole
+        assert any(point.state.jobs.workers[point.state.jobs.gpus_per_worker > 1].any()
+                   for point in recorded)
     kinds = {point.action.kind for point in recorded}
     # the signals were there to reproduce: nodes with telemetry and a demand forecast
     assert any(point.telemetry.any() for point in recorded)
@@ -189,7 +218,7 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
     assert ActionKind.SCALE in kinds
     if make_policy is TinyElastic:
         assert ActionKind.MIGRATE in kinds
-    names = {j.job_id: k8s_name(j.job_id) for j in _scenario().workload.jobs}
+    names = {j.job_id: k8s_name(j.job_id) for j in _scenario(workload).workload.jobs}
     server = ApiServerThread(TwinKubeAPI()).start()
     config = ActuatorConfig(dry_run=True, max_actions_per_cycle=1, leader_election=False,
                             max_metric_age_s=60.0, signals="standin")
@@ -201,7 +230,7 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy):
     actuator = Controller(config, kube_client(tmp_path, Twinish, config), replay,
                           make_policy(), "parity",
                           twin_crd_validator())  # signals loaded from the config
-    lag_s = _scenario().signals.risk_lag_s
+    lag_s = _scenario(workload).signals.risk_lag_s
     seen: set[str] = set()
     mismatches = []
     unseen = 0
@@ -261,7 +290,7 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
         np.testing.assert_allclose(getattr(rebuilt.nodes, column), getattr(sim.nodes, column),
                                    rtol=1e-6, atol=1e-6, err_msg=column)
     for column in ("status", "requested_gpus", "min_workers", "max_workers", "workers",
-                   "restarts"):
+                   "restarts", "gpus_per_worker"):
         np.testing.assert_array_equal(getattr(rebuilt.jobs, column), getattr(sim.jobs, column),
                                       err_msg=column)
     assert rebuilt.jobs.placement == sim.jobs.placement

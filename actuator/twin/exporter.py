@@ -82,6 +82,8 @@ class PodTelemetry:
     name: str
     node: str
     phase: str
+    gpus: int = 1
+    """GPUs the pod requests (its job's GPUs per worker)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ class TwinExporter:
             for name in _PHASES:
                 phase.add_metric([pod.namespace, pod.name, name], float(name == pod.phase))
             requests.add_metric([pod.namespace, pod.name, "pytorch", pod.node, "nvidia_com_gpu",
-                                 "integer"], 1.0)
+                                 "integer"], float(pod.gpus))
         yield from (condition, unschedulable, allocatable, phase, requests)
 
     @staticmethod

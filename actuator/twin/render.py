@@ -74,8 +74,10 @@ def node_object(name: str, gpus: int, gpu_type: str, rack: int, ready: bool,
 def pytorchjob_object(namespace: str, name: str, replicas: int, min_workers: int,
                       max_workers: int, requested: int, created_s: float, speed_1gpu: float,
                       scaling_alpha: float, scaling_beta: float, restore_s: float,
-                      application: str = "") -> dict:
-    """An elastic PyTorchJob managed by rlalloc (valid against the v1.9.0 CRD)."""
+                      application: str = "", gpus_per_worker: int = 1) -> dict:
+    """An elastic PyTorchJob managed by rlalloc (valid against the v1.9.0 CRD): `requested`
+    workers, each a pod of `gpus_per_worker` GPUs running as many processes
+    (`nprocPerNode`)."""
     labels = {MANAGED_LABEL: "true"}
     if application:
         labels[APPLICATION_LABEL] = application
@@ -92,27 +94,30 @@ def pytorchjob_object(namespace: str, name: str, replicas: int, min_workers: int
         "spec": {
             "elasticPolicy": {"minReplicas": int(min_workers), "maxReplicas": int(max_workers),
                               "rdzvBackend": "c10d", "maxRestarts": 100},
-            "nprocPerNode": "1",
+            "nprocPerNode": str(gpus_per_worker),
             "pytorchReplicaSpecs": {"Worker": {
                 "replicas": int(replicas), "restartPolicy": "OnFailure",
                 "template": {"metadata": {"labels": dict(labels)}, "spec": {"containers": [{
                     "name": "pytorch", "image": TRAINER_IMAGE,
-                    "resources": {"requests": {GPU_RESOURCE: 1}, "limits": {GPU_RESOURCE: 1}},
+                    "resources": {"requests": {GPU_RESOURCE: gpus_per_worker},
+                                  "limits": {GPU_RESOURCE: gpus_per_worker}},
                 }]}},
             }},
         },
     }
 
 
-def pod_object(namespace: str, job: str, index: int, node: str | None, running: bool) -> dict:
-    """Worker pod `index` of PyTorchJob `job`, bound to `node` (None: Pending)."""
+def pod_object(namespace: str, job: str, index: int, node: str | None, running: bool,
+               gpus: int = 1) -> dict:
+    """Worker pod `index` of PyTorchJob `job` requesting `gpus` GPUs, bound to `node` (None:
+    Pending)."""
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"{job}-worker-{index}", "namespace": namespace,
                      "labels": {JOB_NAME_LABEL: job, REPLICA_TYPE_LABEL: "worker",
                                 REPLICA_INDEX_LABEL: str(index), MANAGED_LABEL: "true"}},
         "spec": {"containers": [{"name": "pytorch", "image": TRAINER_IMAGE, "resources": {
-            "requests": {GPU_RESOURCE: "1"}, "limits": {GPU_RESOURCE: "1"}}}]},
+            "requests": {GPU_RESOURCE: str(gpus)}, "limits": {GPU_RESOURCE: str(gpus)}}}]},
         "status": {"phase": "Running" if node and running else "Pending"},
     }
     if node:
@@ -124,7 +129,8 @@ def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
                     epoch_s: float = 0.0) -> tuple[list[dict], list[dict], list[dict]]:
     """(nodes, pods, PyTorchJobs) of a cluster in `state`; `names` maps job ids to object names.
 
-    Worker i of a job runs on the i-th node of its (sorted) placement.
+    Worker i of a job runs on the i-th node of its (sorted) placement, a pod of the job's GPUs
+    per worker.
     """
     nodes, jobs = state.nodes, state.jobs
     node_objects = [node_object(nodes.name[i], int(nodes.gpus_total[i]), nodes.gpu_type[i],
@@ -133,14 +139,15 @@ def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
     pods, job_objects = [], []
     for row in range(jobs.count):
         name = names[jobs.job_id[row]]
+        per_worker = int(jobs.gpus_per_worker[row])
         job_objects.append(pytorchjob_object(
             namespace, name, int(jobs.workers[row]), int(jobs.min_workers[row]),
-            int(jobs.max_workers[row]), int(jobs.requested_gpus[row]),
+            int(jobs.max_workers[row]), int(jobs.requested_gpus[row]) // per_worker,
             epoch_s + float(jobs.submit_s[row]), float(jobs.speed_1gpu[row]),
             float(jobs.scaling_alpha[row]), float(jobs.scaling_beta[row]),
-            float(jobs.restore_s[row])))
+            float(jobs.restore_s[row]), gpus_per_worker=per_worker))
         for index, node in enumerate(jobs.placement[row]):
-            pods.append(pod_object(namespace, name, index, nodes.name[node], True))
+            pods.append(pod_object(namespace, name, index, nodes.name[node], True, per_worker))
     return node_objects, pods, job_objects
 
 

@@ -4,9 +4,10 @@ Every tick (`tick_s` of wall time, `speed` x that of simulated time) the twin
 
 1. reads what the actuator wrote to the Kubernetes API and reacts as the training operator and
    the scheduler would: a changed `Worker.replicas` (patch or /scale) adds or removes worker
-   pods; a deleted pod is recreated; pending pods are bound to schedulable nodes with free GPUs —
-   the placement annotation's per-node counts first, within the node affinity — and a job only
-   starts once at least `minReplicas` of its workers can run (gang scheduling to the minimum).
+   pods; a deleted pod is recreated; pending pods are bound to schedulable nodes with free GPUs
+   (all of a pod's GPUs, its job's GPUs per worker, on its node) — the placement annotation's
+   per-node counts first, within the node affinity — and a job only starts once at least
+   `minReplicas` of its workers can run (gang scheduling to the minimum).
    The resulting placement is handed to the simulator as a scale action, so the job pays its
    restore time and runs at the placement's speed;
 2. advances the simulator to the new target time (arrivals, completions, failures happen there;
@@ -251,11 +252,13 @@ class Twin:
         pods.sort(key=lambda p: p.index)
         names = state.nodes.name
         index = {name: i for i, name in enumerate(names)}
+        per_worker = int(state.jobs.gpus_per_worker[row])  # each pod's GPUs, on one node
         free = state.nodes.gpus_free.astype(np.int64).copy()
-        np.add.at(free, list(state.jobs.placement[row]), 1)  # its own GPUs are re-bound below
+        # its own GPUs are re-bound below
+        np.add.at(free, list(state.jobs.placement[row]), per_worker)
         for pod in pods:
             if pod.node is not None:
-                free[index[pod.node]] -= 1
+                free[index[pod.node]] -= per_worker
         pending = [p for p in pods if p.node is None]
         if pending:
             allowed = _affinity_hosts(worker) or set(names)
@@ -264,7 +267,7 @@ class Twin:
             for pod in pods:
                 if pod.node is not None and wanted.get(pod.node, 0) > 0:
                     wanted[pod.node] -= 1
-            bindings = _bind(len(pending), free, names, usable & allowed, wanted)
+            bindings = _bind(len(pending), free // per_worker, names, usable & allowed, wanted)
             bound = len(pods) - len(pending)
             if bindings and bound + len(bindings) >= max(low, 1):
                 for pod, node in zip(pending, bindings, strict=False):
@@ -364,14 +367,16 @@ class Twin:
         for row, sim_id in enumerate(jobs.job_id):
             if sim_id not in self._jobs:
                 self._jobs[sim_id] = _Job(sim_id, k8s_name(sim_id))
+                per_worker = int(jobs.gpus_per_worker[row])
                 self.api.put(PYTORCHJOBS, self.namespace, self._jobs[sim_id].name,
                              pytorchjob_object(
                                  self.namespace, self._jobs[sim_id].name, 0,
                                  int(jobs.min_workers[row]), int(jobs.max_workers[row]),
-                                 int(jobs.requested_gpus[row]),
+                                 int(jobs.requested_gpus[row]) // per_worker,
                                  self.epoch_s + float(jobs.submit_s[row]),
                                  float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
-                                 float(jobs.scaling_beta[row]), float(jobs.restore_s[row])))
+                                 float(jobs.scaling_beta[row]), float(jobs.restore_s[row]),
+                                 gpus_per_worker=per_worker))
             self._unbind_if_requeued(state, row, self._jobs[sim_id])
             self._mirror_job(state, row, self._jobs[sim_id])
         for job in self._jobs.values():
@@ -393,10 +398,11 @@ class Twin:
             self._remove(PODS, self.namespace, pod_name)
         job.written_pods = existing
         restoring = state.jobs.status[row] != JobStatus.RUNNING
+        per_worker = int(state.jobs.gpus_per_worker[row])
         for pod in job.pods:
             self._write(PODS, self.namespace, f"{job.name}-worker-{pod.index}",
                         pod_object(self.namespace, job.name, pod.index, pod.node,
-                                   running=pod.node is not None))
+                                   running=pod.node is not None, gpus=per_worker))
         active = sum(1 for p in job.pods if p.node is not None)
         condition = ("Running" if active and not restoring else
                      "Restarting" if active else "Created")
@@ -456,7 +462,7 @@ class Twin:
             for pod in job.pods:
                 pod_frames.append(PodTelemetry(self.namespace, f"{job.name}-worker-{pod.index}",
                                                pod.node or "", "Running" if pod.node
-                                               else "Pending"))
+                                               else "Pending", int(jobs.gpus_per_worker[row])))
             if jobs.workers[row] == 0:
                 continue
             running = jobs.status[row] == JobStatus.RUNNING
@@ -482,8 +488,10 @@ def _affinity_hosts(worker: dict) -> set[str]:
 
 def _bind(count: int, free: np.ndarray, names: tuple[str, ...], allowed: set[str],
           wanted: dict[str, int]) -> list[str]:
-    """Nodes for `count` pending pods: the wanted per-node counts first, then the allowed node
-    with the most free GPUs (packing the job on few nodes). May return fewer than `count`."""
+    """Nodes for `count` pending pods, given the pods each node has room for (`free`: its free
+    GPUs // a pod's GPUs, so a pod's GPUs are all on its node): the wanted per-node counts
+    first, then the allowed node with the most room (packing the job on few nodes). May
+    return fewer than `count`."""
     free = free.copy()
     index = {name: i for i, name in enumerate(names)}
     chosen: list[str] = []
