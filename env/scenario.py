@@ -15,7 +15,13 @@ from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.efficiency import goodput_speeds
 from rlalloc.env.errors import UserError
 from rlalloc.env.params import SimParams
-from rlalloc.env.profiles import GENERIC_SCALING, AppProfile, cached_profiles, default_profiles_root
+from rlalloc.env.profiles import (
+    GENERIC_SCALING,
+    AppProfile,
+    GenericScaling,
+    cached_profiles,
+    default_profiles_root,
+)
 from rlalloc.env.signals import NO_SIGNALS, Signals
 from rlalloc.env.simulator import JobSpeed, Simulator
 from rlalloc.env.workload.loader import load_workload
@@ -43,10 +49,18 @@ class Scenario:
 def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tuple[JobSpeed, ...]:
     """Each job's `JobSpeed`; profiled speed models and fits are shared per (app, batch size)."""
     cache: dict[tuple[str, int], JobSpeed] = {}
+    curves: dict[tuple[float, float], JobSpeed] = {}
     speeds = []
     for job in workload.jobs:
         if job.application is None or job.batch_size is None or not profiles:
-            speeds.append(_GENERIC_SPEED)
+            if job.scaling is None:
+                speeds.append(_GENERIC_SPEED)
+            else:
+                if job.scaling not in curves:
+                    curve = GenericScaling(*job.scaling)
+                    curves[job.scaling] = JobSpeed(curve.iterations_per_s, 1.0, curve.alpha,
+                                                   curve.beta)
+                speeds.append(curves[job.scaling])
             continue
         key = (job.application, job.batch_size)
         if key not in cache:

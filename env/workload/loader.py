@@ -1,5 +1,8 @@
-"""One entry point for every workload source: ``synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]`` or a
-CSV path (MAX_HOURS caps generated run times; see `SyntheticConfig.max_duration_s`).
+"""One entry point for every workload source: an embedded generator,
+``synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]`` (Philly-like, `rlalloc.env.workload.synthetic`) or
+``synthetic-fleet[:NUM_JOBS[:LOAD[:MAX_HOURS]]]`` (LLM jobs of 8-GPU workers,
+`rlalloc.env.workload.fleet`), or a CSV path (MAX_HOURS caps generated run times; see
+`SyntheticConfig.max_duration_s`).
 
 A CSV's format is recognised from its header (see docs/workloads.md):
 
@@ -11,6 +14,7 @@ A CSV's format is recognised from its header (see docs/workloads.md):
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 from rlalloc.env.cluster import ClusterSpec
@@ -21,6 +25,7 @@ from rlalloc.env.workload.canonical import (
     CANONICAL_OPTIONAL_COLUMNS,
     load_canonical,
 )
+from rlalloc.env.workload.fleet import FLEET, FleetConfig, generate_fleet
 from rlalloc.env.workload.philly import PHILLY_COLUMNS, load_philly
 from rlalloc.env.workload.pollux import POLLUX_COLUMNS, load_pollux
 from rlalloc.env.workload.spec import Workload
@@ -28,7 +33,16 @@ from rlalloc.env.workload.synthetic import SyntheticConfig, generate
 from rlalloc.env.workload.table import reject_directory, require_columns
 
 SYNTHETIC = "synthetic"
-"""Source name of the embedded generator (`rlalloc.env.workload.synthetic`)."""
+"""Source name of the embedded Philly-like generator (`rlalloc.env.workload.synthetic`)."""
+GENERATORS: dict[str, tuple[type, Callable[..., Workload]]] = {
+    SYNTHETIC: (SyntheticConfig, generate),
+    FLEET: (FleetConfig, generate_fleet),
+}
+"""Each embedded generator by its source name: its config type (fields num_jobs, load, seed,
+max_duration_s) and the function drawing a workload from it for a cluster."""
+GENERATED_SOURCES = (f"{SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] (Philly-like) or "
+                     f"{FLEET}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] (LLM jobs of 8-GPU workers)")
+"""The generated sources as users write them, for messages and every command's --help."""
 EMBEDDED_DEFAULT = "synthetic:160:3:12"
 """The default workload of every command: 160 Philly-like jobs (the size of a Pollux workload)
 at offered load 3, so that queues form on a 16x4 cluster, with run times capped at 12 h so one
@@ -38,8 +52,7 @@ _FORMATS = (("Philly", PHILLY_COLUMNS), ("Pollux", POLLUX_COLUMNS),
 """Workload formats by their required columns, in the order a header is matched against them."""
 _OPTIONAL = {"canonical": CANONICAL_OPTIONAL_COLUMNS}
 """Each format's optional columns, where it has any."""
-_USAGE = (f"give a CSV path or {SYNTHETIC}[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
-          f"(e.g. {SYNTHETIC}:500:0.9:24)")
+_USAGE = f"give a CSV path, {GENERATED_SOURCES} (e.g. {SYNTHETIC}:500:0.9:24)"
 
 
 def load_workload(
@@ -49,10 +62,12 @@ def load_workload(
 
     `profiles_root` is the Pollux ``app_profiles`` folder, needed by Pollux workloads and by
     canonical rows that name an application; by default `RLALLOC_PROFILES` or the shipped
-    Pollux profiles. `seed` seeds the synthetic generator (files are deterministic).
+    Pollux profiles. `seed` seeds the generators (files are deterministic).
     """
-    if source == SYNTHETIC or source.startswith(SYNTHETIC + ":"):
-        return generate(_synthetic_config(source, seed), cluster)
+    generator = generator_of(source)
+    if generator is not None:
+        config_type, draw = GENERATORS[generator]
+        return draw(_generator_config(source, config_type, seed), cluster)
     path = Path(source)
     fmt = workload_format(path)
     header = _header(path)
@@ -90,21 +105,29 @@ def _format_of(path: Path, header: set[str]) -> str:
     return fmt
 
 
-def _synthetic_config(source: str, seed: int) -> SyntheticConfig:
-    """The generator's config from ``synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]``; the ranges are
-    checked by `SyntheticConfig` itself."""
+def generator_of(source: str) -> str | None:
+    """The name of the embedded generator `source` names (``NAME`` or ``NAME:FIELDS``), or None
+    for a CSV path."""
+    name = source.split(":", 1)[0]
+    return name if name in GENERATORS else None
+
+
+def _generator_config(
+    source: str, config_type: type[SyntheticConfig] | type[FleetConfig], seed: int
+) -> SyntheticConfig | FleetConfig:
+    """A generator's config from ``NAME[:NUM_JOBS[:LOAD[:MAX_HOURS]]]``, the defaults of
+    `config_type` for the fields left out; the ranges are checked by the config itself."""
     parts = source.split(":")[1:]
     if len(parts) > 3:
         raise UserError(f"workload {source!r}: too many fields; {_USAGE}")
     try:
-        num_jobs = int(parts[0]) if parts else SyntheticConfig.num_jobs
-        load = float(parts[1]) if len(parts) > 1 else SyntheticConfig.load
-        max_hours = float(parts[2]) if len(parts) > 2 else None
+        num_jobs = int(parts[0]) if parts else config_type.num_jobs
+        load = float(parts[1]) if len(parts) > 1 else config_type.load
+        cap_s = float(parts[2]) * 3600.0 if len(parts) > 2 else config_type.max_duration_s
     except ValueError as err:
         raise UserError(f"workload {source!r}: NUM_JOBS must be an integer, LOAD and MAX_HOURS "
                         f"numbers; {_USAGE}") from err
-    return SyntheticConfig(num_jobs=num_jobs, load=load, seed=seed,
-                           max_duration_s=None if max_hours is None else max_hours * 3600.0)
+    return config_type(num_jobs=num_jobs, load=load, seed=seed, max_duration_s=cap_s)
 
 
 def _header(path: Path) -> set[str]:

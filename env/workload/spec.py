@@ -32,6 +32,10 @@ class JobSpec:
     """Name of the measured profile (bert, cifar10, ...) or None for the generic scaling model."""
     batch_size: int | None = None
     """Global batch size, kept fixed across resizes (profiled jobs only)."""
+    scaling: tuple[float, float] | None = None
+    """(alpha, beta) of the generic curve for a job without a profile; None: the curve fitted
+    to the Pollux profiles (`rlalloc.env.profiles.GENERIC_SCALING`). A generator whose jobs
+    scale otherwise (LLM training on NVLink and a 400 Gb/s fabric) says so here."""
     gpus_per_worker: int = 1
     """GPUs each worker holds, all on one node (a pod requesting `nvidia.com/gpu: k`, torchrun
     `--nproc-per-node k`). `min_workers`, `max_workers` and every action count workers;

@@ -95,27 +95,40 @@ class SyntheticConfig:
         """Reject configurations that cannot be generated, or not in reasonable time; the
         messages use the names of ``synthetic:NUM_JOBS:LOAD:MAX_HOURS``, the way users set
         them (NaN and infinities fail every range check)."""
-        if not 1 <= self.num_jobs <= MAX_JOBS:
-            raise UserError(f"synthetic workload: NUM_JOBS must be 1..{MAX_JOBS:,}, "
-                            f"not {self.num_jobs}")
-        low, high = LOAD_RANGE
-        if not low <= self.load <= high:
-            raise UserError(f"synthetic workload: LOAD (offered load) must be in "
-                            f"[{low:g}, {high:g}], not {self.load:g}")
+        check_source_fields("synthetic", self.num_jobs, self.load, self.max_duration_s,
+                            self.hourly_factors)
         if not self.mean_duration_s > self.median_duration_s > 0:
             raise UserError("synthetic workload: need mean_duration_s > median_duration_s > 0")
-        cap_s = self.max_duration_s
-        if cap_s is not None and not MIN_MAX_DURATION_S <= cap_s <= MAX_DURATION_S:
-            low_h, high_h = MIN_MAX_DURATION_S / SECONDS_PER_HOUR, MAX_DURATION_S / SECONDS_PER_HOUR
-            raise UserError(f"synthetic workload: MAX_HOURS (the run-time cap) must be in "
-                            f"[{low_h:g}, {high_h:g}] hours, not {cap_s / SECONDS_PER_HOUR:g}")
-        if len(self.hourly_factors) != 24 or min(self.hourly_factors) < 0:
-            raise UserError("synthetic workload: hourly_factors needs 24 values >= 0")
 
     @property
     def sigma(self) -> float:
         """Log-normal shape: mean / median = exp(sigma^2 / 2)."""
-        return float(np.sqrt(2.0 * np.log(self.mean_duration_s / self.median_duration_s)))
+        return lognormal_sigma(self.median_duration_s, self.mean_duration_s)
+
+
+def check_source_fields(source: str, num_jobs: int, load: float, max_duration_s: float | None,
+                        hourly_factors: tuple[float, ...]) -> None:
+    """One-line `UserError` unless the fields every generator shares can be generated, in
+    reasonable time: NUM_JOBS, LOAD and MAX_HOURS of ``SOURCE:NUM_JOBS:LOAD:MAX_HOURS`` (named
+    so in the message, with `source`, the way users set them; NaN and infinities fail every
+    range check) and the 24 hourly arrival factors."""
+    if not 1 <= num_jobs <= MAX_JOBS:
+        raise UserError(f"{source} workload: NUM_JOBS must be 1..{MAX_JOBS:,}, not {num_jobs}")
+    low, high = LOAD_RANGE
+    if not low <= load <= high:
+        raise UserError(f"{source} workload: LOAD (offered load) must be in "
+                        f"[{low:g}, {high:g}], not {load:g}")
+    if max_duration_s is not None and not MIN_MAX_DURATION_S <= max_duration_s <= MAX_DURATION_S:
+        low_h, high_h = MIN_MAX_DURATION_S / SECONDS_PER_HOUR, MAX_DURATION_S / SECONDS_PER_HOUR
+        raise UserError(f"{source} workload: MAX_HOURS (the run-time cap) must be in "
+                        f"[{low_h:g}, {high_h:g}] hours, not {max_duration_s / SECONDS_PER_HOUR:g}")
+    if len(hourly_factors) != 24 or min(hourly_factors) < 0:
+        raise UserError(f"{source} workload: hourly_factors needs 24 values >= 0")
+
+
+def lognormal_sigma(median_s: float, mean_s: float) -> float:
+    """Shape of the log-normal with this median and mean: mean / median = exp(sigma^2 / 2)."""
+    return float(np.sqrt(2.0 * np.log(mean_s / median_s)))
 
 
 def generate(config: SyntheticConfig, cluster: ClusterSpec) -> Workload:
@@ -130,7 +143,7 @@ def generate(config: SyntheticConfig, cluster: ClusterSpec) -> Workload:
     duration_s = _lognormal_durations(rng, config)
 
     span_s = float((gpus * duration_s).sum()) / (total * config.load)
-    submit_s = np.sort(_arrival_times(rng, config.hourly_factors, span_s, config.num_jobs))
+    submit_s = np.sort(arrival_times(rng, config.hourly_factors, span_s, config.num_jobs))
     work = generic_work(duration_s, gpus, cluster.max_gpus_per_node)
     max_workers = generic_max_workers(gpus, total)
     jobs = tuple(
@@ -163,7 +176,7 @@ def _lognormal_durations(rng: np.random.Generator, config: SyntheticConfig) -> n
     return duration_s
 
 
-def _arrival_times(
+def arrival_times(
     rng: np.random.Generator, hourly_factors: tuple[float, ...], span_s: float, count: int
 ) -> np.ndarray:
     """`count` independent times in [0, span_s) with density proportional to the hourly rate.

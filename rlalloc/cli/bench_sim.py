@@ -29,7 +29,12 @@ from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.env.progress import progress_bar
 from rlalloc.env.state import Action, ClusterState
-from rlalloc.env.workload.loader import SYNTHETIC, load_workload, workload_format
+from rlalloc.env.workload.loader import (
+    GENERATED_SOURCES,
+    generator_of,
+    load_workload,
+    workload_format,
+)
 from rlalloc.forecaster.signals import default_signals
 
 DEFAULT_TRACE = Path("../shared/data/traces/pollux/philly.csv")
@@ -39,7 +44,7 @@ DEFAULT_TRACE = Path("../shared/data/traces/pollux/philly.csv")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench sim`."""
     parser.add_argument("--trace", default=str(DEFAULT_TRACE),
-                        help="workload to replay: a CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
+                        help=f"workload to replay: a CSV, {GENERATED_SOURCES} "
                              "(default: %(default)s, beside the checkout it runs from)")
     parser.add_argument("--cluster", default="128x8", help="replay cluster (default: %(default)s)")
     parser.add_argument("--policy", default="static", help="replay policy (default: %(default)s)")
@@ -160,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
     # every flag is checked before minutes of measuring, not after the first benchmark
     replay_cluster = parse_cluster(args.cluster)
-    synthetic = args.trace == SYNTHETIC or args.trace.startswith(f"{SYNTHETIC}:")
+    synthetic = generator_of(args.trace) is not None
     try:  # a CSV's header (its rows are read with the replay); a synthetic source is generated
         if synthetic:  # once here, cheaply, to check its numbers
             load_workload(args.trace, replay_cluster)

@@ -48,7 +48,7 @@ from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import out_dir_for_run
 from rlalloc.env.workers import ordered_results, worker_pool
-from rlalloc.env.workload.loader import EMBEDDED_DEFAULT
+from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
@@ -58,8 +58,7 @@ DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,ela
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc evaluate`."""
     parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
-                        help="workload (repeatable, each once): CSV path or "
-                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
+                        help=f"workload (repeatable, each once): CSV path, {GENERATED_SOURCES}; "
                              f"default {EMBEDDED_DEFAULT} (the embedded generator)")
     add_cluster_flag(parser)
     parser.add_argument("--policies", type=unique_names, default=DEFAULT_POLICIES,

@@ -39,7 +39,7 @@ from rlalloc.env.output import (
     write_json,
 )
 from rlalloc.env.workers import ordered_results, worker_pool
-from rlalloc.env.workload.loader import EMBEDDED_DEFAULT
+from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
 OUTPUT_FILES = ("headroom.json", "headroom.md", "headroom.png")
@@ -55,8 +55,7 @@ SIZES = ("known", "learned")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc headroom`."""
     parser.add_argument("--workload", action=AppendOnce, dest="workloads", metavar="W",
-                        help="workload (repeatable, each once): CSV path or "
-                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]]; "
+                        help=f"workload (repeatable, each once): CSV path, {GENERATED_SOURCES}; "
                              f"default {EMBEDDED_DEFAULT}")
     add_cluster_flag(parser)
     parser.add_argument("--base", default="elastic-srpt-0.25",

@@ -30,7 +30,7 @@ from rlalloc.env.params import SimParams
 from rlalloc.env.progress import progress_bar
 from rlalloc.env.scenario import build_scenario, require_applications
 from rlalloc.env.simulator import time_limit_s
-from rlalloc.env.workload.loader import EMBEDDED_DEFAULT
+from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
 UNFINISHED_EXIT_CODE = 3
@@ -41,8 +41,8 @@ notice, and not 2, which means the input was refused."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc simulate`."""
     parser.add_argument("--workload", default=EMBEDDED_DEFAULT,
-                        help="CSV path (Philly, Pollux or canonical) or "
-                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] (default: %(default)s)")
+                        help=f"CSV path (Philly, Pollux or canonical), {GENERATED_SOURCES} "
+                             "(default: %(default)s)")
     add_cluster_flag(parser)
     parser.add_argument("--policy", default="static",
                         help="built-in policy name or path to a saved model "

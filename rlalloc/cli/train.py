@@ -11,6 +11,7 @@ from rlalloc.agent.train_config import TrainConfig
 from rlalloc.cli.argtypes import POSITIVE_INT, SEED, above, at_least, out_path, within
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
+from rlalloc.env.workload.loader import GENERATED_SOURCES
 
 _DEFAULTS = TrainConfig()
 _FRACTION = within(0.0, 1.0)
@@ -25,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ppo = sb3-contrib MaskablePPO (masked), dqn = SB3 DQN with "
                              "double Q-learning over valid actions (rlalloc.agent.dqn)")
     parser.add_argument("--workload", action="append", dest="workloads", metavar="W",
-                        help="training workload (repeatable): CSV path or "
-                             "synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]];"
+                        help=f"training workload (repeatable): CSV path, {GENERATED_SOURCES};"
                              f" default {_DEFAULTS.workloads[0]}")
     add_cluster_flag(parser, _DEFAULTS.cluster)
     parser.add_argument("--timesteps", type=at_least(0), default=_DEFAULTS.timesteps,

@@ -45,6 +45,7 @@ from rlalloc.env.failures import (
 from rlalloc.env.output import out_dir_for_run
 from rlalloc.env.params import SimParams
 from rlalloc.env.scenario import Scenario, build_scenario
+from rlalloc.env.workload.loader import GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
 if TYPE_CHECKING:
@@ -71,8 +72,7 @@ def _namespace(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
-                        help="workload CSV or synthetic[:NUM_JOBS[:LOAD[:MAX_HOURS]]] "
-                             "(default: %(default)s)")
+                        help=f"workload CSV, {GENERATED_SOURCES} (default: %(default)s)")
     parser.add_argument("--cluster", default="8x4",
                         help="NODESxGPUS or a cluster YAML file (default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0,
