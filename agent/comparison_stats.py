@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from rlalloc.agent.comparison_runs import RunSpec
 
 PAIRED_METRICS = ("avg_jct_s", "p95_jct_s", "avg_queue_s", "makespan_s", "gpu_util",
-                  "restarts_per_job")
-"""Metrics of the paired comparison against --reference."""
+                  "restarts_per_job", "lost_gpu_hours", "ettr")
+"""Metrics of the paired comparison against --reference (lost GPU-hours and ETTR: where
+failures, checkpoints and failover decide, as on a large fleet)."""
 LOWER_IS_BETTER = {"avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s",
                    "makespan_s", "lost_gpu_hours", "restarts_per_job", "mean_recovery_s",
                    "energy_kwh", "failures", "invalid_actions"}
@@ -154,10 +155,11 @@ def paired_runs(results: dict[RunSpec, dict], policy: str, reference: str,
             and workload in (None, spec.workload)]
 
 
-NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01}
+NEGLIGIBLE_BASE = {"avg_queue_s": 1.0, "restarts_per_job": 0.01, "lost_gpu_hours": 1.0}
 """Reference values too small to take a % change against: a reference that queued jobs for
 0.02 s on average made another policy's 15 s "+73,925 %", a figure that says nothing about
-either. Jobs run for hours, so a second of mean queueing or a restart per hundred jobs is none."""
+either. Jobs run for hours, so a second of mean queueing, a restart per hundred jobs or a
+GPU-hour lost to failures in a whole run is none."""
 
 
 def percent_change(value: float, base: float, key: str) -> float | None:

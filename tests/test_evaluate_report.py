@@ -453,3 +453,22 @@ def test_a_warning_of_the_command_is_in_results_md():
     report = _report(results, {"a": "a"})
     report["warnings"] = ["runs/p was fitted on w: ..."]
     assert "**Warning:** runs/p was fitted on w: ..." in results_markdown(report, False)
+
+
+def test_paired_lost_gpu_hours_and_ettr_say_which_side_is_better():
+    """Lost GPU-hours (lower is better, no % change against a reference that lost under one
+    GPU-hour) and ETTR (higher is better) are compared run by run."""
+    runs = _runs({("static", 0): 1.0, ("static", 1): 1.0, ("proactive", 0): 1.0,
+                  ("proactive", 1): 1.0})
+    lost = {("static", 0): 40.0, ("static", 1): 0.5, ("proactive", 0): 10.0,
+            ("proactive", 1): 0.0}
+    ettr = {("static", 0): 0.9, ("static", 1): 0.95, ("proactive", 0): 0.99,
+            ("proactive", 1): 0.95}
+    for spec, run in runs.items():
+        run["metrics"]["lost_gpu_hours"] = lost[spec.policy, spec.seed]
+        run["metrics"]["ettr"] = ettr[spec.policy, spec.seed]
+    paired = paired_changes(runs, {"static": "static", "proactive": "proactive"}, "static")
+    lost_change = paired["policies"]["proactive"]["lost_gpu_hours"]
+    assert lost_change["mean"] == pytest.approx(-75.0)  # only seed 0: 0.5 GPU-h is negligible
+    assert lost_change["better_runs"] == 2  # fewer GPU-hours lost on both runs
+    assert paired["policies"]["proactive"]["ettr"]["better_runs"] == 1
