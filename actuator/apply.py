@@ -56,6 +56,7 @@ from rlalloc.actuator.k8s_names import (
 )
 from rlalloc.actuator.kube import KubeClient, KubeError
 from rlalloc.actuator.state_builder import BuiltState, JobRef, PodRef
+from rlalloc.env.placement import requested_workers
 from rlalloc.env.state import Action, ActionKind
 
 
@@ -104,7 +105,7 @@ class Applier:
         ref = built.jobs[action.job_id]
         row = built.state.job_index(action.job_id)
         jobs = built.state.jobs
-        requested = int(jobs.requested_gpus[row]) // int(jobs.gpus_per_worker[row])  # workers
+        requested = int(requested_workers(built.state, row))
         running = bool(jobs.workers[row] > 0)
         current = ref.obj["metadata"].get("annotations") or {}
         recorded = {**history_annotations(current, built.state.time_s, counted),

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlalloc.env.featurizer import FeatureSpec, Featurizer, at_risk_nodes, speedup
-from rlalloc.env.placement import choose_nodes, free_gpus_for
+from rlalloc.env.placement import choose_nodes, free_gpus_for, requested_workers
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState, JobStatus, Strategy
 
 _QUEUED, _RUNNING = int(JobStatus.QUEUED), int(JobStatus.RUNNING)
@@ -64,16 +64,10 @@ def suspend_action(state: ClusterState, row: int) -> Action:
     return Action(ActionKind.SCALE, state.jobs.job_id[row], 0, ())
 
 
-def requested_workers(state: ClusterState, rows: np.ndarray | int) -> np.ndarray | int:
-    """Workers jobs `rows` asked for: their requested GPUs in workers of their own size."""
-    jobs = state.jobs
-    return jobs.requested_gpus[rows] // jobs.gpus_per_worker[rows]
-
-
 def free_worker_slots(state: ClusterState) -> dict[int, int]:
     """Per worker size (GPUs per worker) among the state's jobs, and 1: the workers of that
-    size the free GPUs of usable nodes could hold, each on one node (`free_slots_for` of a job
-    without GPUs). What a queued job can start with; at size 1, the free GPUs."""
+    size the free GPUs of usable nodes could hold, each on one node (`free_gpus_for` // size).
+    What a queued job can start with; at size 1, the free GPUs."""
     free = free_gpus_for(state, None)
     return {k: int((free // k).sum()) for k in {1, *state.jobs.gpus_per_worker.tolist()}}
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlalloc.env.placement import choose_nodes, gpus_per_worker_of
+from rlalloc.env.placement import choose_nodes, requested_workers
 from rlalloc.env.state import (
     NOOP,
     Action,
@@ -526,7 +526,7 @@ class Featurizer:
                           tuple(names[n] for n in nodes), from_node=names[src])
         level, strategy_index = divmod(offset - 1, len(spec.strategies))
         workers = (spec.worker_levels[level] if level < len(spec.worker_levels)
-                   else int(state.jobs.requested_gpus[row]) // gpus_per_worker_of(state, row))
+                   else int(requested_workers(state, row)))
         if workers == state.jobs.workers[row]:
             return NOOP  # moves at the same size are migrations, not scale actions
         nodes = choose_nodes(state, row, workers, spec.strategies[strategy_index])

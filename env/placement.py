@@ -20,10 +20,10 @@ def free_gpus_for(state: ClusterState, job_row: int | None, exclude_node: int = 
     return np.asarray(_free_list(state, job_row, exclude_node), dtype=np.int64)
 
 
-def free_slots_for(state: ClusterState, job_row: int, exclude_node: int = -1) -> np.ndarray:
-    """Workers of job `job_row` each node could hold (its own GPUs count as free): a worker
-    needs all of its `gpus_per_worker` GPUs on one node."""
-    return free_gpus_for(state, job_row, exclude_node) // gpus_per_worker_of(state, job_row)
+def requested_workers(state: ClusterState, rows: np.ndarray | int) -> np.ndarray | int:
+    """Workers jobs `rows` asked for: their requested GPUs in workers of their own size."""
+    jobs = state.jobs
+    return jobs.requested_gpus[rows] // jobs.gpus_per_worker[rows]
 
 
 def gpus_per_worker_of(state: ClusterState, job_row: int | None) -> int:

@@ -17,7 +17,6 @@ from rlalloc.agent.heuristics import (
     StaticPolicy,
     TiresiasPolicy,
     gpu_budget,
-    requested_workers,
 )
 from rlalloc.agent.job_sizes import curve_key
 from rlalloc.agent.job_speeds import ProfiledSpeedups, assumed_shape
@@ -27,6 +26,7 @@ from rlalloc.agent.registry import load_policy
 from rlalloc.env.cluster import uniform_cluster
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams
+from rlalloc.env.placement import requested_workers
 from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import (

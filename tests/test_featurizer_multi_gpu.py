@@ -17,7 +17,7 @@ from rlalloc.agent.residual import proposal_features
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.featurizer import FeatureSpec, Featurizer, at_risk_nodes
 from rlalloc.env.params import SimParams
-from rlalloc.env.placement import free_slots_for, gpus_per_worker_of
+from rlalloc.env.placement import free_gpus_for, gpus_per_worker_of, requested_workers
 from rlalloc.env.state import (
     NOOP,
     Action,
@@ -64,7 +64,7 @@ def slot_of(featurizer: Featurizer, state: ClusterState, job_id: str) -> int:
 
 def expected_mask(featurizer: Featurizer, state: ClusterState) -> np.ndarray:
     """The mask from its definition: a worker target is allowed where it is a change within the
-    job's range and the nodes' whole-worker slots hold it (`free_slots_for`); a migration where
+    job's range and the nodes' whole-worker slots hold it (free GPUs // k); a migration where
     the other nodes' slots hold all of the job's workers."""
     spec, jobs = featurizer.spec, state.jobs
     at_risk = at_risk_nodes(state)
@@ -73,8 +73,9 @@ def expected_mask(featurizer: Featurizer, state: ClusterState) -> np.ndarray:
     for slot, row in enumerate(featurizer.slots(state).tolist()):
         workers = int(jobs.workers[row])
         lo, hi = int(jobs.min_workers[row]), int(jobs.max_workers[row])
-        capacity = int(free_slots_for(state, row).sum())
-        requested = int(jobs.requested_gpus[row]) // gpus_per_worker_of(state, row)
+        k = gpus_per_worker_of(state, row)
+        capacity = int((free_gpus_for(state, row) // k).sum())
+        requested = int(requested_workers(state, row))
         base = 1 + slot * spec.actions_per_slot
         mask[base] = workers > 0
         for level, target in enumerate((*spec.worker_levels, requested)):
@@ -83,7 +84,7 @@ def expected_mask(featurizer: Featurizer, state: ClusterState) -> np.ndarray:
                                                         and target <= capacity)
         if any(at_risk[node] for node in jobs.placement[row]):
             src = Featurizer._migration_source(state, row)
-            elsewhere = int(free_slots_for(state, row, exclude_node=src).sum())
+            elsewhere = int((free_gpus_for(state, row, exclude_node=src) // k).sum())
             mask[base + spec.actions_per_slot - 1] = elsewhere >= workers
     return mask
 

@@ -31,6 +31,7 @@ from rlalloc.actuator.k8s_names import (
 )
 from rlalloc.actuator.state_builder import MetricResults
 from rlalloc.env.failures import NODE_FEATURE_NAMES
+from rlalloc.env.placement import requested_workers
 from rlalloc.env.state import ClusterState, JobStatus
 from rlalloc.env.telemetry_names import APPLICATION_LABEL, DCGM_HOSTNAME_LABEL, MANAGED_LABEL
 
@@ -142,7 +143,7 @@ def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
         per_worker = int(jobs.gpus_per_worker[row])
         job_objects.append(pytorchjob_object(
             namespace, name, int(jobs.workers[row]), int(jobs.min_workers[row]),
-            int(jobs.max_workers[row]), int(jobs.requested_gpus[row]) // per_worker,
+            int(jobs.max_workers[row]), int(requested_workers(state, row)),
             epoch_s + float(jobs.submit_s[row]), float(jobs.speed_1gpu[row]),
             float(jobs.scaling_alpha[row]), float(jobs.scaling_beta[row]),
             float(jobs.restore_s[row]), gpus_per_worker=per_worker))

@@ -50,6 +50,7 @@ from rlalloc.actuator.twin.render import (
     pytorchjob_object,
 )
 from rlalloc.env.failures import HealthEvent
+from rlalloc.env.placement import requested_workers
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
@@ -372,7 +373,7 @@ class Twin:
                              pytorchjob_object(
                                  self.namespace, self._jobs[sim_id].name, 0,
                                  int(jobs.min_workers[row]), int(jobs.max_workers[row]),
-                                 int(jobs.requested_gpus[row]) // per_worker,
+                                 int(requested_workers(state, row)),
                                  self.epoch_s + float(jobs.submit_s[row]),
                                  float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
                                  float(jobs.scaling_beta[row]), float(jobs.restore_s[row]),
