@@ -27,6 +27,7 @@ class SpeedCurve(Protocol):
     def scaling_alpha(self) -> float: ...
     @property
     def scaling_beta(self) -> float: ...
+    def on_type(self, gpu_type: str) -> SpeedCurve: ...
 
 
 @dataclass(eq=False)
@@ -61,14 +62,21 @@ class JobColumns:
     restarts: np.ndarray
     """Re-starts after the first start (resizes and failures)."""
     gpus_per_worker: np.ndarray
+    type_curves: np.ndarray
+    """float32 (jobs, types, 3): (speed on one GPU, alpha, beta) on each GPU type of a mixed
+    cluster (`rlalloc.env.state.TypeSpeeds`); no types on a one-type cluster."""
     version: np.ndarray
     """Bumped at every allocation change: events of an older allocation are stale."""
     started_once: np.ndarray
 
     @classmethod
-    def of(cls, jobs: Sequence[JobSpec], speeds: Sequence[SpeedCurve]) -> JobColumns:
-        """The rows of `jobs`, as they stand before arrival."""
+    def of(cls, jobs: Sequence[JobSpec], speeds: Sequence[SpeedCurve],
+           gpu_types: Sequence[str] = ()) -> JobColumns:
+        """The rows of `jobs`, as they stand before arrival; `gpu_types` are a mixed cluster's
+        (each speed's `on_type` gives its curve there), () on a one-type cluster."""
         n = len(jobs)
+        curves = [[(c.speed_1gpu, c.scaling_alpha, c.scaling_beta)
+                   for c in (s.on_type(t) for t in gpu_types)] for s in speeds]
         return cls(
             submit_s=np.array([j.submit_s for j in jobs], dtype=np.float64),
             requested_gpus=np.array([j.requested_gpus for j in jobs], dtype=np.int32),
@@ -89,6 +97,7 @@ class JobColumns:
             run_s=np.zeros(n, dtype=np.float64),
             restarts=np.zeros(n, dtype=np.int32),
             gpus_per_worker=np.array([j.gpus_per_worker for j in jobs], dtype=np.int32),
+            type_curves=np.array(curves, dtype=np.float32).reshape(n, len(gpu_types), 3),
             version=np.zeros(n, dtype=np.int64),
             started_once=np.zeros(n, dtype=bool),
         )

@@ -14,9 +14,12 @@ GPU_POWER_W: dict[str, tuple[float, float]] = {
     "V100": (40.0, 300.0),
     "A100": (50.0, 400.0),
     "H100": (70.0, 700.0),
+    "RTX2080Ti": (20.0, 250.0),
+    "RTX6000": (20.0, 295.0),
 }
 """(idle, busy) watts per GPU type: busy = board power limit from NVIDIA's datasheets (T4 70 W,
-V100 SXM2 300 W, A100 SXM 400 W, H100 SXM 700 W); idle = typical nvidia-smi idle draw."""
+V100 SXM2 300 W, A100 SXM 400 W, H100 SXM 700 W, GeForce RTX 2080 Ti 250 W, Quadro RTX 6000
+295 W); idle = typical nvidia-smi idle draw."""
 DEFAULT_GPU_POWER_W = (50.0, 400.0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlalloc.env.gpu_types import fastest_first
 from rlalloc.env.state import ClusterState, Strategy
 
 _PACKED = Strategy.PACKED
@@ -46,12 +47,33 @@ def _free_list(state: ClusterState, job_row: int | None, exclude_node: int) -> l
     return free
 
 
+def job_gpu_type(state: ClusterState, job_row: int | None) -> str | None:
+    """The GPU type job `job_row` runs on now (None while it holds no GPUs)."""
+    if job_row is None or not state.jobs.placement[job_row]:
+        return None
+    return state.nodes.gpu_type[state.jobs.placement[job_row][0]]
+
+
+def candidate_types(state: ClusterState, job_row: int | None,
+                    gpu_type: str | None = None) -> list[str]:
+    """The GPU types a placement of job `job_row` may use, in the order to try them: `gpu_type`
+    if given; else the type the job runs on (a job stays on its type unless a policy moves
+    it); else, for a job holding no GPUs, every type from the fastest (`fastest_first`)."""
+    if gpu_type is not None:
+        return [gpu_type]
+    current = job_gpu_type(state, job_row)
+    return [current] if current is not None else fastest_first(state.nodes.type_names)
+
+
 def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strategy: Strategy,
                  exclude_node: int = -1, avoid: np.ndarray | None = None,
-                 gpus_per_worker: int | None = None) -> tuple[int, ...] | None:
+                 gpus_per_worker: int | None = None,
+                 gpu_type: str | None = None) -> tuple[int, ...] | None:
     """Node index of each of `workers` workers (sorted), or None if they do not fit; none on
     `exclude_node` nor on a node `avoid` (bool per node) marks. A worker takes
     `gpus_per_worker` GPUs of one node (default: job `job_row`'s, 1 for a job not in the state).
+    All workers are on one GPU type: on a mixed cluster (or with `gpu_type` given) the first of
+    `candidate_types` that holds them.
 
     PACKED puts the job on as few nodes as possible, choosing the best-fitting node for the
     remainder; SPREAD fills the most fragmented nodes first. Warned nodes come last in both.
@@ -68,7 +90,20 @@ def choose_nodes(state: ClusterState, job_row: int | None, workers: int, strateg
         free = [0 if avoided else f for f, avoided in zip(free, avoid.tolist(), strict=True)]
     if per_worker > 1:
         free = [f // per_worker for f in free]
-    warned = state.nodes.warned
+    nodes = state.nodes
+    if gpu_type is None and len(nodes.type_names) == 1:
+        return _fit(free, workers, strategy, nodes.warned)
+    for candidate in candidate_types(state, job_row, gpu_type):
+        on_type = [f if t == candidate else 0 for f, t in zip(free, nodes.gpu_type, strict=True)]
+        chosen = _fit(on_type, workers, strategy, nodes.warned)
+        if chosen is not None:
+            return chosen
+    return None
+
+
+def _fit(free: list[int], workers: int, strategy: Strategy,
+         warned: np.ndarray) -> tuple[int, ...] | None:
+    """`_pick` on healthy nodes if they hold `workers`, else on all; None if nothing does."""
     healthy_free = ([0 if w else f for f, w in zip(free, warned.tolist(), strict=True)]
                     if warned.any() else free)
     for candidate_free in (healthy_free, free):

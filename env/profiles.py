@@ -29,6 +29,7 @@ four GPUs on one node and two on another. Node identity and order do not change 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ import numpy as np
 import pandas as pd
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 from scipy.optimize import least_squares
+from scipy.spatial import QhullError
 
 from rlalloc.env.errors import UserError
+from rlalloc.env.gpu_types import PROFILE_SUFFIX, relative_speed
 
 Shape = tuple[int, ...]
 """GPUs used on each node of a placement, sorted descending, zeros dropped: ``(4, 2)``."""
@@ -81,6 +84,12 @@ finishes at the end of its shortest validation trace (Pollux's default)."""
 MAX_LOCAL_BSZ: dict[str, int] = {"yolov3": 8}
 """Largest per-GPU batch without gradient accumulation where it is smaller than the largest
 measured one (Pollux caps yolov3 at 8 for GPU memory); others use the largest measured."""
+
+STEP_EXCLUDES_SYNC = frozenset({"gpt_pmp"})
+"""Applications whose profiled `step_time` is one micro-batch's compute and `sync_time` the
+rest of the iteration (pipeline flush and all-reduce): Sia's gpt_pmp, a pipeline- and
+data-parallel GPT whose step time does not change with its placement while its sync time
+grows with it, and exceeds the step time on every multi-node placement."""
 
 VALIDATION_COLUMNS = ["progress", "iteration", "grad_sqr", "grad_var"]
 """Columns read from ``validation-<batch>.csv``: iterations give work at a fixed batch size,
@@ -173,8 +182,29 @@ class ProfiledThroughput:
         accum_steps = -(-local_bsz // profile.max_local_bsz) - 1
         atomic_bsz = -(-local_bsz // (accum_steps + 1))
         step_s, sync_s = profile.step_time(shape, atomic_bsz)
-        step_s += accum_steps * (step_s - sync_s)
+        if profile.step_excludes_sync:
+            step_s = (accum_steps + 1) * step_s + sync_s
+        else:
+            step_s += accum_steps * (step_s - sync_s)
         return 1.0 / step_s
+
+
+class ScaledThroughput:
+    """Another model's speed times a constant: a type without a profile, run at the speed of
+    the nearest measured type times their `RELATIVE_SPEED` ratio (`AppProfile.speed_on`)."""
+
+    def __init__(self, model: ThroughputModel, factor: float) -> None:
+        self.model = model
+        self.factor = factor
+        self._memo: dict[Shape, float] = {}
+
+    def iterations_per_s(self, shape: Shape) -> float:
+        """`factor` times the underlying model's speed on `shape`; memoised by the tuple."""
+        try:
+            return self._memo[shape]
+        except KeyError:
+            speed = self._memo[shape] = self.factor * self.model.iterations_per_s(shape)
+            return speed
 
 
 @dataclass
@@ -192,6 +222,11 @@ class AppProfile:
     max_epochs: int
     min_local_bsz: int
     max_local_bsz: int
+    gpu_type: str = "T4"
+    """The GPU type these step times were measured on (`rlalloc.env.gpu_types`)."""
+    on_type: dict[str, AppProfile] = field(default_factory=dict, repr=False, compare=False)
+    """Every type this application was measured on -> its profile there (this one included);
+    they share the validation traces, since work does not depend on the GPU."""
     _throughputs: dict[int, ProfiledThroughput] = field(default_factory=dict, repr=False)
     derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
     """Models other modules derive from this profile (`rlalloc.env.efficiency`), memoised here so
@@ -208,6 +243,25 @@ class AppProfile:
         if model is None:
             model = self._throughputs[batch_size] = ProfiledThroughput(self, batch_size)
         return model
+
+    def speed_on(self, gpu_type: str, batch_size: int) -> tuple[ThroughputModel, GenericScaling]:
+        """Speed at global `batch_size` on `gpu_type`, and its curve (`scaling_fit`): the
+        profile measured on that type, else the documented fallback
+        (`rlalloc.env.gpu_types`): the measured type nearest in relative speed, its
+        throughput scaled by the ratio of the two types' `RELATIVE_SPEED`."""
+        measured = self.on_type.get(gpu_type)
+        if measured is not None:
+            return measured.throughput(batch_size), measured.scaling_fit(batch_size)
+        target = relative_speed(gpu_type)
+        nearest = min(self.on_type.values(),
+                      key=lambda p: abs(math.log(relative_speed(p.gpu_type) / target)))
+        factor = target / relative_speed(nearest.gpu_type)
+        key = ("scaled", gpu_type, batch_size)
+        model = nearest.derived.get(key)
+        if model is None:
+            model = nearest.derived[key] = ScaledThroughput(nearest.throughput(batch_size),
+                                                            factor)
+        return model, nearest.scaling_fit(batch_size)
 
     def work_iterations(self, batch_size: int) -> float:
         """Iterations to completion at `batch_size`: the validation trace's iteration count at
@@ -269,11 +323,21 @@ class AppProfile:
         )
         return df[xs].to_numpy(float), df[ys].to_numpy(float)
 
+    @property
+    def step_excludes_sync(self) -> bool:
+        """Whether `step_time` is one micro-step's compute without the synchronisation
+        (`STEP_EXCLUDES_SYNC`): an iteration then takes every micro-step plus one sync."""
+        return self.name in STEP_EXCLUDES_SYNC
+
     @cached_property
-    def _linear(self) -> LinearNDInterpolator:
+    def _linear(self) -> Callable[[np.ndarray], np.ndarray]:
         # The first evaluation prepares every simplex: the slow part, once per application
-        # (its cost: docs/agent.md, "Job speeds").
-        return LinearNDInterpolator(*self._grid)
+        # (its cost: docs/agent.md, "Job speeds"). Measurements on a plane (gpt_pmp uses whole
+        # 8-GPU nodes: replicas = 8 x nodes) span no simplex: the nearest one is used there.
+        try:
+            return LinearNDInterpolator(*self._grid)
+        except QhullError:
+            return lambda points: np.full((len(points), 2), np.nan)
 
     @cached_property
     def _nearest(self) -> NearestNDInterpolator:
@@ -321,7 +385,7 @@ def load_profiles(root: Path) -> dict[str, AppProfile]:
     profiles = {
         app_dir.name: _load_app(app_dir)
         for app_dir in sorted(root.iterdir())
-        if (app_dir / "placements.csv").is_file()
+        if app_dir.is_dir() and any(app_dir.glob("placements*.csv"))
     }
     if not profiles:
         raise UserError(f"{root}: no <application>/placements.csv inside; is it app_profiles?")
@@ -342,18 +406,14 @@ def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
 
 
 def _load_app(app_dir: Path) -> AppProfile:
+    """The application's profile on T4 if measured there, else on its first measured type
+    (`PROFILE_SUFFIX` order), with every measured type in `AppProfile.on_type`."""
     name = app_dir.name
-    placements = _read_csv(
-        app_dir / "placements.csv", ["placement", "local_bsz", "step_time", "sync_time"]
-    )
-    digits = placements["placement"].astype(str)
-    placements = placements.assign(
-        num_nodes=digits.str.len(), num_replicas=[sum(map(int, p)) for p in digits]
-    )
-    scalability = _read_csv(
-        app_dir / "scalability.csv",
-        ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"],
-    )
+    measured = [(gpu_type, suffix) for gpu_type, suffix in PROFILE_SUFFIX.items()
+                if (app_dir / f"placements{suffix}.csv").is_file()]
+    if not measured:
+        raise UserError(f"{app_dir}: no placements.csv (or placements-<type>.csv for a type in "
+                        "rlalloc.env.gpu_types.PROFILE_SUFFIX); restore the profile folder")
     validation = {
         int(path.stem.split("-")[-1]): _read_csv(path, VALIDATION_COLUMNS)
         for path in app_dir.glob("validation-*.csv")
@@ -363,15 +423,30 @@ def _load_app(app_dir: Path) -> AppProfile:
     max_epochs = MAX_EPOCHS.get(name, min(len(v) for v in validation.values()))
     if any(len(v) < max_epochs for v in validation.values()):
         raise UserError(f"{app_dir}: a validation trace is shorter than {max_epochs} epochs")
-    return AppProfile(
-        name=name,
-        placements=placements,
-        scalability=scalability,
-        validation=validation,
-        max_epochs=max_epochs,
-        min_local_bsz=int(placements["local_bsz"].min()),
-        max_local_bsz=MAX_LOCAL_BSZ.get(name, int(placements["local_bsz"].max())),
-    )
+    on_type: dict[str, AppProfile] = {}
+    for gpu_type, suffix in measured:
+        placements = _read_csv(app_dir / f"placements{suffix}.csv",
+                               ["placement", "local_bsz", "step_time", "sync_time"])
+        digits = placements["placement"].astype(str)
+        placements = placements.assign(
+            num_nodes=digits.str.len(), num_replicas=[sum(map(int, p)) for p in digits]
+        )
+        scalability = _read_csv(
+            app_dir / f"scalability{suffix}.csv",
+            ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"],
+        )
+        on_type[gpu_type] = AppProfile(
+            name=name,
+            placements=placements,
+            scalability=scalability,
+            validation=validation,
+            max_epochs=max_epochs,
+            min_local_bsz=int(placements["local_bsz"].min()),
+            max_local_bsz=MAX_LOCAL_BSZ.get(name, int(placements["local_bsz"].max())),
+            gpu_type=gpu_type,
+            on_type=on_type,
+        )
+    return on_type[measured[0][0]]
 
 
 def fit_batch_size(profile: AppProfile) -> int:
@@ -421,10 +496,29 @@ def fit_speedup_curve(samples: list[tuple[int, int, float]]) -> GenericScaling:
 
 
 def fit_generic_scaling(profiles: dict[str, AppProfile]) -> GenericScaling:
-    """Fit the generic model to all applications' measured placements, each at its
+    """Fit the generic model to the T4 (Pollux) applications' measured placements, each at its
     `fit_batch_size`: the source of `GENERIC_ALPHA` and `GENERIC_BETA`."""
-    samples = [s for p in profiles.values() for s in _throughput_speedups(p, fit_batch_size(p))]
+    samples = [s for p in profiles.values() if "T4" in p.on_type
+               for s in _throughput_speedups(p.on_type["T4"], fit_batch_size(p))]
     return fit_speedup_curve(samples)
+
+
+def fit_relative_speeds(profiles: dict[str, AppProfile]) -> dict[str, float]:
+    """Per measured type, the median over applications measured on it and on T4 of the ratio
+    of their best single-GPU throughputs (samples per second at the best measured local
+    batch): the source of `rlalloc.env.gpu_types.RELATIVE_SPEED` for the profiled types."""
+    def single_gpu(profile: AppProfile) -> float | None:
+        rows = profile.placements[profile.placements["placement"].astype(str) == "1"]
+        return float((rows["local_bsz"] / rows["step_time"]).max()) if len(rows) else None
+
+    ratios: dict[str, list[float]] = {}
+    for profile in profiles.values():
+        base = single_gpu(profile.on_type["T4"]) if "T4" in profile.on_type else None
+        for gpu_type, measured in profile.on_type.items():
+            speed = single_gpu(measured)
+            if base and speed:
+                ratios.setdefault(gpu_type, []).append(speed / base)
+    return {gpu_type: float(np.median(r)) for gpu_type, r in ratios.items()}
 
 
 def restore_s(application: str | None) -> float:
@@ -445,6 +539,8 @@ __all__ = [
     "AppProfile",
     "GenericScaling",
     "ProfiledThroughput",
+    "STEP_EXCLUDES_SYNC",
+    "ScaledThroughput",
     "Shape",
     "ThroughputModel",
     "cached_profiles",
@@ -452,6 +548,7 @@ __all__ = [
     "default_profiles_root",
     "fit_batch_size",
     "fit_generic_scaling",
+    "fit_relative_speeds",
     "fit_speedup_curve",
     "load_profiles",
     "packed_shape",

@@ -7,6 +7,7 @@ scaling model fitted to the profiles otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,21 +15,20 @@ from pathlib import Path
 from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.efficiency import goodput_speeds
 from rlalloc.env.errors import UserError
+from rlalloc.env.gpu_types import reference_type, relative_speed
 from rlalloc.env.params import SimParams
 from rlalloc.env.profiles import (
     GENERIC_SCALING,
     AppProfile,
     GenericScaling,
+    ScaledThroughput,
     cached_profiles,
     default_profiles_root,
 )
 from rlalloc.env.signals import NO_SIGNALS, Signals
 from rlalloc.env.simulator import JobSpeed, Simulator
 from rlalloc.env.workload.loader import load_workload
-from rlalloc.env.workload.spec import Workload
-
-_GENERIC_SPEED = JobSpeed(GENERIC_SCALING.iterations_per_s, 1.0, GENERIC_SCALING.alpha,
-                          GENERIC_SCALING.beta)
+from rlalloc.env.workload.spec import JobSpec, Workload
 
 
 @dataclass(frozen=True)
@@ -46,29 +46,42 @@ class Scenario:
         return Simulator(self.cluster, self.workload, self.speeds, params, seed, self.signals)
 
 
-def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None) -> tuple[JobSpeed, ...]:
-    """Each job's `JobSpeed`; profiled speed models and fits are shared per (app, batch size)."""
-    cache: dict[tuple[str, int], JobSpeed] = {}
-    curves: dict[tuple[float, float], JobSpeed] = {}
-    speeds = []
-    for job in workload.jobs:
+def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None,
+               gpu_types: Sequence[str] = ("T4",)) -> tuple[JobSpeed, ...]:
+    """Each job's `JobSpeed` on a cluster of `gpu_types` (each node's type, or the distinct
+    ones): its application's profile on each type (`AppProfile.speed_on`, with its documented
+    fallback), else its own or the generic curve in the reference type's time, faster on a
+    faster type by `relative_speed` (`rlalloc.env.gpu_types`). On a mixed cluster the speed
+    carries one per type (`JobSpeed.by_type`). Models are shared per (app, batch size) and
+    per curve."""
+    types = tuple(dict.fromkeys(gpu_types))
+    reference = reference_type(types)
+    cache: dict[object, JobSpeed] = {}
+
+    def on_type(job: JobSpec, gpu_type: str) -> JobSpeed:
         if job.application is None or job.batch_size is None or not profiles:
-            if job.scaling is None:
-                speeds.append(_GENERIC_SPEED)
-            else:
-                if job.scaling not in curves:
-                    curve = GenericScaling(*job.scaling)
-                    curves[job.scaling] = JobSpeed(curve.iterations_per_s, 1.0, curve.alpha,
-                                                   curve.beta)
-                speeds.append(curves[job.scaling])
-            continue
-        key = (job.application, job.batch_size)
+            key: object = (job.scaling, gpu_type)
+            if key not in cache:
+                curve = GenericScaling(*job.scaling) if job.scaling else GENERIC_SCALING
+                factor = relative_speed(gpu_type) / relative_speed(reference)
+                model = curve if factor == 1.0 else ScaledThroughput(curve, factor)
+                cache[key] = JobSpeed(model.iterations_per_s, factor, curve.alpha, curve.beta)
+            return cache[key]
+        key = (job.application, job.batch_size, gpu_type)
         if key not in cache:
-            profile = profiles[job.application]
-            model = profile.throughput(job.batch_size)
-            fit = profile.scaling_fit(job.batch_size)
+            model, fit = profiles[job.application].speed_on(gpu_type, job.batch_size)
             cache[key] = JobSpeed(model.iterations_per_s, model.iterations_per_s((1,)),
                                   fit.alpha, fit.beta)
+        return cache[key]
+
+    if len(types) == 1:
+        return tuple(on_type(job, reference) for job in workload.jobs)
+    speeds = []
+    for job in workload.jobs:
+        key = ("mixed", job.application, job.batch_size, job.scaling)
+        if key not in cache:
+            by_type = {gpu_type: on_type(job, gpu_type) for gpu_type in types}
+            cache[key] = dataclasses.replace(by_type[reference], by_type=by_type)
         speeds.append(cache[key])
     return tuple(speeds)
 
@@ -84,10 +97,31 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
     needs_profiles = any(j.application for j in jobs.jobs)
     root = profiles_root or default_profiles_root()
     profiles = cached_profiles(root) if needs_profiles and root else None
-    speeds = job_speeds(jobs, profiles)
-    if profiles:
-        jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus)
+    gpu_types = tuple(dict.fromkeys(node.gpu_type for node in spec.nodes))
+    speeds = job_speeds(jobs, profiles, gpu_types)
+    if profiles and efficiency != "none":
+        jobs, speeds = goodput_speeds(jobs, _measured_on(profiles, gpu_types, efficiency, jobs),
+                                      efficiency, speeds, spec.total_gpus)
     return Scenario(spec, jobs, speeds, signals)
+
+
+def _measured_on(profiles: dict[str, AppProfile], gpu_types: tuple[str, ...], efficiency: str,
+                 workload: Workload) -> dict[str, AppProfile]:
+    """The profiles measured on the cluster's one type, which statistical efficiency is
+    modelled over; a one-line `UserError` on a mixed cluster or a type some job's application
+    was not measured on (the fallback scales throughput, not gradient noise per step)."""
+    if len(gpu_types) > 1:
+        raise UserError(f"--efficiency {efficiency}: statistical efficiency is not modelled on "
+                        f"a cluster that mixes GPU types ({'+'.join(gpu_types)}); use "
+                        "--efficiency none there, or a cluster of one type")
+    missing = sorted({job.application for job in workload.jobs if job.application
+                      and gpu_types[0] not in profiles[job.application].on_type})
+    if missing:
+        raise UserError(f"--efficiency {efficiency}: {', '.join(missing)} has no profile "
+                        f"measured on {gpu_types[0]}; use --efficiency none, or a type it was "
+                        "measured on")
+    return {app: p.on_type[gpu_types[0]] for app, p in profiles.items()
+            if gpu_types[0] in p.on_type}
 
 
 def require_applications(scenarios: Sequence[Scenario], efficiency: str,

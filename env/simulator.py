@@ -27,7 +27,7 @@ import copy
 import heapq
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,7 @@ from rlalloc.env.state import (
     Demand,
     JobStatus,
     Nodes,
+    TypeSpeeds,
 )
 from rlalloc.env.workload.spec import JobSpec, Workload
 
@@ -124,6 +125,14 @@ class JobSpeed:
     epochs: EpochRates | None = None
     """When set, the simulator takes the rate from here, and the curve policies see, changing
     both at every epoch end."""
+    by_type: Mapping[str, JobSpeed] | None = None
+    """On a cluster that mixes GPU types: the job's speed on each of them (a job runs on one
+    type at a time). This object's own model and curve are then those on the cluster's
+    reference type (`rlalloc.env.gpu_types.reference_type`). None on a one-type cluster."""
+
+    def on_type(self, gpu_type: str) -> JobSpeed:
+        """The speed on `gpu_type`: from `by_type` on a mixed cluster, else this one."""
+        return self if self.by_type is None else self.by_type[gpu_type]
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,9 @@ class Simulator:
         self._gpus_total = np.array([n.gpus for n in cluster.nodes], dtype=np.int32)
         self._gpus_free = self._gpus_total.copy()
         self._gpu_types = tuple(n.gpu_type for n in cluster.nodes)
+        self._type_names = tuple(dict.fromkeys(self._gpu_types))
+        """The cluster's GPU types in the order their first node appears; more than one makes
+        the cluster mixed (per-type speeds, one type per job)."""
         self._racks = np.array([n.rack for n in cluster.nodes], dtype=np.int32)
         self._snapshot_totals = self._gpus_total.copy()
         self._zero_telemetry = np.zeros((n_nodes, len(NODE_FEATURE_NAMES)), dtype=np.float32)
@@ -187,7 +199,7 @@ class Simulator:
         self._speeds: tuple[JobSpeed, ...] = ()
         self._placement: list[tuple[int, ...]] = []  # node indices per worker, sorted
         self._submit_list: list[float] = []  # submit times, sorted, for arrival counts
-        self.columns = JobColumns.of((), ())
+        self.columns = JobColumns.of((), (), self._mixed_types)
         """Each job's request, speed model and allocation, one row per job (read-only outside
         the simulator: its accounting reads it)."""
         self._active: dict[int, None] = {}  # jobs in the system, in arrival order
@@ -413,12 +425,17 @@ class Simulator:
         assert len(self._job_row) == len(self.job_ids), "job ids must be unique"
         self._speeds = (*self._speeds, *speeds)
         self._placement.extend(() for _ in jobs)
-        self.columns.extend(JobColumns.of(jobs, speeds))
+        self.columns.extend(JobColumns.of(jobs, speeds, self._mixed_types))
         self._submit_list = sorted(self._submit_list + [job.submit_s for job in jobs])
         self.accounting.add_jobs(len(jobs))
         for row, job in enumerate(jobs, start=first):
             self._push(job.submit_s, _ARRIVAL, row, 0)
         self._arrivals_pending += len(jobs)
+
+    @property
+    def _mixed_types(self) -> tuple[str, ...]:
+        """The cluster's GPU types where it has more than one, else ()."""
+        return self._type_names if len(self._type_names) > 1 else ()
 
     def remaining_work_s(self, job_ids: Sequence[str]) -> np.ndarray:
         """Seconds each job still needs on one GPU, at its current one-GPU speed.
@@ -463,7 +480,8 @@ class Simulator:
             alloc["inputs"], t, self.params.checkpoint_interval_s,
         )
         return ClusterState(time_s=t, nodes=self._node_snapshot(), jobs=jobs,
-                            demand=self._demand(), time_of_day_s=t % 86_400.0)
+                            demand=self._demand(), time_of_day_s=t % 86_400.0,
+                            type_speeds=static["type_speeds"])
 
     def _refresh_membership_columns(self) -> None:
         rows = np.fromiter(self._active, dtype=np.int64, count=len(self._active))
@@ -480,8 +498,15 @@ class Simulator:
             "restore_s": self.columns.restore_s[rows],
             "gpus_per_worker": self.columns.gpus_per_worker[rows],
             "work": self.columns.work[rows],
+            "type_speeds": self._type_speeds(rows),
         }
         self._snapshot_alloc = None
+
+    def _type_speeds(self, rows: np.ndarray) -> TypeSpeeds | None:
+        if not self._mixed_types:
+            return None
+        curves = self.columns.type_curves[rows]
+        return TypeSpeeds(self._type_names, curves[:, :, 0], curves[:, :, 1], curves[:, :, 2])
 
     def _refresh_allocation_columns(self) -> None:
         rows = self._snapshot_rows
@@ -526,6 +551,8 @@ class Simulator:
                 return "a migration keeps the worker count"
         if tuple(sorted(nodes)) == self._placement[row]:
             return "placement unchanged"
+        if self._mixed_types and len({self._gpu_types[node] for node in nodes}) > 1:
+            return "a job runs on one GPU type at a time; place all its workers on one type"
         own, per_worker = self._placement[row], int(self.columns.gpus_per_worker[row])
         for node in sorted(set(nodes)):  # a placement touches a few nodes: no arrays needed
             if (self._down[node] or self._cordoned[node] or nodes.count(node) * per_worker
@@ -550,9 +577,8 @@ class Simulator:
 
     def _allocate(self, row: int, nodes: tuple[int, ...], t: float, restore: float) -> None:
         per_worker = int(self.columns.gpus_per_worker[row])
-        shape = placement_shape(nodes, per_worker)
-        rate = self._training_rate(row, shape)
-        assert rate > 0, (self.job_ids[row], shape, rate)
+        rate = self._training_rate(row, nodes)
+        assert rate > 0, (self.job_ids[row], nodes, rate)
         for node in nodes:
             self._gpus_free[node] -= per_worker
             self._node_jobs[node].add(row)
@@ -597,10 +623,11 @@ class Simulator:
         self.columns.status[row] = _QUEUED
         self._allocation_changed()
 
-    def _training_rate(self, row: int, shape: tuple[int, ...]) -> float:
-        """Progress per second on `shape` from the job's current progress on, checkpoint
-        stalls included."""
-        speed = self._speeds[row]
+    def _training_rate(self, row: int, nodes: tuple[int, ...]) -> float:
+        """Progress per second on `nodes` (a node per worker, all of one GPU type) from the
+        job's current progress on, checkpoint stalls included."""
+        speed = self._speeds[row].on_type(self._gpu_types[nodes[0]])
+        shape = placement_shape(nodes, int(self.columns.gpus_per_worker[row]))
         if speed.epochs is None:
             rate = speed.iterations_per_s(shape)
         else:
@@ -722,8 +749,7 @@ class Simulator:
         assert abs(self._progress(row, t) - end) <= 1e-6 * max(1.0, end)
         self.columns.done[row] = end
         self.columns.busy_from_s[row] = t
-        self.columns.rate[row] = self._training_rate(
-            row, placement_shape(self._placement[row], int(self.columns.gpus_per_worker[row])))
+        self.columns.rate[row] = self._training_rate(row, self._placement[row])
         columns = self.columns
         columns.speed_1gpu[row], columns.scaling_alpha[row], columns.scaling_beta[row] = (
             epochs.curve(epochs.epoch_at(end)))

@@ -140,6 +140,12 @@ class Nodes:
         return len(self.name)
 
     @cached_property
+    def type_names(self) -> tuple[str, ...]:
+        """The GPU types of the nodes, each once, in the order their first node appears (more
+        than one: a mixed cluster, where a job runs on one type at a time)."""
+        return tuple(dict.fromkeys(self.gpu_type))
+
+    @cached_property
     def warned(self) -> np.ndarray:
         """bool: telemetry shows warning signs (any XID, ECC error or flap in its window)."""
         return (self.xid_errors_5m > 0) | (self.ecc_errors_30m > 0) | (self.ready_flaps_60m > 0)
@@ -251,6 +257,29 @@ class Demand:
 
 
 @dataclass(frozen=True)
+class TypeSpeeds:
+    """Each job's scaling curve on each GPU type of a cluster that mixes types.
+
+    A job runs on one type at a time, and its speed on a type is that type's measured profile
+    (or the documented fallback, `rlalloc.env.gpu_types`), so one curve per job cannot say
+    where it should go. Row ``j`` of each array is job ``j`` of `Jobs`; column ``t`` is
+    `gpu_types[t]`. On a one-type cluster the state has none: `Jobs`' curve is that type's.
+    """
+
+    gpu_types: tuple[str, ...]
+    """The cluster's types, in the order their first node appears."""
+    speed_1gpu: np.ndarray
+    """float32 (jobs, types): iterations per second on one GPU of the type."""
+    scaling_alpha: np.ndarray
+    scaling_beta: np.ndarray
+    """float32 (jobs, types): the curve on that type, as `Jobs.scaling_alpha`/`scaling_beta`."""
+
+    def column(self, gpu_type: str) -> int:
+        """Index of `gpu_type` in `gpu_types` (raises ValueError for a type not in the cluster)."""
+        return self.gpu_types.index(gpu_type)
+
+
+@dataclass(frozen=True)
 class ClusterState:
     """Everything a policy may know about the cluster at one decision point."""
 
@@ -261,6 +290,9 @@ class ClusterState:
     demand: Demand
     time_of_day_s: float = 0.0
     """Seconds since local midnight (demand has a daily cycle)."""
+    type_speeds: TypeSpeeds | None = None
+    """Each job's curve per GPU type where the cluster mixes types; None on a one-type cluster
+    (then `Jobs`' curve is the speed on that type)."""
 
     def job_index(self, job_id: str) -> int:
         """Row of `job_id` in `jobs` (raises KeyError if the job is not in the state)."""

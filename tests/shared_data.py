@@ -11,6 +11,7 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 POLLUX_DATA = SHARED_DATA / "traces" / "pollux"
 POLLUX_WORKLOADS = POLLUX_DATA / "workloads"
 PHILLY_CSV = POLLUX_DATA / "philly.csv"
+SIA_DATA = SHARED_DATA / "traces" / "sia"
 HELIOS_DATA = SHARED_DATA / "traces" / "helios"
 CRD_FILE = SHARED_DATA / "k8s" / "kubeflow.org_pytorchjobs.v1.9.0.yaml"
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from rlalloc.env.errors import UserError
+from rlalloc.env.gpu_types import PROFILE_SUFFIX
 from rlalloc.env.profiles import (
     DEFAULT_PROFILES_ROOT,
     GENERIC_ALPHA,
@@ -27,7 +28,7 @@ from rlalloc.env.profiles import (
     packed_shape,
 )
 
-from shared_data import POLLUX_DATA
+from shared_data import POLLUX_DATA, SIA_DATA
 
 needs_profiles = pytest.mark.skipif(
     not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared Pollux profiles not present"
@@ -159,18 +160,27 @@ def test_work_and_bounds(profiles):
     assert profiles["yolov3"].max_local_bsz == 8
 
 
-def test_the_default_profiles_are_the_shipped_copy_of_the_pollux_ones():
-    """The program reads the profiles it ships (with their licence), never ../shared; the
-    shipped files are the published ones, byte for byte."""
+def test_the_default_profiles_are_the_shipped_copy_of_the_published_ones():
+    """The program reads the profiles it ships (with their licence and sources), never
+    ../shared; the shipped files are the published ones, byte for byte: Pollux's T4 files and
+    Sia's per-type files (`PROFILE_SUFFIX`), with Sia's seventh application, gpt_pmp."""
     assert DEFAULT_PROFILES_ROOT == Path(str(files("rlalloc.env") / "app_profiles"))
     assert (DEFAULT_PROFILES_ROOT / "LICENSE").is_file()
     shipped = sorted(p.relative_to(DEFAULT_PROFILES_ROOT)
                      for p in DEFAULT_PROFILES_ROOT.rglob("*.csv"))
-    assert {p.parts[0] for p in shipped} == set(RESTORE_S)  # the six Pollux applications
-    if (POLLUX_DATA / "app_profiles").is_dir():
-        published = sorted(p.relative_to(POLLUX_DATA / "app_profiles")
-                           for p in (POLLUX_DATA / "app_profiles").rglob("*.csv"))
-        assert shipped == published
+    assert {p.parts[0] for p in shipped} == {*RESTORE_S, "gpt_pmp"}
+    for source in (POLLUX_DATA / "app_profiles", SIA_DATA / "app_profiles"):
+        if not source.is_dir():
+            continue
         for relative in shipped:
-            assert ((DEFAULT_PROFILES_ROOT / relative).read_bytes()
-                    == (POLLUX_DATA / "app_profiles" / relative).read_bytes()), relative
+            if (source / relative).is_file():
+                assert (DEFAULT_PROFILES_ROOT / relative).read_bytes() == \
+                    (source / relative).read_bytes(), relative
+    if (SIA_DATA / "app_profiles").is_dir():
+        suffixes = {suffix for suffix in PROFILE_SUFFIX.values() if suffix}
+        wanted = sorted(p.relative_to(SIA_DATA / "app_profiles")
+                        for p in (SIA_DATA / "app_profiles").rglob("*.csv")
+                        if p.stem.startswith("validation")
+                        or p.stem.split("-", 1)[-1] in {s[1:] for s in suffixes}
+                        or (p.stem in ("placements", "scalability")))
+        assert shipped == wanted

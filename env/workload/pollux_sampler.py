@@ -47,6 +47,25 @@ GPU_HOUR_TIERS = ((1.0, ("cifar10", "ncf")), (10.0, ("deepspeech2", "bert")),
                   (100.0, ("yolov3",)), (float("inf"), ("imagenet",)))
 """(upper bound of a Philly job's GPU-hours, models it may become), in increasing order."""
 
+Tiers = tuple[tuple[float, tuple[str, ...]], ...]
+"""GPU-hour tiers as `GPU_HOUR_TIERS` writes them."""
+
+
+@dataclass(frozen=True)
+class ConfigurationRules:
+    """How `configurations` prices what a user would submit: worker counts tried, in order,
+    packed onto nodes of `gpus_per_node`, at the speed measured on `gpu_type`."""
+
+    worker_counts: tuple[int, ...] = WORKER_COUNTS
+    gpus_per_node: int = GPUS_PER_NODE
+    gpu_type: str | None = None
+    """The GPU type whose profile prices a run; None: the profile as loaded (T4 for the Pollux
+    models, the files Pollux measured)."""
+
+
+POLLUX_RULES = ConfigurationRules()
+"""The Pollux artifact's rules: its worker counts on 4-GPU nodes, on its own (T4) profiles."""
+
 
 @dataclass(frozen=True)
 class SampleConfig:
@@ -58,15 +77,20 @@ class SampleConfig:
     seed: int = 0
 
 
-def configurations(profile: AppProfile) -> list[tuple[int, int]]:
-    """(workers, global batch size) pairs a user of this model would submit (module docstring)."""
+def configurations(
+    profile: AppProfile, rules: ConfigurationRules = POLLUX_RULES
+) -> list[tuple[int, int]]:
+    """(workers, global batch size) pairs a user of this model would submit (module docstring),
+    priced by `rules`."""
+    if rules.gpu_type is not None:
+        profile = profile.on_type[rules.gpu_type]
     sizes = profile.validated_batch_sizes
     offered: list[tuple[int, int]] = []
     base_run_s = base_batch = None
-    for workers in WORKER_COUNTS:
+    for workers in rules.worker_counts:
         if workers * profile.min_local_bsz > sizes[-1]:
             break
-        shape = packed_shape(workers, GPUS_PER_NODE)
+        shape = packed_shape(workers, rules.gpus_per_node)
         runs = {b: profile.work_iterations(b) / profile.throughput(b).iterations_per_s(shape)
                 for b in sizes if -(-b // workers) >= profile.min_local_bsz}
         best_batch = min(runs, key=runs.__getitem__)
@@ -81,7 +105,8 @@ def configurations(profile: AppProfile) -> list[tuple[int, int]]:
 
 
 def read_philly_pool(path: Path) -> pd.DataFrame:
-    """The Philly rows a workload may draw from: ``time_of_day_s`` and ``gpu_hours`` per job."""
+    """The Philly rows a workload may draw from: ``time_of_day_s``, ``since_first_s`` (seconds
+    after the earliest of these rows) and ``gpu_hours`` per job."""
     path = Path(path)
     df = read_table(path, (*PHILLY_COLUMNS, "gpu_time"), "Philly")
     stamps = submit_timestamps(path, df)
@@ -91,19 +116,31 @@ def read_philly_pool(path: Path) -> pd.DataFrame:
     keep = (numbers["duration"] >= 60) & (numbers["gpu_time"] < 1000 * 3600)
     stamps = stamps[keep]
     time_of_day_s = stamps.dt.hour * 3600 + stamps.dt.minute * 60 + stamps.dt.second
+    since_first_s = (stamps - stamps.min()).dt.total_seconds()
     return pd.DataFrame({"time_of_day_s": time_of_day_s.to_numpy(dtype=np.int64),
+                         "since_first_s": since_first_s.to_numpy(dtype=np.int64),
                          "gpu_hours": numbers["gpu_time"][keep].to_numpy() / 3600.0})
 
 
-def model_configurations(profiles: Mapping[str, AppProfile]) -> dict[str, list[tuple[int, int]]]:
-    """`configurations` of every model a workload may hold: computed once, drawn from by every
-    `sample_workload`. UserError if the profiles lack one of the models."""
-    models = [model for _, tier in GPU_HOUR_TIERS for model in tier]
+def model_configurations(
+    profiles: Mapping[str, AppProfile], tiers: Tiers = GPU_HOUR_TIERS,
+    rules: ConfigurationRules = POLLUX_RULES,
+) -> dict[str, list[tuple[int, int]]]:
+    """`configurations` of every model of `tiers` by `rules`: computed once, drawn from by every
+    sampled workload. UserError if the profiles lack one of the models, or its profile on
+    `rules.gpu_type`."""
+    models = [model for _, tier in tiers for model in tier]
     missing = sorted(set(models) - set(profiles))
     if missing:
         raise UserError(f"the profiles lack {', '.join(missing)}; point --profiles at the full "
                         "Pollux app_profiles folder")
-    return {model: configurations(profiles[model]) for model in models}
+    if rules.gpu_type is not None:
+        unmeasured = sorted(m for m in models if rules.gpu_type not in profiles[m].on_type)
+        if unmeasured:
+            raise UserError(f"the profiles lack {rules.gpu_type} measurements of "
+                            f"{', '.join(unmeasured)}; point --profiles at a folder that has "
+                            "them (the shipped profiles do)")
+    return {model: configurations(profiles[model], rules) for model in models}
 
 
 def sample_workload(
@@ -116,12 +153,23 @@ def sample_workload(
     if len(in_window) < config.num_jobs:
         raise UserError(f"only {len(in_window)} Philly jobs fall in the {config.hours} h window; "
                         "ask for fewer jobs or a longer window")
-    rng = np.random.default_rng(config.seed)
-    rows = rng.choice(in_window, size=config.num_jobs, replace=False)
+    return draw_jobs(in_window, offset, pool["gpu_hours"].to_numpy(), GPU_HOUR_TIERS, options_of,
+                     config.num_jobs, config.seed)
+
+
+def draw_jobs(
+    in_window: np.ndarray, offset_s: np.ndarray, gpu_hours: np.ndarray, tiers: Tiers,
+    options_of: Mapping[str, list[tuple[int, int]]], num_jobs: int, seed: int,
+) -> pd.DataFrame:
+    """A Pollux-format workload of `num_jobs` of the pool rows `in_window` (indices), drawn
+    uniformly without replacement by generator `seed`: each job submitted at its `offset_s`,
+    its model the one (or one of those, uniformly) of its `gpu_hours` tier, its GPUs and batch
+    size one of the model's `options_of`, uniformly. Jobs are named in submit order."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(in_window, size=num_jobs, replace=False)
     records = []
-    gpu_hours = pool["gpu_hours"].to_numpy()[rows]
-    for time_s, hours in zip(offset[rows].tolist(), gpu_hours.tolist(), strict=True):
-        models = next(m for bound, m in GPU_HOUR_TIERS if hours < bound)
+    for time_s, hours in zip(offset_s[rows].tolist(), gpu_hours[rows].tolist(), strict=True):
+        models = next(m for bound, m in tiers if hours < bound)
         model = models[int(rng.integers(len(models)))]
         workers, batch = options_of[model][int(rng.integers(len(options_of[model])))]
         records.append((int(time_s), model, workers, batch))
@@ -130,4 +178,3 @@ def sample_workload(
         [(f"{model}-{i}", t, model, w, b) for i, (t, model, w, b) in enumerate(records)],
         columns=list(POLLUX_COLUMNS),
     )
-
