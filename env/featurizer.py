@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -213,6 +213,11 @@ class _FreeView:
     worker_slots: dict[int, int]
     """GPUs per worker -> workers of that size the usable nodes' free GPUs hold (filled on
     demand; 1 -> the free GPUs in all)."""
+    gpu_types: tuple[str, ...] = ()
+    """Each node's GPU type on a mixed cluster (a job's workers all go to one type); ()
+    on a one-type cluster."""
+    type_slots: dict[tuple[int, str], int] = field(default_factory=dict)
+    """(GPUs per worker, type) -> worker slots on that type's nodes (filled on demand)."""
 
     def slots_for(self, per_worker: int) -> int:
         """Workers of `per_worker` GPUs that fit in the free GPUs (none split across nodes)."""
@@ -220,6 +225,27 @@ class _FreeView:
         if slots is None:
             slots = self.worker_slots[per_worker] = sum(f // per_worker for f in self.free)
         return slots
+
+    def slots_on(self, per_worker: int, gpu_type: str | None) -> int:
+        """Worker slots a job may use: on a mixed cluster those of `gpu_type` (the type it
+        runs on), or of the type with most for a job holding no GPUs (None), as `choose_nodes`
+        places it; else `slots_for`."""
+        if not self.gpu_types:
+            return self.slots_for(per_worker)
+        if gpu_type is None:
+            return max(self.slots_on(per_worker, t) for t in dict.fromkeys(self.gpu_types))
+        slots = self.type_slots.get((per_worker, gpu_type))
+        if slots is None:
+            slots = self.type_slots[(per_worker, gpu_type)] = sum(
+                f // per_worker for f, t in zip(self.free, self.gpu_types, strict=True)
+                if t == gpu_type)
+        return slots
+
+    def free_on(self, node: int, per_worker: int, gpu_type: str | None) -> int:
+        """Worker slots of `node` counted in `slots_on(per_worker, gpu_type)`."""
+        if self.gpu_types and gpu_type is not None and self.gpu_types[node] != gpu_type:
+            return 0
+        return self.free[node] // per_worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +354,8 @@ class Featurizer:
               for at_least in _FREE_THRESHOLDS),
             (ascending[-1] if ascending else 0) / health.per_node,
         ]
-        view = _FreeView(free=free, features=features, worker_slots={1: total_free})
+        view = _FreeView(free=free, features=features, worker_slots={1: total_free},
+                         gpu_types=nodes.gpu_type if len(nodes.type_names) > 1 else ())
         self._cached_nodes = (nodes, view)
         return view
 
@@ -453,7 +480,8 @@ class Featurizer:
             attributes = fixed[row]
             lo, hi, per_worker = attributes[1], attributes[2], attributes[-1]
             # targets never exceed hi: capacities beyond it give the same block
-            capacity = min(free.slots_for(per_worker) + own, hi)
+            gpu_type = state.nodes.gpu_type[placement[0]] if placement else None
+            capacity = min(free.slots_on(per_worker, gpu_type) + own, hi)
             key = (classes[row], workers[row], capacity)
             block = cache.get(key)
             if block is None:
@@ -490,7 +518,9 @@ class Featurizer:
             per_worker = view.fixed[row][-1]
             src = self._migration_source(state, row)
             kept = sum(1 for node in placement if node != src and usable[node])
-            free_elsewhere = free.slots_for(per_worker) - free.free[src] // per_worker
+            gpu_type = state.nodes.gpu_type[src]
+            free_elsewhere = (free.slots_on(per_worker, gpu_type)
+                              - free.free_on(src, per_worker, gpu_type))
             mask[(slot + 1) * spec.actions_per_slot] = free_elsewhere + kept >= len(placement)
 
     @staticmethod

@@ -197,3 +197,36 @@ def test_statistical_efficiency_on_a_mixed_cluster_is_refused(tmp_path):
         build_scenario(str(csv), MIXED, efficiency="adaptive")
     with pytest.raises(UserError, match="no profile measured on H100"):
         build_scenario(str(csv), "2x4:H100", efficiency="adaptive")
+
+
+def test_the_action_mask_is_exact_on_a_mixed_cluster(profiles):
+    """Every action the featurizer leaves unmasked is one the simulator accepts: a job's
+    capacity is counted on its own type (or the roomiest type for a job holding none)."""
+    from rlalloc.env.featurizer import Featurizer
+
+    rng = np.random.default_rng(2)
+    jobs = [JobSpec(f"j{i}", i * 120.0, int(rng.choice([1, 2, 4])), float(rng.uniform(300, 3000)),
+                    1, 8, 30.0) for i in range(40)]
+    spec = parse_cluster("1x4:T4+1x8:RTX2080Ti+1x4:A100")
+    workload = Workload("w", tuple(jobs))
+    sim = Simulator(spec, workload, job_speeds(workload, None, [n.gpu_type for n in spec.nodes]),
+                    SimParams(failures=FailureParams(failures_per_gpu_day=4.0)), seed=1)
+    featurizer = Featurizer()
+    taken = 0
+
+    def policy(state):
+        nonlocal taken
+        check_invariants(state)
+        mask = featurizer.action_mask(state)
+        if rng.random() < 0.3:
+            return NOOP
+        index = int(rng.choice(np.flatnonzero(mask)))
+        action = featurizer.decode(state, index)
+        assert index == 0 or action.kind != ActionKind.NOOP, index  # unmasked: it fits
+        taken += action.kind != ActionKind.NOOP
+        return action
+
+    sim.run(policy)
+    summary = sim.accounting.summary()
+    assert summary["jobs_completed"] == len(jobs) and taken > 50
+    assert summary["invalid_actions"] == 0
