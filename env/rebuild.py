@@ -6,7 +6,8 @@ every job's true size and exact speed model. A controller in a real cluster has 
 `Simulator` that starts where the cluster stands, so the same lookahead can run on it
 (`rlalloc.agent.planner`). What the state does not say is filled in the way a policy sees it:
 
-- **Speed**: the caller's `speed_of` maps a job's state curve (speed on one GPU, alpha, beta)
+- **Speed**: on a cluster mixing GPU types, a curve per type (`ClusterState.type_speeds`);
+  the caller's `speed_of` maps a job's state curve (speed on one GPU, alpha, beta)
   to a speed model: by default the curve itself, ``speed_1gpu * speedup(n, nodes, alpha,
   beta)`` (`rlalloc.env.featurizer.speedup`); the planner passes measured profiles where it has
   them, since on the Pollux workloads the curve fit loses most of what the lookahead gains
@@ -28,6 +29,7 @@ every job's true size and exact speed model. A controller in a real cluster has 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -101,8 +103,7 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
                              int(jobs.min_workers[row]), int(jobs.max_workers[row]),
                              float(jobs.restore_s[row]),
                              gpus_per_worker=int(jobs.gpus_per_worker[row])))
-        speeds.append(speed_of(speed_1gpu, float(jobs.scaling_alpha[row]),
-                               float(jobs.scaling_beta[row])))
+        speeds.append(_speed_of_row(state, row, speed_of))
         placement = jobs.placement[row]
         placed = (tuple(nodes.name[n] for n in placement)
                   if all(nodes.ready[n] for n in placement) else ())
@@ -120,3 +121,19 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
                        cordoned=[n for n, cordoned in zip(nodes.name, nodes.cordoned,
                                                           strict=True) if cordoned])
     return sim
+
+
+def _speed_of_row(state: ClusterState, row: int, speed_of: SpeedOf) -> JobSpeed:
+    """`speed_of` the job's curve; on a mixed cluster, of its curve on every type
+    (`JobSpeed.by_type`), the state's own curve being the reference type's."""
+    jobs = state.jobs
+    speed = speed_of(float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
+                     float(jobs.scaling_beta[row]))
+    table = state.type_speeds
+    if table is None:
+        return speed
+    return dataclasses.replace(speed, by_type={
+        gpu_type: speed_of(float(table.speed_1gpu[row, col]),
+                           float(table.scaling_alpha[row, col]),
+                           float(table.scaling_beta[row, col]))
+        for col, gpu_type in enumerate(table.gpu_types)})

@@ -230,3 +230,26 @@ def test_the_action_mask_is_exact_on_a_mixed_cluster(profiles):
     summary = sim.accounting.summary()
     assert summary["jobs_completed"] == len(jobs) and taken > 50
     assert summary["invalid_actions"] == 0
+
+
+def test_a_mixed_state_rebuilds_with_each_jobs_speed_per_type(profiles):
+    from rlalloc.env.rebuild import simulator_from_state
+
+    sim = _sim(MIXED, [_profiled("a", "bert", 96, 2, profiles=profiles),
+                       _profiled("b", "ncf", 4096, 2, profiles=profiles)], profiles)
+    sim.advance()
+    _place(sim, "a", 2, "A100")
+    state = sim.state()
+    copy = simulator_from_state(state, np.array([3600.0, 3600.0]))
+    again = copy.state()
+    assert again.type_speeds is not None
+    assert again.type_speeds.gpu_types == state.type_speeds.gpu_types
+    assert np.allclose(again.type_speeds.speed_1gpu, state.type_speeds.speed_1gpu)
+    assert again.jobs.placement == state.jobs.placement
+    row = copy.job_ids.index("a")
+    # the copy runs job a at its A100 curve, not at the reference (T4) one
+    col = state.type_speeds.column("A100")
+    from rlalloc.env.featurizer import speedup
+    expected = float(state.type_speeds.speed_1gpu[0, col]) * float(speedup(
+        2, 1, state.type_speeds.scaling_alpha[0, col], state.type_speeds.scaling_beta[0, col]))
+    assert copy._speeds[row].on_type("A100").iterations_per_s((2,)) == pytest.approx(expected)

@@ -19,7 +19,7 @@ from rlalloc.env.errors import UserError
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("simulate",), "simulate", "replay a workload through the simulator under one policy"),
     (("workload", "sample"), "workload_sample",
-     "draw new Pollux-style workloads from the Philly trace"),
+     "draw new Pollux- or Sia-style workloads from the Philly trace"),
     (("bench", "sim"), "bench_sim", "benchmark trace replay and environment step speed"),
     (("bench", "recovery"), "bench_recovery",
      "benchmark recovery time and checkpoint stalls of the training jobs"),

@@ -1,6 +1,7 @@
-"""`rlalloc workload sample`: write new Pollux-style workloads drawn from the Philly trace
-(`rlalloc.env.workload.pollux_sampler`), e.g. to train a policy on more than the six published
-ones."""
+"""`rlalloc workload sample`: write new workloads drawn from the Philly trace the way the Pollux
+authors drew theirs (`rlalloc.env.workload.pollux_sampler`, the default) or the Sia authors
+(``--method sia``, `rlalloc.env.workload.sia_sampler`), e.g. to train a policy on more than the
+few published ones."""
 
 from __future__ import annotations
 
@@ -18,11 +19,24 @@ from rlalloc.env.workload.pollux_sampler import (
     read_philly_pool,
     sample_workload,
 )
-from rlalloc.env.workload.table import reject_directory
+from rlalloc.env.workload.sia_sampler import (
+    SiaSampleConfig,
+    sample_sia_workload,
+    sia_model_configurations,
+)
+from rlalloc.env.workload.table import MAX_SUBMIT_S, reject_directory
+
+METHODS = ("pollux", "sia")
+"""Sampling methods: Pollux's (OSDI'21) and Sia's (SOSP'23), by their authors' name."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc workload sample`."""
+    parser.add_argument("--method", choices=METHODS, default="pollux",
+                        help="whose method: pollux (models by GPU-time incl. ncf, 4-GPU nodes, "
+                             "a time-of-day window on any day) or sia (no ncf, configurations "
+                             "priced on RTX 2080 Ti 8-GPU nodes, one window --window-start hours "
+                             "into the trace; see docs/workloads.md) (default: %(default)s)")
     parser.add_argument("--philly", type=Path, required=True,
                         help="the Pollux artifact's philly.csv (timestamp,duration,num_gpus,"
                              "gpu_time,...)")
@@ -35,8 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-jobs", type=POSITIVE_INT, default=SampleConfig.num_jobs,
                         help="jobs per workload: 160 as Pollux's workloads/, 240 as its "
                              "workloads-1.5/ (default: %(default)s)")
-    parser.add_argument("--start-hour", type=within(0, 23, int), default=SampleConfig.start_hour,
-                        help="hour of day the submission window opens (default: %(default)s)")
+    parser.add_argument("--start-hour", type=within(0, 23, int), default=None,
+                        help="pollux: hour of day the submission window opens (default: "
+                             f"{SampleConfig.start_hour})")
+    parser.add_argument("--window-start", type=within(0, MAX_SUBMIT_S // 3600, int),
+                        default=None, metavar="HOURS",
+                        help="sia (required): the submission window opens this many hours after "
+                             "the trace's first job (the trace's first weeks hold few jobs)")
     parser.add_argument("--hours", type=within(1, 24, int), default=SampleConfig.hours,
                         help="length of the submission window in hours (default: %(default)s)")
     add_out_flags(parser, Path("runs/workloads"))
@@ -75,20 +94,47 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write DIR/sampled-<seed>.csv for every seed, in the Pollux workload format."""
+    """Write DIR/sampled-<seed>.csv (Pollux's method) or DIR/sia-<seed>.csv (Sia's) for every
+    seed, in the Pollux workload format."""
     seeds = parse_seeds(args.seeds)
+    check_window_flags(args)
     reject_directory(args.philly, "--philly needs a file: the Pollux artifact's philly.csv")
     if args.profiles is not None and not args.profiles.is_dir():
         raise UserError(f"--profiles {args.profiles}: no such folder; give a Pollux app_profiles "
                         "directory, or leave --profiles out for the shipped Pollux profiles")
-    options_of = model_configurations(
-        profiles_or_default(args.profiles))
+    profiles = profiles_or_default(args.profiles)
+    if args.method == "sia":
+        options_of = sia_model_configurations(profiles)
+    else:
+        options_of = model_configurations(profiles)
     pool = read_philly_pool(args.philly)
-    names = [f"sampled-{seed}.csv" for seed in seeds]
+    prefix = "sia" if args.method == "sia" else "sampled"
+    names = [f"{prefix}-{seed}.csv" for seed in seeds]
     out = prepare_out_dir(args.out, names, args.force)
     for seed, name in zip(seeds, names, strict=True):
-        config = SampleConfig(num_jobs=args.num_jobs, start_hour=args.start_hour,
-                              hours=args.hours, seed=seed)
-        write_atomic(out / name, sample_workload(pool, options_of, config).to_csv(index=False))
-    print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/sampled-*.csv")
+        if args.method == "sia":
+            workload = sample_sia_workload(pool, options_of, SiaSampleConfig(
+                start_hour=args.window_start, num_jobs=args.num_jobs, hours=args.hours,
+                seed=seed))
+        else:
+            start_hour = SampleConfig.start_hour if args.start_hour is None else args.start_hour
+            workload = sample_workload(pool, options_of, SampleConfig(
+                num_jobs=args.num_jobs, start_hour=start_hour, hours=args.hours, seed=seed))
+        write_atomic(out / name, workload.to_csv(index=False))
+    print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/{prefix}-*.csv")
     return 0
+
+
+def check_window_flags(args: argparse.Namespace) -> None:
+    """One-line `UserError` where the window flags do not fit `--method`: Pollux's window opens
+    at an hour of day (``--start-hour``), Sia's at hours into the trace (``--window-start``)."""
+    if args.method == "sia" and args.window_start is None:
+        raise UserError("--method sia needs --window-start HOURS: the window opens that many "
+                        "hours after the trace's first job (its first weeks hold few jobs; "
+                        "see docs/workloads.md)")
+    if args.method == "sia" and args.start_hour is not None:
+        raise UserError("--start-hour is Pollux's hour of day; with --method sia give "
+                        "--window-start HOURS after the trace's first job")
+    if args.method == "pollux" and args.window_start is not None:
+        raise UserError("--window-start is Sia's window (--method sia); Pollux's opens at "
+                        "--start-hour each day")
