@@ -2,10 +2,10 @@
 
 Precedence (lowest to highest): the defaults below, the YAML file (a ConfigMap mounted into the
 pod), environment variables ``RLALLOC_ACTUATOR_<FIELD>`` (upper case), then command-line flags.
-The PromQL queries are a nested mapping (`queries:`) and come from the file only. A malformed
-file or value, or an unknown RLALLOC_ACTUATOR_* variable, ends the start-up with one `UserError`
-naming the file/variable, the key and the fix, so a bad ConfigMap shows up as one line in
-`kubectl logs`, not as a traceback at the first cycle.
+The PromQL queries (`queries:`, a mapping) and the GPU product table (`gpu_products:`, a list)
+come from the file only. A malformed file or value, or an unknown RLALLOC_ACTUATOR_* variable,
+ends the start-up with one `UserError` naming the file/variable, the key and the fix, so a bad
+ConfigMap shows up as one line in `kubectl logs`, not as a traceback at the first cycle.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from typing import Any
 
 import yaml
 
+from rlalloc.actuator.gpu_products import DEFAULT_GPU_PRODUCTS, GpuProduct, checked_table
 from rlalloc.actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
+from rlalloc.env.cluster import DEFAULT_GPU_TYPE, gpu_type_named
 from rlalloc.env.errors import UserError
 from rlalloc.env.signals import SIGNAL_KINDS
 from rlalloc.env.telemetry_names import (
@@ -212,7 +214,17 @@ class ActuatorConfig:
     rack_label: str = "topology.rlalloc.io/rack"
     """Node label giving the rack (or switch); nodes without it are in rack 0."""
     gpu_type_label: str = "nvidia.com/gpu.product"
-    """Node label giving the GPU model (set by GPU feature discovery)."""
+    """Node label giving the GPU model (set by NVIDIA GPU Feature Discovery), which
+    `gpu_products` maps to a simulator GPU type."""
+    gpu_products: tuple[GpuProduct, ...] = DEFAULT_GPU_PRODUCTS
+    """The product table (file only): a node's `gpu_type_label` value is the type of the first
+    row whose regular expression matches it whole, in any case, after a trailing ``-SHARED``
+    (time-sliced GPUs) is removed. Rows a file gives (a list of ``{pattern: REGEX, type:
+    TYPE}``) come before the shipped ones (`rlalloc.actuator.gpu_products.DEFAULT_GPU_PRODUCTS`),
+    so they add products and override the shipped rows. A node whose label no row matches is
+    kept off every new placement, with one warning naming it (see `state_builder`)."""
+    default_gpu_type: str = DEFAULT_GPU_TYPE
+    """GPU type of a node without the `gpu_type_label` label (T4, the Pollux profiles')."""
     event_component: str = "rlalloc-actuator"
     """`source.component` of the Events the actuator writes."""
     signals: str = "standin"
@@ -230,6 +242,10 @@ class ActuatorConfig:
         problems = _range_problems(self)
         if problems:
             raise InvalidSettings(problems)
+        # the types as the simulator spells them (a file may say a100): checked above
+        object.__setattr__(self, "gpu_products", checked_table(self.gpu_products, "gpu_products"))
+        object.__setattr__(self, "default_gpu_type",
+                           gpu_type_named(self.default_gpu_type, "default_gpu_type"))
 
 
 class InvalidSettings(UserError):
@@ -278,6 +294,14 @@ def _range_problems(config: ActuatorConfig) -> dict[str, str]:
     if config.signals not in SIGNAL_KINDS:
         problems["signals"] = (f"signals must be one of {', '.join(SIGNAL_KINDS)} "
                                f"(got {config.signals!r})")
+    try:
+        checked_table(config.gpu_products, "gpu_products")
+    except UserError as err:
+        problems["gpu_products"] = str(err)
+    try:
+        gpu_type_named(config.default_gpu_type, "default_gpu_type")
+    except UserError as err:
+        problems["default_gpu_type"] = str(err)
     return problems
 
 
@@ -297,7 +321,7 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     _check_environment(environ)
     for f in fields(ActuatorConfig):
         name = ENV_PREFIX + f.name.upper()
-        if f.name != "queries" and name in environ:
+        if f.name not in _FILE_ONLY and name in environ:
             origins[f.name] = f"environment variable {name}"
             values[f.name] = _coerce(f, environ[name], origins[f.name])
     for key, value in (overrides or {}).items():
@@ -312,6 +336,8 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             for name, problem in err.problems.items())) from err
 
 
+_FILE_ONLY = ("queries", "gpu_products")
+"""Settings too structured for a variable or a flag: the file gives them."""
 _CHECKED_AGAINST = {"lease_duration_s": "interval_s", "move_backoff_max_s": "move_backoff_s"}
 """Settings checked against another one: the error names where either value came from."""
 _PRECEDENCE = ("flag --", "environment variable ")
@@ -333,7 +359,7 @@ def _check_environment(environ: dict[str, str]) -> None:
     """Refuse an unknown RLALLOC_ACTUATOR_* variable: a misspelled one, silently ignored, would
     leave its setting at the default while the user believes it set (as a misspelled file key
     would, which `_read_file` refuses too)."""
-    settings = [f.name for f in fields(ActuatorConfig) if f.name != "queries"]
+    settings = [f.name for f in fields(ActuatorConfig) if f.name not in _FILE_ONLY]
     known = [ENV_PREFIX + name.upper() for name in settings] + [CONFIG_ENV]
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known and not _is_service_link(
@@ -378,6 +404,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         f = _field(str(key), where=str(path))
         if f.name == "queries":
             values["queries"] = _queries(raw, path)
+        elif f.name == "gpu_products":
+            values["gpu_products"] = _gpu_products(raw, path) + DEFAULT_GPU_PRODUCTS
         else:
             values[f.name] = _coerce(f, raw, f"{path}: {key}")
     return values
@@ -394,6 +422,20 @@ def _queries(raw: object, path: Path) -> Queries:
         if not isinstance(value, str):
             raise UserError(f"{path}: queries.{key} must be a PromQL string")
     return Queries(**raw)
+
+
+def _gpu_products(raw: object, path: Path) -> tuple[GpuProduct, ...]:
+    """The file's rows of the product table (their patterns and types are checked with the
+    other settings, `_range_problems`)."""
+    if not isinstance(raw, list):
+        raise UserError(f"{path}: gpu_products must be a list of {{pattern: REGEX, type: "
+                        f"GPU_TYPE}} mappings, got {raw!r}")
+    for i, row in enumerate(raw):
+        if (not isinstance(row, dict) or set(row) != {"pattern", "type"}
+                or not isinstance(row["pattern"], str)):
+            raise UserError(f"{path}: gpu_products[{i}] must be a mapping {{pattern: REGEX, "
+                            f"type: GPU_TYPE}}, got {row!r}")
+    return tuple(GpuProduct(row["pattern"], row["type"]) for row in raw)
 
 
 def _field(name: str, where: str = "") -> dataclasses.Field:

@@ -11,8 +11,10 @@ whatever the policy does:
 - only managed (opted-in) jobs, only within their elasticPolicy min..max;
 - never more GPUs than are free: per node, counting the job's own GPUs and the actions already
   accepted this cycle, each worker as its job's GPUs per worker (a placement names a node per
-  worker, whole workers only); never on a node that is down, cordoned or (optionally) without
-  fresh telemetry;
+  worker, whole workers only); never on a node that is down, cordoned, of an unknown GPU type
+  (`BuiltState.untyped_nodes`) or (optionally) without fresh telemetry;
+- a job runs on one GPU type at a time: no placement spans nodes of two types (the state's
+  `nodes.gpu_type`);
 - a per-job cooldown after every change (failover moves are exempt: a warned node will not wait);
 - a cap on disruptive moves (those that restart running workers) per cycle and per sliding hour;
 - a job whose move failed waits out its backoff, and one whose move was given up is left alone
@@ -175,9 +177,11 @@ class CycleDecisions:
 def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
            history: DecisionHistory,
            nodes_without_telemetry: frozenset[str] = frozenset(),
-           failures: Mapping[str, MoveFailure] | None = None) -> CycleDecisions:
+           failures: Mapping[str, MoveFailure] | None = None,
+           untyped_nodes: frozenset[str] = frozenset()) -> CycleDecisions:
     """Ask `policy` for actions on `state` and pass each through the guardrails; `failures`:
-    the jobs' failing moves (see the module docstring)."""
+    the jobs' failing moves, `untyped_nodes`: the nodes of an unknown GPU type (see the module
+    docstring)."""
     now = state.time_s
     history = history.as_of(now)
     failures = {job_id: record for job_id, record in (failures or {}).items()
@@ -198,7 +202,7 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
             action = retries.pop(0)
         else:
             action = policy.act(policy_view(state, config, nodes_without_telemetry,
-                                             refused_jobs))
+                                             refused_jobs, untyped_nodes))
             if action.kind == ActionKind.NOOP or action.job_id in refused_jobs:
                 if action.job_id in waiting:  # proposed for a job it was not shown
                     decisions.append(Decision(action, False, waiting[action.job_id],
@@ -207,7 +211,8 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
                 break  # (a policy that proposes for a job it was not shown is not asked again)
         disruptive = is_disruptive(state, action)
         counted = counts_against_budget(failures.get(action.job_id), action, disruptive)
-        reason = check(state, action, config, history, nodes_without_telemetry, retry)
+        reason = check(state, action, config, history, nodes_without_telemetry, retry,
+                       untyped_nodes)
         if not reason and disruptive and cycle_disruptions >= config.max_disruptions_per_cycle:
             reason = (f"disruption cap: {config.max_disruptions_per_cycle} disruptive moves "
                       "per cycle already taken")
@@ -230,15 +235,16 @@ def decide(state: ClusterState, policy: Policy, config: ActuatorConfig,
 
 def policy_view(state: ClusterState, config: ActuatorConfig,
                 nodes_without_telemetry: frozenset[str],
-                refused_jobs: frozenset[str] = frozenset()) -> ClusterState:
+                refused_jobs: frozenset[str] = frozenset(),
+                untyped_nodes: frozenset[str] = frozenset()) -> ClusterState:
     """`state` as the policy is shown it: without the jobs whose proposal was refused this
     cycle (their GPUs stay taken, as another tenant's are), and with the nodes the telemetry
-    guardrail refuses new workers on cordoned, as the guardrail treats them. Shown as usable,
-    a deterministic policy proposed the same refused placement every cycle, and the refusal
-    (which then ended the cycle) held up every other move, failovers included, for as long as
-    one exporter was down. A job
-    with workers on such a node is then not shown its own GPUs there either, so a policy cannot
-    shrink it in place on it (the guardrail would allow that); it can still move it off."""
+    and GPU-type guardrails refuse new workers on (`untyped_nodes`) cordoned, as the guardrails
+    treat them. Shown as usable, a deterministic policy proposed the same refused placement
+    every cycle, and the refusal (which then ended the cycle) held up every other move,
+    failovers included, for as long as one exporter was down. A job with workers on such a node
+    is then not shown its own GPUs there either, so a policy cannot shrink it in place on it
+    (the guardrail would allow that); it can still move it off."""
     if refused_jobs:
         jobs = state.jobs
         hidden = np.isin(np.asarray(jobs.job_id), list(refused_jobs))
@@ -248,10 +254,12 @@ def policy_view(state: ClusterState, config: ActuatorConfig,
             jobs=Jobs.from_records([jobs.record(i) for i in np.flatnonzero(~hidden).tolist()]),
             demand=replace(state.demand, pending_gpus=max(
                 int(state.demand.pending_gpus) - int(jobs.requested_gpus[queued].sum()), 0)))
-    if not (config.require_node_telemetry and nodes_without_telemetry):
+    closed = untyped_nodes | (nodes_without_telemetry if config.require_node_telemetry
+                              else frozenset())
+    if not closed:
         return state
-    blind = np.isin(np.asarray(state.nodes.name), list(nodes_without_telemetry))
-    return replace(state, nodes=replace(state.nodes, cordoned=state.nodes.cordoned | blind))
+    shut = np.isin(np.asarray(state.nodes.name), list(closed))
+    return replace(state, nodes=replace(state.nodes, cordoned=state.nodes.cordoned | shut))
 
 
 def is_disruptive(state: ClusterState, action: Action) -> bool:
@@ -275,11 +283,11 @@ def current_nodes(state: ClusterState, job_id: str) -> tuple[str, ...]:
 
 def check(state: ClusterState, action: Action, config: ActuatorConfig,
           history: DecisionHistory, nodes_without_telemetry: frozenset[str],
-          retry: bool = False) -> str:
+          retry: bool = False, untyped_nodes: frozenset[str] = frozenset()) -> str:
     """Why the guardrails refuse `action` on `state` ("" when they accept it). A `retry` of a
     half-applied move is exempt from the cooldown (its first try's change started it) and from
     keeping the worker count (a deleted worker whose replacement is not bound yet is not
-    counted)."""
+    counted). New workers never go to `untyped_nodes` (a job keeps those it has there)."""
     jobs, nodes = state.jobs, state.nodes
     try:
         row = state.job_index(action.job_id)
@@ -310,6 +318,10 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
         return f"unknown node {unknown[0]}"
     if tuple(sorted(action.nodes)) == tuple(sorted(current)):
         return "placement unchanged"
+    types = tuple(dict.fromkeys(nodes.gpu_type[index[n]] for n in action.nodes))
+    if len(types) > 1:
+        return (f"a job runs on one GPU type at a time: the new placement spans "
+                f"{' and '.join(types)}")
     per_worker = int(jobs.gpus_per_worker[row])
     need = np.bincount([index[n] for n in action.nodes], minlength=nodes.count) * per_worker
     own = np.bincount(list(jobs.placement[row]), minlength=nodes.count) * per_worker
@@ -326,6 +338,9 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
         if (config.require_node_telemetry and need[i] > own[i]
                 and names[i] in nodes_without_telemetry):
             return f"no fresh DCGM telemetry for node {names[i]}"
+        if need[i] > own[i] and names[i] in untyped_nodes:
+            return (f"unknown GPU type of node {names[i]}: its {config.gpu_type_label} label "
+                    "matches no gpu_products pattern")
     last = history.last_change_s.get(action.job_id)
     if action.kind != ActionKind.MIGRATE and not retry and last is not None:
         if state.time_s - last < config.cooldown_s:
@@ -337,6 +352,7 @@ def check(state: ClusterState, action: Action, config: ActuatorConfig,
 _RULES = (("is not managed", "unmanaged"), ("elasticPolicy", "elastic_range"),
           ("free GPUs", "free_gpus"), ("is cordoned", "node_unusable"),
           ("is not Ready", "node_unusable"), ("telemetry", "node_telemetry"),
+          ("unknown GPU type", "node_gpu_type"), ("one GPU type", "one_gpu_type"),
           ("cooldown", "cooldown"), ("disruption cap", "disruption_cap"),
           ("backoff:", "backoff"), ("move given up", "given_up"))
 

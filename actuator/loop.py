@@ -136,6 +136,9 @@ class Controller:
         self._history = DecisionHistory()
         self._told_unmanageable: set[str] = set()
         """Opted-in jobs left alone whose warning is out (said once, again if they return)."""
+        self._told_untyped: dict[str, str] = {}
+        """Nodes of an unknown GPU product whose warning is out, node -> the product (said
+        once, again if the node returns or shows another product)."""
         self._failures: dict[str, MoveFailure] = {}
         """Job id -> its failing move (`failed_moves`), as written to the job's annotations or,
         where that write failed, only here."""
@@ -178,11 +181,19 @@ class Controller:
             log.warning("job %s is opted in but not managed: %s", job_id,
                         built.unmanageable[job_id], extra={"event": {"job": job_id}})
         self._told_unmanageable = set(built.unmanageable)
+        for node, product in sorted(built.untyped_nodes.items() - self._told_untyped.items()):
+            log.warning("node %s: its GPU product %s=%s matches no gpu_products pattern, so "
+                        "rlalloc places no new workers there; add a pattern for it (and its "
+                        "simulator GPU type) to gpu_products in the actuator config", node,
+                        self.config.gpu_type_label, product,
+                        extra={"event": {"node": node, "product": product}})
+        self._told_untyped = dict(built.untyped_nodes)
         self._failures = self._read_failures(built)
         self._converge(built)
         counts_before = self.policy_counts()
         decided = decide(built.state, self._policy, self.config, self._history,
-                         built.nodes_without_telemetry, self._failures)
+                         built.nodes_without_telemetry, self._failures,
+                         frozenset(built.untyped_nodes))
         counts_after = self.policy_counts()
         if counts_before is not None and counts_after is not None:
             report.contested = counts_after[0] - counts_before[0]

@@ -27,6 +27,16 @@ unreachable or vanished: then it is the progress in its latest checkpoint read, 
 from, as the simulator rolls a job hit by a node failure back to its checkpoint. A node without
 fresh telemetry gets the failure risk of a healthy node (no signal is not evidence); readings
 from `risk_lag_s` ago that were stale then count as zeros.
+
+A node's GPU type is its product label (`ActuatorConfig.gpu_type_label`, GPU Feature Discovery's
+``nvidia.com/gpu.product``) mapped by the config's product table (`gpu_products`); a node
+without the label is of `default_gpu_type`. A node whose label no row matches is *untyped*:
+`untyped_nodes` names it (the loop warns once per node) and the guardrails keep new workers off
+it, as they do a node without telemetry. It stays in the state, typed `default_gpu_type` so that
+every node names a type the simulator knows: left out, its managed jobs' pods would vanish from
+their placements (read as a lost node, their progress rolled back to a checkpoint, their GPUs
+placed twice), and cordoned in the state, it would read as cordoned in the cluster, which the
+apply step relies on (a failover off it would leave the failing node uncordoned).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import numpy as np
 from kubernetes.utils.quantity import parse_quantity
 
 from rlalloc.actuator.config import ActuatorConfig
+from rlalloc.actuator.gpu_products import gpu_type_of
 from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
@@ -151,6 +162,9 @@ class BuiltState:
     unmanageable: dict[str, str] = field(default_factory=dict)
     """Opted-in jobs left alone, job_id -> why (`worker_gpus`: their workers' GPU request is
     invalid, or larger than any node): their GPUs count as another tenant's."""
+    untyped_nodes: dict[str, str] = field(default_factory=dict)
+    """Nodes whose product label no row of `gpu_products` matches, node -> the label's value
+    (see the module docstring): no new workers go there."""
 
 
 def job_id_of(namespace: str, name: str) -> str:
@@ -170,7 +184,7 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     now = obs.time_s
     fresh_nodes = _fresh(obs.metrics.get("dcgm_last_sample", []), (config.node_label,),
                          config.max_metric_age_s)
-    node_names, node_records, unreachable = _nodes(obs, config, fresh_nodes, signals)
+    node_names, node_records, unreachable, untyped = _nodes(obs, config, fresh_nodes, signals)
     node_index = {name: i for i, name in enumerate(node_names)}
     workers_by_job = _worker_pods(obs.pods, node_index)
     fresh_jobs = _fresh(obs.metrics.get("trainer_last_sample", []),
@@ -274,7 +288,8 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     fresh_names = {key[0] for key in fresh_nodes}
     return BuiltState(state=state, ledger=Ledger(now, records), jobs=refs,
                       nodes_without_telemetry=frozenset(node_names) - fresh_names,
-                      unreachable_nodes=frozenset(unreachable), unmanageable=unmanageable)
+                      unreachable_nodes=frozenset(unreachable), unmanageable=unmanageable,
+                      untyped_nodes=untyped)
 
 
 def _progress(previous: JobRecord, step: float, total: float, checkpoint_step: float | None,
@@ -343,8 +358,10 @@ def _failure_risk(signals: Signals, now: np.ndarray, earlier: np.ndarray,
 
 
 # ---------------------------------------------------------------------------------------- nodes
-def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
-           signals: Signals) -> tuple[tuple[str, ...], list[NodeInfo], list[str]]:
+def _nodes(obs: Observation, config: ActuatorConfig, fresh: set, signals: Signals
+           ) -> tuple[tuple[str, ...], list[NodeInfo], list[str], dict[str, str]]:
+    """(names, records, unreachable nodes, untyped nodes -> their product label) of the
+    nodes."""
     label = config.node_label
     util = _values(obs.metrics.get("gpu_util", []), (label,))
     temperature = _values(obs.metrics.get("gpu_temperature", []), (label,))
@@ -359,7 +376,7 @@ def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
     risk = _failure_risk(signals, features, earlier,
                          np.array([(name,) in fresh for name in node_names], dtype=bool))
     column = {name: i for i, name in enumerate(NODE_FEATURE_NAMES)}
-    records, unreachable = [], []
+    records, unreachable, untyped = [], [], {}
     for i, node in enumerate(nodes):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
@@ -370,10 +387,14 @@ def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
             unreachable.append(name)
         key = (name,)
         has_telemetry = key in fresh
+        product = labels.get(config.gpu_type_label, "")
+        gpu_type = gpu_type_of(product, config.gpu_products) if product else None
+        if product and gpu_type is None:
+            untyped[name] = product
         records.append(NodeInfo(
             name=name, gpus_total=total,
             gpus_free=max(total - used.get(name, 0), 0) if ready else 0,
-            gpu_type=labels.get(config.gpu_type_label, _NODE_DEFAULTS.gpu_type),
+            gpu_type=gpu_type or config.default_gpu_type,
             rack=racks[name], ready=ready,
             cordoned=bool((node.get("spec") or {}).get("unschedulable", False)),
             xid_errors_5m=int(features[i, column["xid_5m"]]),
@@ -384,7 +405,7 @@ def _nodes(obs: Observation, config: ActuatorConfig, fresh: set,
             temperature_delta_30m_c=float(features[i, column["temp_excess_delta_30m"]]),
             gpu_util=util.get(key, 0.0) if has_telemetry else 0.0,
             failure_risk=float(risk[i])))
-    return node_names, records, unreachable
+    return node_names, records, unreachable, untyped
 
 
 def _ready(node: dict) -> bool:

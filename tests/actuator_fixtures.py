@@ -27,14 +27,23 @@ from rlalloc.actuator.crd_schema import PyTorchJobValidator
 from rlalloc.actuator.k8s_names import PYTORCHJOB_CRD
 from rlalloc.actuator.kube import KubeClient, api_client_from
 from rlalloc.actuator.loop import Controller
-from rlalloc.actuator.observe import PrometheusSource
+from rlalloc.actuator.observe import MetricsSnapshot, PrometheusSource, RecordedMetrics
 from rlalloc.actuator.twin.harness import (
     RunningTwin,
     actuator_settings,
     prometheus_config,
     start_twin,
 )
-from rlalloc.actuator.twin.kube_api import dump_kubeconfig, installed_crd
+from rlalloc.actuator.twin.kube_api import (
+    NODES,
+    PODS,
+    PYTORCHJOBS,
+    ApiServerThread,
+    TwinKubeAPI,
+    dump_kubeconfig,
+    installed_crd,
+)
+from rlalloc.actuator.twin.render import cluster_objects, query_results
 from rlalloc.env.cluster import uniform_cluster
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams
@@ -210,6 +219,40 @@ def controller(tmp: Path, twin: RunningTwin, config: ActuatorConfig, policy: obj
     validate = PyTorchJobValidator(kube.read_pytorchjob_crd(), "the twin's API")
     return Controller(config, kube, PrometheusSource(config), policy, identity, validate,
                       signals=signals(config.signals))
+
+
+def served_state(state: ClusterState, edit: dict | None = None) -> ApiServerThread:
+    """The twin's API holding a cluster in `state` (namespace "default"); `edit`: job name ->
+    worker container resources to write instead of the rendered ones."""
+    server = ApiServerThread(TwinKubeAPI()).start()
+    names = {job_id: job_id for job_id in state.jobs.job_id}
+    nodes, pods, jobs = cluster_objects(state, "default", names)
+    for obj in jobs:
+        if obj["metadata"]["name"] in (edit or {}):
+            worker = obj["spec"]["pytorchReplicaSpecs"]["Worker"]
+            worker["template"]["spec"]["containers"][0]["resources"] = (
+                edit[obj["metadata"]["name"]])
+    for resource, namespace, objects in ((NODES, None, nodes), (PODS, "default", pods),
+                                         (PYTORCHJOBS, "default", jobs)):
+        for obj in objects:
+            server.call(server.api.put, resource, namespace, obj["metadata"]["name"], obj)
+    return server
+
+
+def state_controller(tmp_path: Path, server: ApiServerThread, state: ClusterState,
+                     policy: object) -> Controller:
+    """A controller (no leader election, no cooldown) acting on the cluster `served_state`
+    serves, its Prometheus answers recorded from `state`."""
+    config = ActuatorConfig(leader_election=False, cooldown_s=0.0, api_backoff_s=0.01)
+
+    class Twinish:  # what kube_client needs of a twin
+        kube_url = server.url
+
+    names = {job_id: job_id for job_id in state.jobs.job_id}
+    metrics = RecordedMetrics(MetricsSnapshot(
+        query_results(state, "default", names, time.time()), state.time_s))
+    return Controller(config, kube_client(tmp_path, Twinish, config), metrics, policy,
+                      "actuator-0", twin_crd_validator())
 
 
 def wait_until(predicate: object, timeout_s: float, step_s: float = 0.2) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -23,11 +22,8 @@ from rlalloc.actuator.k8s_names import (
     PLACEMENT_ANNOTATION,
     REQUESTED_WORKERS_ANNOTATION,
 )
-from rlalloc.actuator.loop import Controller
-from rlalloc.actuator.observe import MetricsSnapshot, RecordedMetrics
 from rlalloc.actuator.state_builder import JobRef, Ledger, Observation, build_state, worker_gpus
 from rlalloc.actuator.twin.kube_api import (
-    NODES,
     PODS,
     PYTORCHJOBS,
     ApiServerThread,
@@ -54,13 +50,13 @@ from actuator_fixtures import (
     TinyElastic,
     controller,
     job,
-    kube_client,
     needs_prometheus,
     quiet_params,
     scenario,
+    served_state,
     start_quiet_twin,
+    state_controller,
     twin_config,
-    twin_crd_validator,
     wait_until,
 )
 
@@ -169,38 +165,6 @@ def test_the_state_rebuilds_into_a_simulator_of_whole_workers():
     assert again.nodes.gpus_free.tolist() == state.nodes.gpus_free.tolist() == [4, 4, 8]
 
 
-def _served(state: ClusterState, edit: dict | None = None) -> ApiServerThread:
-    """The twin's API holding a cluster in `state`; `edit`: job name -> worker container
-    resources to write instead of the rendered ones."""
-    server = ApiServerThread(TwinKubeAPI()).start()
-    names = {job_id: job_id for job_id in state.jobs.job_id}
-    nodes, pods, jobs = cluster_objects(state, "default", names)
-    for obj in jobs:
-        if obj["metadata"]["name"] in (edit or {}):
-            worker = obj["spec"]["pytorchReplicaSpecs"]["Worker"]
-            worker["template"]["spec"]["containers"][0]["resources"] = (
-                edit[obj["metadata"]["name"]])
-    for resource, namespace, objects in ((NODES, None, nodes), (PODS, "default", pods),
-                                         (PYTORCHJOBS, "default", jobs)):
-        for obj in objects:
-            server.call(server.api.put, resource, namespace, obj["metadata"]["name"], obj)
-    return server
-
-
-def _controller(tmp_path, server: ApiServerThread, state: ClusterState,
-                policy: object) -> Controller:
-    config = ActuatorConfig(leader_election=False, cooldown_s=0.0, api_backoff_s=0.01)
-
-    class Twinish:  # what kube_client needs of a twin
-        kube_url = server.url
-
-    names = {job_id: job_id for job_id in state.jobs.job_id}
-    metrics = RecordedMetrics(MetricsSnapshot(
-        query_results(state, "default", names, time.time()), state.time_s))
-    return Controller(config, kube_client(tmp_path, Twinish, config), metrics, policy,
-                      "actuator-0", twin_crd_validator())
-
-
 def _worker_spec(server: ApiServerThread, name: str) -> tuple[int, list[str], str]:
     """(replicas, node affinity's host names, placement annotation) of PyTorchJob `name`."""
     obj = server.call(server.api.get, PYTORCHJOBS, "default", name)
@@ -219,16 +183,16 @@ def test_scaling_a_job_of_8_gpu_workers_places_whole_workers(tmp_path):
     state = _state(JobInfo("j", JobStatus.RUNNING, 0.0, 8, 1, 2, workers=1, placement=(0,),
                            throughput=1.0, gpus_per_worker=8))
     stacked = Action(ActionKind.SCALE, "default/j", 2, ("node-0000", "node-0000"))
-    server = _served(state)
+    server = served_state(state)
     # a job rlalloc has not changed yet: its first patch records its request, in workers
     server.call(server.api.patch, PYTORCHJOBS, "default", "j",
                 {"metadata": {"annotations": {REQUESTED_WORKERS_ANNOTATION: None}}})
     try:
-        ctl = _controller(tmp_path, server, state, Scripted(stacked))
+        ctl = state_controller(tmp_path, server, state, Scripted(stacked))
         [(refused, outcome)] = ctl.run_cycle().outcomes
         assert outcome == "refused" and refused.reason == (
             "not enough free GPUs on node-0000: needs 16 (2 workers of 8), 8 free")
-        ctl = _controller(tmp_path, server, state, TinyElastic())
+        ctl = state_controller(tmp_path, server, state, TinyElastic())
         [(decision, outcome)] = ctl.run_cycle().outcomes
         assert outcome == "applied", decision.reason
         assert decision.action.nodes == ("node-0000", "node-0001")
@@ -257,11 +221,11 @@ def test_a_job_the_actuator_cannot_place_is_refused_with_one_line_and_never_patc
         tmp_path, caplog, resources, why):
     state = _state(JobInfo("big", JobStatus.QUEUED, 0.0, 8, 1, 1, gpus_per_worker=8),
                    JobInfo("small", JobStatus.QUEUED, 10.0, 8, 1, 1, gpus_per_worker=8))
-    server = _served(state, {"big": resources})
+    server = served_state(state, {"big": resources})
     try:
         policy = Scripted(Action(ActionKind.SCALE, "default/big", 1, ("node-0000",)),
                           Action(ActionKind.SCALE, "default/small", 1, ("node-0001",)))
-        ctl = _controller(tmp_path, server, state, policy)
+        ctl = state_controller(tmp_path, server, state, policy)
         with caplog.at_level(logging.WARNING, logger="rlalloc.actuator"):
             reports = [ctl.run_cycle() for _ in range(3)]
         assert "default/big" not in reports[0].built.state.jobs.job_id

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from rlalloc.actuator.config import NORMAL_BUSY_RISE_C, NORMAL_IDLE_TEMPERATURE_C
+from rlalloc.actuator.gpu_products import TWIN_PRODUCTS
 from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
@@ -56,11 +57,12 @@ def timestamp(unix_s: float) -> str:
 
 def node_object(name: str, gpus: int, gpu_type: str, rack: int, ready: bool,
                 unschedulable: bool = False) -> dict:
-    """A Node with `gpus` allocatable GPUs and a Ready condition."""
+    """A Node with `gpus` allocatable GPUs and a Ready condition, labelled with the product
+    GPU Feature Discovery writes for a GPU of `gpu_type` (`TWIN_PRODUCTS`)."""
     node = {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name, RACK_LABEL: str(rack),
-                                              GPU_TYPE_LABEL: gpu_type}},
+                                              GPU_TYPE_LABEL: TWIN_PRODUCTS[gpu_type]}},
         "spec": {},
         "status": {"allocatable": {GPU_RESOURCE: str(gpus), "cpu": "32", "memory": "256Gi"},
                    "capacity": {GPU_RESOURCE: str(gpus)},

@@ -32,7 +32,7 @@ import yaml
 from rlalloc.actuator.config import load_config
 from rlalloc.actuator.k8s_names import NAMESPACE_RULE, is_namespace_name
 from rlalloc.cli.argtypes import SEED, above, at_least, out_path, within
-from rlalloc.env.cluster import ClusterSpec
+from rlalloc.env.cluster import ClusterSpec, add_cluster_flag
 from rlalloc.env.errors import UserError
 from rlalloc.env.failures import (
     FAILURE_PRESETS,
@@ -73,8 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc twin`."""
     parser.add_argument("--workload", default="synthetic:40:0.9",
                         help=f"workload CSV, {GENERATED_SOURCES} (default: %(default)s)")
-    parser.add_argument("--cluster", default="8x4",
-                        help="NODESxGPUS or a cluster YAML file (default: %(default)s)")
+    add_cluster_flag(parser, default="8x4")  # mixed types too: each node shows its product
     parser.add_argument("--seed", type=SEED, default=0,
                         help="seed of workload and failures (default: %(default)s)")
     parser.add_argument("--failures", default="stress", metavar="RATE",
