@@ -50,6 +50,11 @@ from kubernetes.utils.quantity import parse_quantity
 
 from rlalloc.actuator.config import ActuatorConfig
 from rlalloc.actuator.gpu_products import gpu_type_of
+from rlalloc.actuator.job_curves import (
+    TYPE_SPEEDS_ANNOTATION,
+    parse_type_speeds,
+    type_speeds_table,
+)
 from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
@@ -210,18 +215,21 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
             continue
         per_worker, problem = worker_gpus(obj, config.gpu_resource)
         problem = problem or _too_big_problem(per_worker, node_records, config.gpu_resource)
+        curves, curve_problem = parse_type_speeds(
+            (meta.get("annotations") or {}).get(TYPE_SPEEDS_ANNOTATION))
+        problem = problem or curve_problem
         if problem:
             unmanageable[job_id_of(meta.get("namespace", "default"), meta.get("name", ""))] = (
                 problem)
         else:
-            managed.append((created, meta.get("name", ""), obj, per_worker))
+            managed.append((created, meta.get("name", ""), obj, per_worker, curves))
     managed.sort(key=lambda item: (item[0], item[1]))
 
     job_records: list[JobInfo] = []
     refs: dict[str, JobRef] = {}
     records: dict[str, JobRecord] = {}
     dt = max(now - ledger.time_s, 0.0) if ledger.time_s is not None else 0.0
-    for created, name, obj, per_worker in managed:
+    for created, name, obj, per_worker, _ in managed:
         namespace = obj["metadata"].get("namespace", "default")
         job_id = job_id_of(namespace, name)
         pods = workers_by_job.get((namespace, name), [])
@@ -283,8 +291,10 @@ def build_state(obs: Observation, config: ActuatorConfig, ledger: Ledger,
     demand = Demand(pending_gpus=int(jobs.requested_gpus[queued].sum()),
                     arrivals_1h=arrivals_1h, forecast_gpus=forecast_gpus)
     nodes = Nodes.from_records(node_records)
+    type_speeds = (type_speeds_table(jobs, [item[4] for item in managed], nodes.type_names)
+                   if len(nodes.type_names) > 1 else None)
     state = ClusterState(time_s=now, nodes=nodes, jobs=jobs, demand=demand,
-                         time_of_day_s=now % 86_400.0)
+                         time_of_day_s=now % 86_400.0, type_speeds=type_speeds)
     fresh_names = {key[0] for key in fresh_nodes}
     return BuiltState(state=state, ledger=Ledger(now, records), jobs=refs,
                       nodes_without_telemetry=frozenset(node_names) - fresh_names,

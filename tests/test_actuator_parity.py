@@ -87,8 +87,11 @@ def _planner() -> object:
     return planning_policy(base, alternatives, history, "planner")
 
 
-WORKLOADS = ("one-gpu-workers", "multi-gpu-workers")
-"""The synthetic workload as generated, and with two jobs in three made of multi-GPU workers."""
+WORKLOADS = ("one-gpu-workers", "multi-gpu-workers", "mixed-gpu-types")
+"""The synthetic workload as generated, with two jobs in three made of multi-GPU workers, and
+as generated on a cluster of T4 and A100 nodes (each job's curve per type in the state)."""
+_CLUSTERS = {"mixed-gpu-types": "4x4:T4+2x8:A100"}
+"""The cluster of a workload where it is not 8x4 (the same 32 GPUs)."""
 _GPUS_PER_WORKER = (1, 2, 4)
 """GPUs per worker of the multi-GPU workload's jobs, in turn (4: a whole node of 8x4)."""
 
@@ -97,7 +100,8 @@ def _scenario(workload: str = WORKLOADS[0]) -> Scenario:
     """30 synthetic jobs on 8x4 GPUs, submitted at distinct whole seconds (the API's
     timestamps have second precision); for "multi-gpu-workers", the second and third of every
     three jobs have workers of 2 and 4 GPUs (`_whole_workers`)."""
-    base = build_scenario("synthetic:30:1.2", "8x4", seed=SEED, signals=default_signals())
+    base = build_scenario("synthetic:30:1.2", _CLUSTERS.get(workload, "8x4"), seed=SEED,
+                          signals=default_signals())
     jobs, last = [], -1.0
     for i, spec in enumerate(base.workload.jobs):
         submit = max(float(round(spec.submit_s)), last + 1.0)
@@ -211,6 +215,10 @@ def test_actuator_decides_like_the_simulator(tmp_path, make_policy, workload):
     if workload == "multi-gpu-workers":  # multi-GPU workers ran, and were placed whole
         assert any(point.state.jobs.workers[point.state.jobs.gpus_per_worker > 1].any()
                    for point in recorded)
+    if workload == "mixed-gpu-types":  # jobs ran on both types, each on one
+        types = {point.state.nodes.gpu_type[n] for point in recorded
+                 for placement in point.state.jobs.placement for n in placement}
+        assert types == {"T4", "A100"}
     kinds = {point.action.kind for point in recorded}
     # the signals were there to reproduce: nodes with telemetry and a demand forecast
     assert any(point.telemetry.any() for point in recorded)
@@ -282,6 +290,14 @@ def _assert_same_state(sim: ClusterState, rebuilt: ClusterState, names: dict[str
     """The rebuilt state carries the simulator's values (floats to float32 precision)."""
     assert rebuilt.jobs.job_id == tuple(f"{NAMESPACE}/{names[j]}" for j in sim.jobs.job_id)
     assert rebuilt.nodes.name == sim.nodes.name
+    assert rebuilt.nodes.gpu_type == sim.nodes.gpu_type
+    assert (rebuilt.type_speeds is None) == (sim.type_speeds is None)
+    if sim.type_speeds is not None:
+        assert rebuilt.type_speeds.gpu_types == sim.type_speeds.gpu_types
+        for column in ("speed_1gpu", "scaling_alpha", "scaling_beta"):
+            np.testing.assert_allclose(getattr(rebuilt.type_speeds, column),
+                                       getattr(sim.type_speeds, column), rtol=1e-6,
+                                       err_msg=column)
     for column in ("gpus_total", "gpus_free", "rack", "ready", "cordoned", "xid_errors_5m",
                    "ecc_errors_30m", "ready_flaps_60m"):
         np.testing.assert_array_equal(getattr(rebuilt.nodes, column),

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlalloc.actuator.config import NORMAL_BUSY_RISE_C, NORMAL_IDLE_TEMPERATURE_C
 from rlalloc.actuator.gpu_products import TWIN_PRODUCTS
+from rlalloc.actuator.job_curves import TYPE_SPEEDS_ANNOTATION, format_type_speeds
 from rlalloc.actuator.k8s_names import (
     ALPHA_ANNOTATION,
     BETA_ANNOTATION,
@@ -110,6 +111,23 @@ def pytorchjob_object(namespace: str, name: str, replicas: int, min_workers: int
     }
 
 
+def state_job_object(state: ClusterState, row: int, namespace: str, name: str, replicas: int,
+                     epoch_s: float) -> dict:
+    """`pytorchjob_object` of job `row` of `state` with `replicas` workers, annotated with its
+    curve and, on a mixed cluster, its curve per GPU type (`TYPE_SPEEDS_ANNOTATION`)."""
+    jobs = state.jobs
+    obj = pytorchjob_object(
+        namespace, name, replicas, int(jobs.min_workers[row]), int(jobs.max_workers[row]),
+        int(requested_workers(state, row)), epoch_s + float(jobs.submit_s[row]),
+        float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
+        float(jobs.scaling_beta[row]), float(jobs.restore_s[row]),
+        gpus_per_worker=int(jobs.gpus_per_worker[row]))
+    if state.type_speeds is not None:
+        obj["metadata"]["annotations"][TYPE_SPEEDS_ANNOTATION] = format_type_speeds(
+            state.type_speeds, row)
+    return obj
+
+
 def pod_object(namespace: str, job: str, index: int, node: str | None, running: bool,
                gpus: int = 1) -> dict:
     """Worker pod `index` of PyTorchJob `job` requesting `gpus` GPUs, bound to `node` (None:
@@ -143,12 +161,8 @@ def cluster_objects(state: ClusterState, namespace: str, names: dict[str, str],
     for row in range(jobs.count):
         name = names[jobs.job_id[row]]
         per_worker = int(jobs.gpus_per_worker[row])
-        job_objects.append(pytorchjob_object(
-            namespace, name, int(jobs.workers[row]), int(jobs.min_workers[row]),
-            int(jobs.max_workers[row]), int(requested_workers(state, row)),
-            epoch_s + float(jobs.submit_s[row]), float(jobs.speed_1gpu[row]),
-            float(jobs.scaling_alpha[row]), float(jobs.scaling_beta[row]),
-            float(jobs.restore_s[row]), gpus_per_worker=per_worker))
+        job_objects.append(state_job_object(state, row, namespace, name, int(jobs.workers[row]),
+                                            epoch_s))
         for index, node in enumerate(jobs.placement[row]):
             pods.append(pod_object(namespace, name, index, nodes.name[node], True, per_worker))
     return node_objects, pods, job_objects

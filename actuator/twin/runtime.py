@@ -47,10 +47,9 @@ from rlalloc.actuator.twin.render import (
     k8s_name,
     node_object,
     pod_object,
-    pytorchjob_object,
+    state_job_object,
 )
 from rlalloc.env.failures import HealthEvent
-from rlalloc.env.placement import requested_workers
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
@@ -368,16 +367,9 @@ class Twin:
         for row, sim_id in enumerate(jobs.job_id):
             if sim_id not in self._jobs:
                 self._jobs[sim_id] = _Job(sim_id, k8s_name(sim_id))
-                per_worker = int(jobs.gpus_per_worker[row])
                 self.api.put(PYTORCHJOBS, self.namespace, self._jobs[sim_id].name,
-                             pytorchjob_object(
-                                 self.namespace, self._jobs[sim_id].name, 0,
-                                 int(jobs.min_workers[row]), int(jobs.max_workers[row]),
-                                 int(requested_workers(state, row)),
-                                 self.epoch_s + float(jobs.submit_s[row]),
-                                 float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
-                                 float(jobs.scaling_beta[row]), float(jobs.restore_s[row]),
-                                 gpus_per_worker=per_worker))
+                             state_job_object(state, row, self.namespace,
+                                              self._jobs[sim_id].name, 0, self.epoch_s))
             self._unbind_if_requeued(state, row, self._jobs[sim_id])
             self._mirror_job(state, row, self._jobs[sim_id])
         for job in self._jobs.values():
