@@ -67,6 +67,15 @@ class ClusterSpec:
         """GPUs in the whole cluster."""
         return sum(n.gpus for n in self.nodes)
 
+    def job_gpus(self, gpus_per_worker: int = 1) -> int:
+        """The most GPUs one job can hold, in whole workers of `gpus_per_worker` GPUs: those of
+        the cluster's largest GPU type (a job runs on one type at a time), or all of a one-type
+        cluster's."""
+        by_type: dict[str, int] = {}
+        for n in self.nodes:
+            by_type[n.gpu_type] = by_type.get(n.gpu_type, 0) + n.gpus // gpus_per_worker
+        return max(by_type.values()) * gpus_per_worker
+
     @property
     def max_gpus_per_node(self) -> int:
         """The largest node's GPU count (the unit of a packed placement)."""

@@ -253,3 +253,11 @@ def test_a_mixed_state_rebuilds_with_each_jobs_speed_per_type(profiles):
     expected = float(state.type_speeds.speed_1gpu[0, col]) * float(speedup(
         2, 1, state.type_speeds.scaling_alpha[0, col], state.type_speeds.scaling_beta[0, col]))
     assert copy._speeds[row].on_type("A100").iterations_per_s((2,)) == pytest.approx(expected)
+
+
+def test_a_job_larger_than_any_one_type_is_refused_by_the_loader(tmp_path):
+    csv = tmp_path / "w.csv"
+    csv.write_text("name,time,application,num_replicas,batch_size\nbert-0,0,bert,32,96\n")
+    assert build_scenario(str(csv), "8x4").workload.jobs[0].requested_gpus == 32
+    with pytest.raises(UserError, match="24 GPUs of the cluster's largest GPU type"):
+        build_scenario(str(csv), "6x4:T4+3x8:RTX2080Ti+2x8:A100")

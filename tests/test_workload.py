@@ -429,8 +429,12 @@ def test_synthetic_rejects_bad_config(fields, problem):
 
 def test_synthetic_drops_job_sizes_larger_than_the_cluster():
     config = SyntheticConfig(num_jobs=10, gpu_mix=((8, 1), (16, 1)))
-    with pytest.raises(UserError, match="no job size in gpu_mix fits the 4-GPU cluster"):
+    with pytest.raises(UserError, match="no job size in gpu_mix fits the 4 GPUs one job"):
         generate(config, parse_cluster("1x4"))
+    # on a mixed cluster a job holds GPUs of one type only: 8 T4 + 4 A100 hold no 16-GPU job
+    mixed = generate(SyntheticConfig(num_jobs=50, gpu_mix=((8, 1), (16, 1))),
+                     parse_cluster("2x4:T4+1x4:A100")).jobs
+    assert {j.requested_gpus for j in mixed} == {8} and max(j.max_workers for j in mixed) == 8
     # sizes that do not fit are left out of the mix, the rest kept
     jobs = generate(SyntheticConfig(num_jobs=50, gpu_mix=((2, 1), (16, 1))),
                     parse_cluster("1x4")).jobs

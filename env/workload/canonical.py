@@ -86,14 +86,14 @@ def load_canonical(
     for column in CANONICAL_OPTIONAL_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan
-    total = cluster.total_gpus
+    total = cluster.job_gpus()
 
     ids = df["job_id"].astype(str).str.strip()
     reject_rows(path, df["job_id"].isna() | (ids == ""), "job_id is empty", "name every job")
     reject_rows(path, ids.duplicated(), "job_id repeats an earlier row's", "make job ids unique")
     submit_s = seconds(path, df, "submit_s", MAX_SUBMIT_S)
     gpus = whole_numbers(path, df, "num_gpus", 1)
-    reject_beyond_cluster(path, gpus, "num_gpus", total)
+    reject_beyond_cluster(path, gpus, "num_gpus", cluster)
     per_worker = _workers_of(path, df, gpus, cluster)
 
     duration_given = df["duration_s"].notna().to_numpy()
@@ -225,9 +225,9 @@ def _workers_of(path: Path, df: pd.DataFrame, gpus: np.ndarray,
 
 
 def _worker_capacity(cluster: ClusterSpec, per_worker: np.ndarray) -> np.ndarray:
-    """GPUs of whole workers the cluster holds, per row's worker size."""
-    node_gpus = np.array([node.gpus for node in cluster.nodes], dtype=np.int64)
-    sizes = {k: int((node_gpus // k * k).sum()) for k in np.unique(per_worker).tolist()}
+    """GPUs of whole workers one job can hold on the cluster (`ClusterSpec.job_gpus`), per
+    row's worker size."""
+    sizes = {k: cluster.job_gpus(k) for k in np.unique(per_worker).tolist()}
     return np.array([sizes[k] for k in per_worker.tolist()], dtype=np.int64)
 
 

@@ -226,9 +226,9 @@ def generate_fleet(config: FleetConfig, cluster: ClusterSpec) -> Workload:
 
 
 def worker_slots(cluster: ClusterSpec, gpus_per_worker: int) -> int:
-    """Workers of `gpus_per_worker` GPUs the whole cluster holds at once (no worker split
-    across nodes)."""
-    return sum(node.gpus // gpus_per_worker for node in cluster.nodes)
+    """Workers of `gpus_per_worker` GPUs one job can hold at once (no worker split across
+    nodes, all on one GPU type: `ClusterSpec.job_gpus`)."""
+    return cluster.job_gpus(gpus_per_worker) // gpus_per_worker
 
 
 def _fitting_mixes(

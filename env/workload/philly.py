@@ -74,7 +74,7 @@ def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
     stamps = submit_timestamps(path, df)
     duration_s = seconds(path, df, "duration", MAX_DURATION_S)
     gpus = whole_numbers(path, df, "num_gpus", 1)
-    reject_beyond_cluster(path, gpus, "num_gpus", cluster.total_gpus)
+    reject_beyond_cluster(path, gpus, "num_gpus", cluster)
 
     submit_s = (stamps - stamps.min()).dt.total_seconds().to_numpy()
     reject_rows(path, submit_s > MAX_SUBMIT_S,
@@ -82,7 +82,7 @@ def load_philly(path: Path, cluster: ClusterSpec) -> Workload:
                 "earliest", "fix the timestamp or split the trace")
     order = submit_order(submit_s)
     work = generic_work(duration_s, gpus, cluster.max_gpus_per_node)
-    max_workers = generic_max_workers(gpus, cluster.total_gpus)
+    max_workers = generic_max_workers(gpus, cluster.job_gpus())
     # Positional map(): keyword construction of 82k frozen JobSpecs is the loader's hot spot.
     count = len(order)
     jobs = tuple(

@@ -85,12 +85,12 @@ def load_pollux(
     )
     submit_s = seconds(path, df, "time", MAX_SUBMIT_S)
     gpus = whole_numbers(path, df, "num_replicas", 1)
-    reject_beyond_cluster(path, gpus, "num_replicas", cluster.total_gpus)
+    reject_beyond_cluster(path, gpus, "num_replicas", cluster)
     batch_size = whole_numbers(path, df, "batch_size", 1)
     applications = df["application"].astype(str).str.strip().to_numpy()
     check_applications(path, applications, batch_size, profiles)
 
-    total = cluster.total_gpus
+    total = cluster.job_gpus()
     order = submit_order(submit_s)
     jobs = tuple(
         JobSpec(

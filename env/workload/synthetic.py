@@ -134,18 +134,19 @@ def lognormal_sigma(median_s: float, mean_s: float) -> float:
 def generate(config: SyntheticConfig, cluster: ClusterSpec) -> Workload:
     """Draw `config.num_jobs` jobs for `cluster`; reproducible from `config.seed`."""
     rng = np.random.default_rng(config.seed)
-    total = cluster.total_gpus
-    sizes = np.array([g for g, _ in config.gpu_mix if g <= total], dtype=np.int64)
+    total, limit = cluster.total_gpus, cluster.job_gpus()
+    sizes = np.array([g for g, _ in config.gpu_mix if g <= limit], dtype=np.int64)
     if sizes.size == 0:
-        raise UserError(f"synthetic workload: no job size in gpu_mix fits the {total}-GPU cluster")
-    weights = np.array([w for g, w in config.gpu_mix if g <= total], dtype=float)
+        raise UserError(f"synthetic workload: no job size in gpu_mix fits the {limit} GPUs "
+                        "one job can hold on this cluster")
+    weights = np.array([w for g, w in config.gpu_mix if g <= limit], dtype=float)
     gpus = rng.choice(sizes, size=config.num_jobs, p=weights / weights.sum())
     duration_s = _lognormal_durations(rng, config)
 
     span_s = float((gpus * duration_s).sum()) / (total * config.load)
     submit_s = np.sort(arrival_times(rng, config.hourly_factors, span_s, config.num_jobs))
     work = generic_work(duration_s, gpus, cluster.max_gpus_per_node)
-    max_workers = generic_max_workers(gpus, total)
+    max_workers = generic_max_workers(gpus, limit)
     jobs = tuple(
         JobSpec(
             job_id=f"synthetic-{i}",

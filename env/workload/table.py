@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rlalloc.env.cluster import ClusterSpec
 from rlalloc.env.errors import UserError
 from rlalloc.env.profiles import GENERIC_SCALING, GenericScaling, packed_shape
 
@@ -214,15 +215,20 @@ def whole_numbers(
     return np.where(checked, values, 0.0).astype(np.int64)
 
 
-def reject_beyond_cluster(path: Path, gpus: np.ndarray, column: str, total_gpus: int) -> None:
-    """Reject jobs asking more GPUs than the cluster has; they could never run."""
-    too_big = gpus > total_gpus
+def reject_beyond_cluster(path: Path, gpus: np.ndarray, column: str,
+                          cluster: ClusterSpec) -> None:
+    """Reject jobs asking more GPUs than one job can hold on the cluster (`job_gpus`: on one
+    GPU type); they could never run."""
+    limit = cluster.job_gpus()
+    too_big = gpus > limit
     if not too_big.any():
         return
+    where = (f"the cluster's {limit} GPUs" if limit == cluster.total_gpus
+             else f"the {limit} GPUs of the cluster's largest GPU type (a job runs on one type)")
     reject_rows(
         path,
         too_big,
-        f"{column} exceeds the cluster's {total_gpus} GPUs",
+        f"{column} exceeds {where}",
         f"simulate a larger cluster (--cluster, it needs at least {int(gpus.max())} GPUs) "
         "or remove such rows",
     )
