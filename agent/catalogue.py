@@ -1,4 +1,5 @@
-"""The built-in policies by name: the heuristics of `rlalloc.agent.heuristics` and the learned
+"""The built-in policies by name: the heuristics of `rlalloc.agent.heuristics`, the
+heterogeneity-aware baselines (`rlalloc.agent.gavel`, `rlalloc.agent.sia`) and the learned
 models shipped in ``models/`` (``ppo``, ``dqn``).
 
 Named apart from `rlalloc.agent.registry`, the factory that also loads saved policies, so that
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlalloc.agent.gavel import GavelPolicy
 from rlalloc.agent.heuristics import ElasticConfig, ElasticPolicy, StaticPolicy, TiresiasPolicy
 from rlalloc.agent.policy import Policy
+from rlalloc.agent.sia import SiaPolicy
 from rlalloc.models import shipped
 
 MODELS_DIR = shipped("ppo").parent
@@ -34,6 +37,8 @@ HEURISTICS: dict[str, Callable[[], Policy]] = {
     "proactive": lambda: ElasticPolicy(ElasticConfig(proactive=True), name="proactive"),
     "elastic-srpt": lambda: elastic_srpt(0.5, "elastic-srpt"),
     "elastic-srpt-0.25": lambda: elastic_srpt(0.25, "elastic-srpt-0.25"),
+    "gavel": GavelPolicy,
+    "sia": SiaPolicy,
 }
 """Built-in heuristics by name."""
 SHIPPED_MODELS = ("ppo", "dqn")
