@@ -151,7 +151,8 @@ class ActuatorConfig:
     """Opt-in label; only PyTorchJobs carrying it with value "true" are ever touched."""
     policy: str = "elastic"
     """Policy name or path for `rlalloc.agent.registry.load_policy` (static, tiresias, elastic,
-    reactive, proactive, elastic-srpt, elastic-srpt-0.25, ppo, dqn, or a saved model)."""
+    reactive, proactive, elastic-srpt, elastic-srpt-0.25, gavel, sia, ppo, dqn, or a saved
+    model)."""
     interval_s: float = 30.0
     """Seconds between decision cycles."""
     dry_run: bool = False

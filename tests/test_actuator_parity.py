@@ -53,7 +53,8 @@ def _policies() -> list:
     try:
         registry = importlib.import_module("rlalloc.agent.registry")
         make = {name: (lambda n=name: registry.load_policy(n))
-                for name in ("static", "tiresias", "elastic", "proactive", "elastic-srpt-0.25")}
+                for name in ("static", "tiresias", "elastic", "proactive", "elastic-srpt-0.25",
+                             "gavel", "sia")}
     except ImportError:
         try:
             heuristics = importlib.import_module("rlalloc.agent.heuristics")

@@ -62,7 +62,7 @@ _FLAGS = {
     "prometheus_url": "base URL of the Prometheus HTTP API",
     "kubeconfig": "kubeconfig file (default: in-cluster service account, else ~/.kube/config)",
     "policy": "policy name or saved model (static, tiresias, elastic, reactive, proactive, "
-              "elastic-srpt, elastic-srpt-0.25, ppo, dqn, PATH)",
+              "elastic-srpt, elastic-srpt-0.25, gavel, sia, ppo, dqn, PATH)",
     "interval_s": "seconds between decision cycles",
     "listen_port": "port of /metrics, /healthz and /livez",
     "identity": "this replica's name in the Lease (default: $POD_NAME, else the host name)",
