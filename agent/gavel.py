@@ -79,6 +79,7 @@ class GavelPolicy:
     received on each type, the allocation and the round's schedule."""
 
     name = "gavel"
+    remembers = True
 
     def __init__(self, config: GavelConfig | None = None) -> None:
         self.config = config or GavelConfig()

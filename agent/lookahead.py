@@ -39,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rlalloc.agent.policy import Policy
+from rlalloc.agent.policy import Policy, for_a_fork
 from rlalloc.env.errors import UserError
 from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import JobSpeed, Simulator, time_limit_s
@@ -287,9 +287,10 @@ class LookaheadPolicy:
         for i, (jobs, speeds) in enumerate(futures):
             fork = sim.fork(known_s, jobs, speeds)
             if action == NOOP:
-                costs[i] = cost_to_go(fork, self.base, stop_deciding=True)
+                costs[i] = cost_to_go(fork, for_a_fork(self.base), stop_deciding=True)
                 continue
             # valid in the state, a proposal can still be refused by a copy rebuilt from it
             # (a job on a down node is queued there): it cannot be weighed, so it never wins
-            costs[i] = cost_to_go(fork, self.base) if fork.apply(action) else math.inf
+            costs[i] = (cost_to_go(fork, for_a_fork(self.base)) if fork.apply(action)
+                        else math.inf)
         return costs

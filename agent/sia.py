@@ -99,6 +99,7 @@ class SiaPolicy:
     """Sia's goodput-optimised integer program per round (module docstring)."""
 
     name = "sia"
+    remembers = True
 
     def __init__(self, config: SiaConfig | None = None) -> None:
         self.config = config or SiaConfig()

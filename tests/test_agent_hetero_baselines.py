@@ -302,3 +302,28 @@ def test_the_job_that_gains_most_starts_on_the_a100(name):
     assert sim.accounting.jobs_completed == 3
     first = next(action for _, action in seen if action.job_id == "bert")
     assert set(first.nodes) == {"node-0001"}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_lookahead_over_a_remembering_base_leaves_the_real_ones_memory_alone(name):
+    """The planner runs its base in forks of the simulator: gavel's received time and sia's
+    round plan learnt there must not leak into the real run (`for_a_fork` copies them)."""
+    import copy
+
+    from rlalloc.agent.lookahead import cost_to_go
+    from rlalloc.agent.policy import for_a_fork
+
+    policy = load_policy(name)
+    assert for_a_fork(policy) is not policy
+    elastic = load_policy("elastic")
+    assert for_a_fork(elastic) is elastic  # a function of the state alone is shared
+    sim = generic_scenario().simulator(SimParams(failures=FailureParams(
+        failures_per_gpu_day=0.0)))
+    sim.advance()
+    policy.act(sim.state())
+    before = copy.deepcopy(policy.__dict__)
+    assert np.isfinite(cost_to_go(sim.fork(), for_a_fork(policy)))
+    after = policy.__dict__
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        assert repr(after[key]) == repr(value), key
