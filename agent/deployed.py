@@ -42,12 +42,12 @@ from rlalloc.env.state import Action, ClusterState, Strategy
 if TYPE_CHECKING:
     from rlalloc.agent.heuristics import Speedups
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """Bumped whenever `policy.json` or the network layout changes incompatibly (2 added
-`residual`, 3 `job_sizes`, 4 `profiles`)."""
-READABLE_VERSIONS = (1, 2, 3, 4)
+`residual`, 3 `job_sizes`, 4 `profiles`, 5 `feature_spec.gpu_types`)."""
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 """Versions this rlalloc loads (a version-1 file is a policy over the raw actions; before 4,
-told heuristics rank by the state's speed curves)."""
+told heuristics rank by the state's speed curves; before 5, every policy is untyped)."""
 RETRAIN_TOLD = "rlalloc train --residual ... --learn-sizes"
 """The command that writes a model told sizes and speeds again, for errors naming it."""
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -74,7 +74,7 @@ class ExportMeta:
     hidden_sizes: tuple[int, ...]
     activation: str
     feature_spec: dict
-    """`FeatureSpec` fields (strategies as ints)."""
+    """`FeatureSpec` fields (strategies as ints; `gpu_types` absent before format 5)."""
     masked: bool
     """Apply the action mask before the argmax (as MaskablePPO's predict does; DQN does not)."""
     obs_norm: ObsNormalization | None = None
@@ -94,6 +94,7 @@ class ExportMeta:
         fields = dict(self.feature_spec)
         fields["worker_levels"] = tuple(fields["worker_levels"])
         fields["strategies"] = tuple(Strategy(s) for s in fields["strategies"])
+        fields["gpu_types"] = tuple(str(t) for t in fields.get("gpu_types", ()))
         return FeatureSpec(**fields)
 
     def featurizer(self, speedups: Speedups | None = None) -> Featurizer:
@@ -135,7 +136,8 @@ class ExportMeta:
         """JSON-ready fields of `spec`."""
         return {"top_k": spec.top_k, "worker_levels": list(spec.worker_levels),
                 "strategies": [int(s) for s in spec.strategies],
-                "checkpoint_interval_s": spec.checkpoint_interval_s}
+                "checkpoint_interval_s": spec.checkpoint_interval_s,
+                "gpu_types": list(spec.gpu_types)}
 
 
 class PolicyNet(nn.Module):

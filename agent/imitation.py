@@ -46,10 +46,11 @@ def encode_action(featurizer: Featurizer, state: ClusterState, action: Action) -
     elif action.workers == 0:
         candidates = [featurizer.encode_suspend(slot)]
     else:
-        candidates = [featurizer.encode_scale(slot, workers, strategy)
+        candidates = [featurizer.encode_scale(slot, workers, strategy, gpu_type)
                       for workers in ((action.workers,) if action.workers in spec.worker_levels
                                       else ()) + (None,)
-                      for strategy in spec.strategies]
+                      for strategy in spec.strategies
+                      for gpu_type in spec.gpu_types or (None,)]
     for index in candidates:
         if featurizer.decode(state, index) == action:
             return index

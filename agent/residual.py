@@ -41,7 +41,14 @@ from rlalloc.agent.catalogue import HEURISTICS
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
 from rlalloc.agent.policy import Policy
 from rlalloc.env.errors import UserError
-from rlalloc.env.featurizer import FeatureSpec, Featurizer, speedup
+from rlalloc.env.featurizer import (
+    TYPE_SPEED_BOUND,
+    FeatureSpec,
+    Featurizer,
+    speedup,
+    type_speed_log2,
+)
+from rlalloc.env.placement import job_gpu_type
 from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
 if TYPE_CHECKING:
@@ -49,7 +56,8 @@ if TYPE_CHECKING:
     from rlalloc.env.gym_env import ClusterAllocEnv
 
 PROPOSAL_FEATURES = 10
-"""Observation entries appended per heuristic (see `ResidualFeaturizer.observe`)."""
+"""Observation entries appended per heuristic (see `ResidualFeaturizer.observe`), and for a
+spec with `gpu_types` `proposal_type_features` too (`proposal_size`)."""
 SIZE_FEATURES = 2
 """Observation entries appended per job slot when told job sizes (see `size_features`)."""
 _LOG_GPUS = math.log2(1 + 16)
@@ -82,10 +90,15 @@ class ResidualFeaturizer(Featurizer):
         return self._proposals[1]
 
     def observe(self, state: ClusterState) -> np.ndarray:
-        """The featurizer's observation, `proposal_features` of each proposal, then (told
-        sizes) `size_features` of each slot."""
-        parts = [super().observe(state),
-                 *(proposal_features(state, a) for a in self.proposals(state))]
+        """The featurizer's observation, `proposal_features` of each proposal (then, for a
+        spec with `gpu_types`, its `proposal_type_features`), then (told sizes)
+        `size_features` of each slot."""
+        parts = [super().observe(state)]  # first: it refuses a cluster of unknown types
+        gpu_types = self.spec.gpu_types
+        for action in self.proposals(state):
+            parts.append(proposal_features(state, action))
+            if gpu_types:
+                parts.append(proposal_type_features(state, action, gpu_types))
         if self.sizes is not None:
             parts.append(self.size_features(state))
         return np.concatenate(parts)
@@ -145,9 +158,35 @@ def proposal_features(state: ClusterState, action: Action) -> np.ndarray:
     return extra
 
 
+def proposal_type_features(state: ClusterState, action: Action,
+                           gpu_types: tuple[str, ...]) -> np.ndarray:
+    """Where a proposal puts its job, for a policy built for `gpu_types` (which hold every
+    type of the cluster): the one-hot of the type of its nodes, then log2 of the job's one-GPU
+    speed there over that on the type it runs on now (the reference type while it holds none;
+    `type_speed_log2`), clipped to +-`TYPE_SPEED_BOUND`. All 0 for a no-op or a suspend."""
+    extra = np.zeros(len(gpu_types) + 1, dtype=np.float32)
+    if action.kind == ActionKind.NOOP or not action.nodes:
+        return extra
+    nodes = state.nodes
+    new_type = nodes.gpu_type[nodes.name.index(action.nodes[0])]
+    row = state.job_index(action.job_id)
+    current = job_gpu_type(state, row)
+    extra[gpu_types.index(new_type)] = 1.0
+    logs = type_speed_log2(state, np.array([row]), (new_type, current or new_type))[0]
+    gain = logs[0] - (logs[1] if current is not None else 0.0)
+    extra[-1] = min(max(gain, -TYPE_SPEED_BOUND), TYPE_SPEED_BOUND)
+    return extra
+
+
+def proposal_size(spec: FeatureSpec) -> int:
+    """Observation entries per heuristic: `PROPOSAL_FEATURES`, plus `proposal_type_features`'
+    one per type and one more for a spec with `gpu_types`."""
+    return PROPOSAL_FEATURES + (len(spec.gpu_types) + 1 if spec.gpu_types else 0)
+
+
 def residual_obs_size(spec: FeatureSpec, num_teachers: int, told_sizes: bool) -> int:
     """Observation length of a residual policy over `num_teachers` heuristics."""
-    return (spec.obs_size + PROPOSAL_FEATURES * num_teachers
+    return (spec.obs_size + proposal_size(spec) * num_teachers
             + (SIZE_FEATURES * spec.top_k if told_sizes else 0))
 
 

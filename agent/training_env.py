@@ -12,6 +12,8 @@ from rlalloc.agent.job_sizes import JobSizeHistory, learn_sizes
 from rlalloc.agent.job_speeds import profile_models, speedups_of
 from rlalloc.agent.residual import make_residual
 from rlalloc.agent.train_config import TrainConfig
+from rlalloc.env.cluster import parse_cluster
+from rlalloc.env.featurizer import FeatureSpec, policy_gpu_types
 from rlalloc.env.gym_env import ClusterAllocEnv, RewardWeights
 from rlalloc.env.profiles import cached_profiles
 from rlalloc.env.scenario import Scenario
@@ -49,14 +51,22 @@ class ScaledReward(gym.Wrapper):
         return self.env.action_masks()
 
 
+def training_spec(config: TrainConfig) -> FeatureSpec:
+    """The observation and action layout of the run's policy: typed by the GPU types of its
+    cluster where it mixes several (`policy_gpu_types`: sorted by name), else untyped."""
+    gpu_types = policy_gpu_types(node.gpu_type for node in parse_cluster(config.cluster).nodes)
+    return FeatureSpec(checkpoint_interval_s=config.sim_params().checkpoint_interval_s,
+                       gpu_types=gpu_types)
+
+
 def make_env(config: TrainConfig, workloads: tuple[str, ...] | None = None,
              sizes: JobSizeHistory | None = None,
              speedups: Speedups | None = None) -> ClusterAllocEnv:
-    """A training environment over `workloads` (default: the config's), residual if the
-    config says so, its heuristics told job sizes by `sizes` (`training_sizes`) and speed-ups
-    by `speedups` (`training_speedups`) if given."""
+    """A training environment over `workloads` (default: the config's) with the run's
+    `training_spec`, residual if the config says so, its heuristics told job sizes by `sizes`
+    (`training_sizes`) and speed-ups by `speedups` (`training_speedups`) if given."""
     env = ClusterAllocEnv(workloads or config.workloads, config.cluster,
-                          params=config.sim_params(),
+                          params=config.sim_params(), features=training_spec(config),
                           reward=RewardWeights(time_discount_s=config.time_discount_s),
                           efficiency=config.efficiency, signals=default_signals())
     return make_residual(env, config.residual, sizes, speedups) if config.residual else env

@@ -9,9 +9,17 @@ others (so it can move them; oldest first within each); unused slots spill over 
 group.
 
 Discrete action layout: index 0 is no-op; then, for each slot k, a block of
-``1 + (len(worker_levels) + 1) * len(strategies) + 1`` actions:
+``1 + (len(worker_levels) + 1) * len(strategies) * max(len(gpu_types), 1) + 1`` actions:
 suspend | scale to each worker level (and to the job's requested workers) with each placement
-strategy | migrate off its most at-risk node.
+strategy (and, for a policy built for several GPU types, `FeatureSpec.gpu_types`, onto each
+type: the innermost index) | migrate off its most at-risk node (on the type it runs on).
+
+GPU types: with `FeatureSpec.gpu_types` empty (every policy built for one type) a scale action
+places the job on the type it runs on, or the fastest that holds it, as `choose_nodes` does,
+and the observation says nothing of types. With types, the observation ends with a block of
+per-type features (`TYPE_CLUSTER_FEATURES` per type, then `TYPE_JOB_FEATURES` per type for
+each slot, `_type_features`), so that the first `CLUSTER_FEATURES + top_k * JOB_FEATURES`
+entries are the untyped observation; a state with a type the spec lacks is refused.
 
 Actions count workers (a worker holds the job's `gpus_per_worker` GPUs, all on one node), and
 a target is allowed only where the job's whole workers fit. Features that say how big a job is
@@ -23,11 +31,13 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlalloc.env.placement import choose_nodes, requested_workers
+from rlalloc.env.errors import UserError
+from rlalloc.env.placement import choose_nodes, job_gpu_type, requested_workers
 from rlalloc.env.state import (
     NOOP,
     Action,
@@ -62,6 +72,14 @@ class FeatureSpec:
     """Candidate placements for every scale action."""
     checkpoint_interval_s: float = 1800.0
     """Normalises time since the last checkpoint."""
+    gpu_types: tuple[str, ...] = ()
+    """GPU types the policy is built for (`policy_gpu_types` of its training cluster): each is
+    a scale target of its own and has features of its own. Empty: the spaces of a one-type
+    policy, which places a job on the type it runs on or the fastest that holds it."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.gpu_types)) != len(self.gpu_types):
+            raise ValueError(f"gpu_types {self.gpu_types!r} names a type twice")
 
     @property
     def levels_per_slot(self) -> int:
@@ -69,9 +87,14 @@ class FeatureSpec:
         return len(self.worker_levels) + 1
 
     @property
+    def types_per_target(self) -> int:
+        """GPU types each (worker target, strategy) is offered on: 1 without `gpu_types`."""
+        return max(len(self.gpu_types), 1)
+
+    @property
     def actions_per_slot(self) -> int:
-        """Suspend + scale targets x strategies + migrate."""
-        return 2 + self.levels_per_slot * len(self.strategies)
+        """Suspend + scale targets x strategies x types + migrate."""
+        return 2 + self.levels_per_slot * len(self.strategies) * self.types_per_target
 
     @property
     def num_actions(self) -> int:
@@ -81,13 +104,53 @@ class FeatureSpec:
     @property
     def obs_size(self) -> int:
         """Length of the observation vector."""
-        return CLUSTER_FEATURES + self.top_k * JOB_FEATURES
+        return (CLUSTER_FEATURES + self.top_k * JOB_FEATURES
+                + len(self.gpu_types) * (TYPE_CLUSTER_FEATURES + self.top_k * TYPE_JOB_FEATURES))
 
 
 CLUSTER_FEATURES = 18
 OBS_BOUND = 10.0
 """Every feature is scaled to roughly [-1, 4]; the observation is clipped to +-OBS_BOUND."""
 JOB_FEATURES = 19
+TYPE_CLUSTER_FEATURES = 3
+"""Per GPU type of a typed spec: the cluster has it, share of its GPUs free on usable nodes,
+its share of the cluster's GPUs."""
+TYPE_JOB_FEATURES = 2
+"""Per GPU type, for each slot of a typed spec: the job's speed there (`type_speed_log2`, a
+type not in the cluster 0) and whether it runs there (one-hot)."""
+TYPE_SPEED_BOUND = 4.0
+"""Speed ratios between types are shown as log2, clipped to +-this (16 times)."""
+
+
+def policy_gpu_types(type_names: Iterable[str]) -> tuple[str, ...]:
+    """`FeatureSpec.gpu_types` of a policy for a cluster of nodes of these GPU types: none for
+    one type (the untyped spaces), else each type once, sorted by name, so that the same
+    cluster gives the same spec whatever the order of its node groups."""
+    types = sorted(set(type_names))
+    return tuple(types) if len(types) > 1 else ()
+
+
+def type_speed_log2(state: ClusterState, rows: np.ndarray,
+                    gpu_types: tuple[str, ...]) -> np.ndarray:
+    """float64 (rows, types): log2 of jobs `rows`' one-GPU speed on each of `gpu_types` over
+    their speed on the cluster's reference (slowest) type, `state.jobs.speed_1gpu`, clipped to
+    +-`TYPE_SPEED_BOUND`; 0 for a type not in the cluster (and on a one-type cluster, whose
+    only type is the reference)."""
+    out = np.zeros((len(rows), len(gpu_types)))
+    speeds = state.type_speeds
+    if speeds is None or not len(rows):
+        return out
+    present = [(i, speeds.column(t)) for i, t in enumerate(gpu_types) if t in speeds.gpu_types]
+    if not present:
+        return out
+    spec_cols, state_cols = (list(c) for c in zip(*present, strict=True))
+    ratio = (speeds.speed_1gpu[np.ix_(rows, state_cols)].astype(np.float64)
+             / state.jobs.speed_1gpu[rows].astype(np.float64)[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.nan_to_num(np.log2(ratio), nan=0.0, posinf=TYPE_SPEED_BOUND,
+                             neginf=-TYPE_SPEED_BOUND)
+    out[:, spec_cols] = np.clip(logs, -TYPE_SPEED_BOUND, TYPE_SPEED_BOUND)
+    return out
 
 
 def select_slots(state: ClusterState, top_k: int,
@@ -214,8 +277,10 @@ class _FreeView:
     """GPUs per worker -> workers of that size the usable nodes' free GPUs hold (filled on
     demand; 1 -> the free GPUs in all)."""
     gpu_types: tuple[str, ...] = ()
-    """Each node's GPU type on a mixed cluster (a job's workers all go to one type); ()
-    on a one-type cluster."""
+    """Each node's GPU type on a mixed cluster or for a typed spec (a job's workers all go to
+    one type); () on a one-type cluster for an untyped spec."""
+    type_features: list[float] = field(default_factory=list)
+    """A typed spec's `TYPE_CLUSTER_FEATURES` per type, in `FeatureSpec.gpu_types` order."""
     type_slots: dict[tuple[int, str], int] = field(default_factory=dict)
     """(GPUs per worker, type) -> worker slots on that type's nodes (filled on demand)."""
 
@@ -354,10 +419,38 @@ class Featurizer:
               for at_least in _FREE_THRESHOLDS),
             (ascending[-1] if ascending else 0) / health.per_node,
         ]
+        typed = bool(self.spec.gpu_types)
         view = _FreeView(free=free, features=features, worker_slots={1: total_free},
-                         gpu_types=nodes.gpu_type if len(nodes.type_names) > 1 else ())
+                         gpu_types=nodes.gpu_type if typed or len(nodes.type_names) > 1 else (),
+                         type_features=self._cluster_type_features(nodes, free, health)
+                         if typed else [])
         self._cached_nodes = (nodes, view)
         return view
+
+    def _cluster_type_features(self, nodes: Nodes, free: list[int],
+                               health: _HealthView) -> list[float]:
+        """A typed spec's cluster features per type (`TYPE_CLUSTER_FEATURES`; `free`: per
+        node, 0 where not usable); a one-line `UserError` if the cluster has a type the spec
+        lacks, which the policy has neither features nor actions for."""
+        spec_types = self.spec.gpu_types
+        if not set(nodes.type_names) <= set(spec_types):
+            unknown = [t for t in nodes.type_names if t not in spec_types]
+            raise UserError(
+                f"the cluster has GPU types {', '.join(nodes.type_names)}, this policy was built "
+                f"for {', '.join(spec_types)} ({', '.join(unknown)} unknown to it); train a "
+                "policy on this cluster's types (rlalloc train --cluster THIS_CLUSTER)")
+        total = dict.fromkeys(spec_types, 0)
+        free_on = dict.fromkeys(spec_types, 0)
+        for gpus, free_gpus, gpu_type in zip(nodes.gpus_total.tolist(), free, nodes.gpu_type,
+                                             strict=True):
+            total[gpu_type] += gpus
+            free_on[gpu_type] += free_gpus
+        features: list[float] = []
+        for gpu_type in spec_types:
+            gpus = total[gpu_type]
+            features += [gpus > 0, free_on[gpu_type] / gpus if gpus else 0.0,
+                         gpus / health.total_gpus]
+        return features
 
     def slots(self, state: ClusterState) -> np.ndarray:
         """Rows of `state.jobs` in slot order (what slot k of the observation refers to)."""
@@ -375,7 +468,27 @@ class Featurizer:
         if n:
             per_job = obs[CLUSTER_FEATURES:CLUSTER_FEATURES + n * JOB_FEATURES]
             self._fill_dynamic_features(state, view, per_job.reshape(n, JOB_FEATURES))
-        return np.clip(obs, -OBS_BOUND, OBS_BOUND, out=obs)
+        obs = np.clip(obs, -OBS_BOUND, OBS_BOUND, out=obs)
+        if not self.spec.gpu_types:
+            return obs
+        return np.concatenate([obs, self._type_features(state, view)])
+
+    def _type_features(self, state: ClusterState, view: _View) -> np.ndarray:
+        """A typed spec's block at the end of the observation: `TYPE_CLUSTER_FEATURES` per
+        type, then for each slot (empty slots 0) the job's `type_speed_log2` on each type and
+        the one-hot of the type it runs on (all 0 while it holds no GPUs)."""
+        spec = self.spec
+        n_types = len(spec.gpu_types)
+        per_job = np.zeros((spec.top_k, TYPE_JOB_FEATURES, n_types), dtype=np.float32)
+        n = len(view.rows)
+        per_job[:n, 0] = type_speed_log2(state, view.slots, spec.gpu_types)
+        node_types = state.nodes.gpu_type
+        for slot, placement in enumerate(view.placements):
+            if placement:
+                per_job[slot, 1, spec.gpu_types.index(node_types[placement[0]])] = 1.0
+        block = np.concatenate([np.asarray(view.free.type_features, dtype=np.float32),
+                                per_job.ravel()])
+        return np.clip(block, -OBS_BOUND, OBS_BOUND, out=block)
 
     def _cluster_features(self, state: ClusterState, view: _View) -> list[float]:
         jobs, demand, top_k = state.jobs, state.demand, self.spec.top_k
@@ -473,6 +586,7 @@ class Featurizer:
         cache = self._mask_cache
         if len(cache) > _VALUE_CACHE_SIZE:
             cache.clear()
+        spec_types = spec.gpu_types
         blocks = [b"\x01"]
         for row, placement in zip(view.rows, placements, strict=True):
             own = (len(placement) if health.all_usable
@@ -481,12 +595,17 @@ class Featurizer:
             lo, hi, per_worker = attributes[1], attributes[2], attributes[-1]
             # targets never exceed hi: capacities beyond it give the same block
             gpu_type = state.nodes.gpu_type[placement[0]] if placement else None
-            capacity = min(free.slots_on(per_worker, gpu_type) + own, hi)
-            key = (classes[row], workers[row], capacity)
+            if spec_types:  # each type holds its free slots, and the job's own there
+                capacities = tuple(min(free.slots_on(per_worker, t)
+                                       + (own if t == gpu_type else 0), hi) for t in spec_types)
+                current = spec_types.index(gpu_type) if placement else -1
+            else:
+                capacities, current = (min(free.slots_on(per_worker, gpu_type) + own, hi),), 0
+            key = (classes[row], workers[row], capacities, current)
             block = cache.get(key)
             if block is None:
                 block = cache[key] = self._slot_mask(attributes[0] // per_worker, lo, hi,
-                                                     workers[row], capacity)
+                                                     workers[row], capacities, current)
             blocks.append(block)
         blocks.append(bytes((spec.top_k - len(placements)) * spec.actions_per_slot))
         mask = np.frombuffer(bytearray(b"".join(blocks)), dtype=bool)
@@ -494,17 +613,24 @@ class Featurizer:
             self._mask_migrations(state, view, mask)
         return mask
 
-    def _slot_mask(self, req: int, lo: int, hi: int, workers: int, capacity: int) -> bytes:
+    def _slot_mask(self, req: int, lo: int, hi: int, workers: int,
+                   capacities: tuple[int, ...], current: int) -> bytes:
         """One slot's block without its migrate action: suspend if running, then each
-        (target, strategy) that is a change within [lo, hi] and fits in `capacity` workers
-        (`req`: the requested workers)."""
+        (target, strategy, type) within [lo, hi] that fits in that type's `capacities` (in
+        workers) and is a change: another size, or another type than `current`, the index
+        of the type the job runs on (untyped: one capacity, type 0, so a change of size;
+        `req`: the requested workers)."""
         spec = self.spec
+        n_strategies = len(spec.strategies)
         block = bytearray(spec.actions_per_slot)
         block[0] = workers > 0
         for level, target in enumerate((*spec.worker_levels, req)):
-            if lo <= target <= hi and target <= capacity and target != workers:
-                start = 1 + level * len(spec.strategies)
-                block[start:start + len(spec.strategies)] = b"\x01" * len(spec.strategies)
+            if not lo <= target <= hi:
+                continue
+            allowed = bytes(target <= capacity and (target != workers or t != current)
+                            for t, capacity in enumerate(capacities))
+            start = 1 + level * n_strategies * len(capacities)
+            block[start:start + n_strategies * len(capacities)] = allowed * n_strategies
         return bytes(block)
 
     def _mask_migrations(self, state: ClusterState, view: _View, mask: np.ndarray) -> None:
@@ -554,22 +680,33 @@ class Featurizer:
                 return NOOP
             return Action(_MIGRATE, job_id, len(nodes),
                           tuple(names[n] for n in nodes), from_node=names[src])
-        level, strategy_index = divmod(offset - 1, len(spec.strategies))
+        level, target = divmod(offset - 1, len(spec.strategies) * spec.types_per_target)
+        strategy_index, type_index = divmod(target, spec.types_per_target)
+        gpu_type = spec.gpu_types[type_index] if spec.gpu_types else None
         workers = (spec.worker_levels[level] if level < len(spec.worker_levels)
                    else int(requested_workers(state, row)))
-        if workers == state.jobs.workers[row]:
-            return NOOP  # moves at the same size are migrations, not scale actions
-        nodes = choose_nodes(state, row, workers, spec.strategies[strategy_index])
+        if workers == state.jobs.workers[row] and gpu_type in (None, job_gpu_type(state, row)):
+            return NOOP  # moves at the same size on one type are migrations, not scale actions
+        nodes = choose_nodes(state, row, workers, spec.strategies[strategy_index],
+                             gpu_type=gpu_type)
         if nodes is None:
             return NOOP
         return Action(_SCALE, job_id, workers, tuple(names[n] for n in nodes))
 
-    def encode_scale(self, slot: int, workers: int | None, strategy: Strategy) -> int:
-        """Discrete index of 'scale slot to `workers` workers (None: its requested workers)'."""
+    def encode_scale(self, slot: int, workers: int | None, strategy: Strategy,
+                     gpu_type: str | None = None) -> int:
+        """Discrete index of 'scale slot to `workers` workers (None: its requested workers)',
+        on `gpu_type`: one of `spec.gpu_types` for a typed spec, None for an untyped one."""
         spec = self.spec
+        if spec.gpu_types:
+            type_index = spec.gpu_types.index(gpu_type)  # a ValueError for a type it lacks
+        else:
+            assert gpu_type is None, f"an untyped spec has no action on {gpu_type}"
+            type_index = 0
         level = spec.levels_per_slot - 1 if workers is None else spec.worker_levels.index(workers)
-        return (1 + slot * spec.actions_per_slot + 1 + level * len(spec.strategies)
-                + spec.strategies.index(strategy))
+        return (1 + slot * spec.actions_per_slot + 1
+                + (level * len(spec.strategies) + spec.strategies.index(strategy))
+                * spec.types_per_target + type_index)
 
     def encode_suspend(self, slot: int) -> int:
         """Discrete index of 'suspend the job in slot'."""

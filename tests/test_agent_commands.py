@@ -41,8 +41,10 @@ TRAIN = ["train", "--workload", TINY[0], "--cluster", "2x4", "--n-envs", "1", "-
          "128", "--batch-size", "64", "--dagger-rounds", "0", "--timesteps", "128"]
 """A tiny `rlalloc train` command line; a bad flag added after it overrides its value."""
 CLUSTER_YAML = ("nodes:\n  - {count: 1, gpus: 4}\n"
-                "  - {count: 1, gpus: 4, gpu_type: a100, rack: 3}\n")
-"""A cluster file whose content a card must keep: the shape `1x4+1x4:A100` alone has no rack."""
+                "  - {count: 1, gpus: 4, gpu_type: t4, rack: 3}\n")
+"""A cluster file whose content a card must keep: the shape `2x4` alone has no rack. (One GPU
+type: the tiny cloned policy would strand jobs in the larger typed action space of a mixed
+cluster, and nothing would be exported.)"""
 EVALUATE = ["evaluate", "--workload", "synthetic:8:1.0", "--cluster", "2x4", "--seeds", "1",
             "--jobs", "1", "--failures", "none"]
 
@@ -180,7 +182,7 @@ def test_resume_where_there_is_no_run_says_to_leave_out_resume(tmp_path, capsys,
 def assert_cluster_recorded(recorded: dict, path, cluster, tmp_path) -> None:
     """`recorded` (a card's ``cluster_file``) names `path` and, saved as YAML once the file
     is gone, gives `cluster` back."""
-    assert recorded["path"] == str(path) and recorded["shape"] == "1x4+1x4:A100"
+    assert recorded["path"] == str(path) and recorded["shape"] == "2x4"
     again = tmp_path / "again.yaml"
     again.write_text(yaml.safe_dump(recorded["content"]))
     assert parse_cluster(str(again)) == cluster
@@ -199,7 +201,7 @@ def test_a_model_card_records_a_cluster_file_as_it_was_used(tmp_path, trained):
     assert card["config"]["cluster"] == str(path)
     assert_cluster_recorded(card["cluster_file"], path, cluster, tmp_path)
     markdown = (out / "card.md").read_text()
-    assert f"- cluster: {path} (1x4+1x4:A100," in markdown and "  rack: 3\n" in markdown
+    assert f"- cluster: {path} (2x4," in markdown and "  rack: 3\n" in markdown
     assert json.loads((trained / "card.json").read_text())["cluster_file"] is None
     assert "```yaml" not in (trained / "card.md").read_text()
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlalloc.agent.deployed import PolicyNet, load_deployed
+from rlalloc.agent.deployed import FORMAT_VERSION, PolicyNet, load_deployed
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.export import export_model, in_memory_policy
 from rlalloc.agent.imitation import encode_action
@@ -247,7 +247,7 @@ def test_learn_sizes_starts_as_the_told_heuristic_and_ships_its_table_and_profil
     assert "told job sizes learnt from 160 training jobs" in (tmp_path / "model" /
                                                                  "card.md").read_text()
     policy = load_policy(str(tmp_path / "model"))
-    assert policy.meta.job_sizes is not None and policy.meta.format_version == 4
+    assert policy.meta.job_sizes is not None and policy.meta.format_version == FORMAT_VERSION
     history = JobSizeHistory.fit([build_scenario(_pollux(1), "16x4")])
     speedups = ProfiledSpeedups(profile_models(history, cached_profiles(DEFAULT_PROFILES_ROOT)))
     teacher = told_sizes("elastic-srpt-0.25", history.remaining_work, "told", speedups)

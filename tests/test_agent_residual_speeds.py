@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlalloc.agent.deployed import FORMAT_VERSION
 from rlalloc.agent.evaluation import run_policy
 from rlalloc.agent.heuristics import curve_speedups
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
@@ -76,7 +77,7 @@ def test_told_model_ranks_by_the_profiles_it_carries(trained):
     assert abs(start - _avg_jct(sizes_only, workload)) > 1.0
     policy = load_policy(str(model))
     applications = ("cifar10", "deepspeech2", "imagenet", "ncf")
-    assert policy.meta.format_version == 4 and policy.meta.profiles == applications
+    assert policy.meta.format_version == FORMAT_VERSION and policy.meta.profiles == applications
     assert sorted(p.name for p in (model / PROFILES_DIR).iterdir() if p.is_dir()) == \
         list(applications)
     for teacher in policy.featurizer.teachers:

@@ -125,7 +125,7 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
     from rlalloc.agent.registry import load_policy
     from rlalloc.agent.residual import residual_featurizer
     from rlalloc.env.failures import FailureParams
-    from rlalloc.env.featurizer import FeatureSpec
+    from rlalloc.env.featurizer import FeatureSpec, policy_gpu_types
     from rlalloc.env.params import SimParams
     from rlalloc.env.scenario import build_scenario
 
@@ -154,9 +154,11 @@ def _run_one(spec: HeadroomRun) -> dict[str, float]:
             lambda _state: sim, base, [load_policy(name) for name in spec.alternatives], future,
             history)
         if spec.record is not None:
+            # the layout `rlalloc train --imitate` builds on this cluster (`training_spec`)
+            gpu_types = policy_gpu_types(sim.state().nodes.gpu_type)
             policy = recorder = LookaheadRecorder(lookahead, residual_featurizer(
-                FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s),
-                (spec.base, *spec.alternatives)))
+                FeatureSpec(checkpoint_interval_s=params.checkpoint_interval_s,
+                            gpu_types=gpu_types), (spec.base, *spec.alternatives)))
     started = time.perf_counter()
     result = run_policy(sim, policy.act)
     if not result.finished:
