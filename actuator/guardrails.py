@@ -249,9 +249,11 @@ def policy_view(state: ClusterState, config: ActuatorConfig,
         jobs = state.jobs
         hidden = np.isin(np.asarray(jobs.job_id), list(refused_jobs))
         queued = hidden & (jobs.workers == 0)  # no queue left behind them in the demand either
+        shown = np.flatnonzero(~hidden)
         state = replace(
             state,
-            jobs=Jobs.from_records([jobs.record(i) for i in np.flatnonzero(~hidden).tolist()]),
+            jobs=Jobs.from_records([jobs.record(i) for i in shown.tolist()]),
+            type_speeds=None if state.type_speeds is None else state.type_speeds.of_rows(shown),
             demand=replace(state.demand, pending_gpus=max(
                 int(state.demand.pending_gpus) - int(jobs.requested_gpus[queued].sum()), 0)))
     closed = untyped_nodes | (nodes_without_telemetry if config.require_node_telemetry

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ Plan = dict[str, Target]
 _QUEUED = int(JobStatus.QUEUED)
 
 
+@runtime_checkable
 class RoundPlanner(Protocol):
     """A policy that plans whole rounds: `plan` solves one from scratch (no cache, no change
     to the policy's memory), which `act` caches until the round ends."""

@@ -274,6 +274,11 @@ class TypeSpeeds:
     scaling_beta: np.ndarray
     """float32 (jobs, types): the curve on that type, as `Jobs.scaling_alpha`/`scaling_beta`."""
 
+    def of_rows(self, rows: np.ndarray) -> TypeSpeeds:
+        """The table of the jobs `rows` only (a state shown without some of its jobs)."""
+        return TypeSpeeds(self.gpu_types, self.speed_1gpu[rows], self.scaling_alpha[rows],
+                          self.scaling_beta[rows])
+
     def column(self, gpu_type: str) -> int:
         """Index of `gpu_type` in `gpu_types` (raises ValueError for a type not in the cluster)."""
         return self.gpu_types.index(gpu_type)

@@ -86,3 +86,21 @@ def test_the_state_builder_reads_the_annotation_and_leaves_a_malformed_one_alone
     assert broken.state.jobs.job_id == ("default/a",)
     assert "rlalloc.io/type-speeds" in broken.unmanageable["default/b"]
     assert broken.state.type_speeds.speed_1gpu.shape == (1, 2)
+
+
+def test_a_job_hidden_from_the_policy_takes_its_row_of_curves_along():
+    """The guardrails show the policy a state without the jobs refused this cycle: the curves
+    per type must stay those of the jobs shown, row for row."""
+    from rlalloc.actuator.config import ActuatorConfig
+    from rlalloc.actuator.guardrails import policy_view
+    from rlalloc.env.state import ClusterState, Demand, NodeInfo, Nodes
+
+    table = TypeSpeeds(("T4", "A100"), np.array([[2.0, 7.0], [1.0, 2.5]], dtype=np.float32),
+                       np.zeros((2, 2), dtype=np.float32), np.zeros((2, 2), dtype=np.float32))
+    state = ClusterState(time_s=0.0, jobs=_jobs(), demand=Demand(pending_gpus=3),
+                         nodes=Nodes.from_records([NodeInfo("n0", 4, 4, gpu_type="T4"),
+                                                   NodeInfo("n1", 4, 4, gpu_type="A100")]),
+                         type_speeds=table)
+    view = policy_view(state, ActuatorConfig(), frozenset(), frozenset({"a"}))
+    assert view.jobs.job_id == ("b",)
+    assert view.type_speeds.speed_1gpu.tolist() == [[1.0, 2.5]]
