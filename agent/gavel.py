@@ -54,6 +54,7 @@ from rlalloc.agent.type_plans import (
     cluster_key,
     fastest_type_order,
     next_action,
+    plan_holds,
     take_room,
 )
 from rlalloc.env.placement import job_gpu_type, requested_workers
@@ -104,14 +105,15 @@ class GavelPolicy:
     # ----------------------------------------------------------------- rounds
     def act(self, state: ClusterState) -> Action:
         """Count the time received since the last call; recompute the allocation if jobs
-        arrived or finished; pick the round's jobs if a round starts (or fill GPUs the
-        change left idle); then one step towards the round's schedule."""
+        arrived or the room changed (if jobs only left, at the next round: `plan_holds`);
+        pick the round's jobs if a round starts (or fill GPUs the change left idle); then one
+        step towards the round's schedule."""
         self._observe(state)
         key = cluster_key(state)
         new_round = state.time_s >= self._round_end_s
         if key != self._key or new_round:
             table = TypeTable.of(state)
-            if key != self._key:
+            if not plan_holds(self._key, key) or (new_round and key != self._key):
                 self._reallocate(state, table)
                 self._key = key
             present = set(state.jobs.job_id)

@@ -53,6 +53,7 @@ from rlalloc.agent.type_plans import (
     cluster_key,
     current_targets,
     next_action,
+    plan_holds,
 )
 from rlalloc.env.placement import job_gpu_type
 from rlalloc.env.state import Action, ClusterState, JobStatus
@@ -95,17 +96,6 @@ class Configurations:
     """bool: the configuration the job runs in now."""
 
 
-def _plan_holds(planned: object, now: tuple[tuple[str, ...], tuple[int, ...]]) -> bool:
-    """Whether a round's plan made for the `cluster_key` `planned` still holds at `now`: the
-    same room per type and no job it did not plan for. A job that left (finished, or hidden
-    by the actuator's guardrails after a refusal) only leaves its share unused until the
-    round ends, as in Sia's rounds; re-solving for each would cost a solve per refusal."""
-    if not isinstance(planned, tuple):
-        return False
-    jobs, room = planned
-    return room == now[1] and set(now[0]) <= set(jobs)
-
-
 class SiaPolicy:
     """Sia's goodput-optimised integer program per round (module docstring)."""
 
@@ -122,7 +112,7 @@ class SiaPolicy:
         """Solve a new plan if the round is over or the jobs or nodes changed, then take
         one step towards it."""
         key = cluster_key(state)
-        if not _plan_holds(self._key, key) or state.time_s >= self._next_solve_s:
+        if not plan_holds(self._key, key) or state.time_s >= self._next_solve_s:
             self._plan = self.plan(state)
             self._key = key
             self._next_solve_s = state.time_s + self.config.round_s

@@ -66,6 +66,17 @@ def cluster_key(state: ClusterState) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return state.jobs.job_id, tuple(per_type.values())
 
 
+def plan_holds(planned: object, now: tuple[tuple[str, ...], tuple[int, ...]]) -> bool:
+    """Whether a plan made for the `cluster_key` `planned` still holds at `now`: the same
+    room per type and no job it did not plan for. A job that left (finished, or hidden by the
+    actuator's guardrails after a refusal) only leaves its share to the next round; solving
+    again for each would cost a solve per refusal in an actuator cycle."""
+    if not isinstance(planned, tuple):
+        return False
+    jobs, room = planned
+    return room == now[1] and set(now[0]) <= set(jobs)
+
+
 @dataclass(frozen=True)
 class TypeTable:
     """Per GPU type of a state's cluster (in `Nodes.type_names` order): each job's scaling
