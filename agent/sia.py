@@ -50,6 +50,7 @@ from scipy.sparse import coo_array
 from rlalloc.agent.type_plans import (
     Plan,
     TypeTable,
+    c_stdout_silenced,
     cluster_key,
     current_targets,
     next_action,
@@ -229,10 +230,11 @@ def _solve(configs: Configurations, cost: np.ndarray, table: TypeTable,
                          np.concatenate([np.arange(n), np.arange(n)]))),
                        shape=(len(jobs_seen) + n_types, n)).tocsr()
     upper = np.concatenate([np.ones(len(jobs_seen)), table.capacity.astype(np.float64)])
-    result = milp(cost, integrality=np.ones(n),
-                  bounds=Bounds(forced.astype(np.float64), np.ones(n)),
-                  constraints=LinearConstraint(matrix, -np.inf, upper),
-                  options={"mip_rel_gap": mip_rel_gap})
+    with c_stdout_silenced():
+        result = milp(cost, integrality=np.ones(n),
+                      bounds=Bounds(forced.astype(np.float64), np.ones(n)),
+                      constraints=LinearConstraint(matrix, -np.inf, upper),
+                      options={"mip_rel_gap": mip_rel_gap})
     if result.x is None:
         return None
     return np.flatnonzero(result.x > 0.5)

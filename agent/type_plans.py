@@ -11,8 +11,12 @@ suspension that breaks the cycle. A job whose target is where it runs is never t
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -30,6 +34,31 @@ Plan = dict[str, Target]
 """A round's allocation by job id; a job not in it holds no GPUs (it waits)."""
 
 _QUEUED = int(JobStatus.QUEUED)
+
+
+@contextlib.contextmanager
+def c_stdout_silenced() -> Iterator[None]:
+    """The process's stdout (file descriptor 1) on /dev/null meanwhile. HiGHS, as scipy bundles
+    it, prints a debug line (``HighsMipSolverData::transformNewIntegerFeasibleSolution ...``)
+    from C on some integer solves, past `sys.stdout`: it broke `evaluate`'s progress bar and
+    would reach a user's piped output. C's buffer is flushed before fd 1 comes back, so a line
+    buffered during the solve is dropped too; where fd 1 cannot be duplicated (closed), nothing
+    is redirected."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 @runtime_checkable

@@ -327,3 +327,16 @@ def test_a_lookahead_over_a_remembering_base_leaves_the_real_ones_memory_alone(n
     assert before.keys() == after.keys()
     for key, value in before.items():
         assert repr(after[key]) == repr(value), key
+
+
+def test_a_solvers_c_level_print_is_kept_off_stdout_and_stdout_comes_back(capfd):
+    import ctypes
+
+    from rlalloc.agent.type_plans import c_stdout_silenced
+
+    libc = ctypes.CDLL(None)
+    with c_stdout_silenced():
+        libc.printf(b"HighsMipSolverData debug line\n")
+    libc.printf(b"after\n")
+    libc.fflush(None)
+    assert capfd.readouterr().out == "after\n"
