@@ -12,7 +12,8 @@ program over X[j, t], the share of time job j spends on GPU type t with its requ
 
 with s_j the job's GPUs and thr(j, X^equal_j) its throughput on an equal time share of every
 type (the paper's normaliser, e.g. X^equal = [0.5, 0.5] on one V100 and one K80), solved by
-`scipy.optimize.linprog` (HiGHS). It is recomputed when jobs arrive or finish, as Gavel does.
+`scipy.optimize.linprog` (HiGHS). It is recomputed when jobs arrive or a type's room changes,
+and at the next round start after jobs finish (`plan_holds`).
 
 The mechanism (paper section 5; the artifact's ``scheduler/scheduler.py``,
 `_update_priorities`, `_schedule_jobs_on_workers_helper`, `_reset_time_run_so_far`): every
@@ -29,8 +30,11 @@ reset. A job scheduled again on its type keeps its GPUs (Gavel's lease extension
 Simplifications (docs/agent.md, "Clusters of several GPU types"):
 - a round ends at the first decision point at or after its end (the simulator asks the policy
   at events and every `decision_interval_s`);
-- when jobs arrive or finish mid-round, the new allocation's priorities fill the GPUs left
-  idle, without preempting the round's jobs; Gavel leaves them idle until the round ends;
+- when jobs arrive or finish mid-round, the GPUs left idle are filled at once (by the new
+  allocation's priorities after an arrival, the round's allocation after a completion),
+  without preempting the round's jobs; Gavel leaves them idle until the round ends; Gavel
+  recomputes the allocation at once when a job finishes, here at the next round (a solve per
+  job that leaves cost a second per actuator cycle at 1,024 GPUs);
 - a request that no single type can hold is cut to the most workers one type holds (Gavel
   would never run it); a worker of k GPUs is placed whole on one node (the greedy checks room
   node by node, where Gavel counts GPUs);
