@@ -29,7 +29,8 @@ with G' the penalised goodput, p = -0.5 (Sia's default; p < 0 leans to fairness,
 the objective is minimised; p > 0 is maximised with lambda_n < 0), lambda_n = 1.1 (a job left
 waiting costs more than any allocation, whose G ** p <= 1) and clip = 3,000. A job given no
 configuration waits. The plan is kept until the round ends, a job arrives or a type's room
-changes (a job that leaves only frees its share for the next round: `plan_holds`); `rlalloc.agent.type_plans.next_action` moves the cluster to it one action per call.
+changes (a job that leaves only frees its share for the next round: `plan_holds`);
+`rlalloc.agent.type_plans.next_action` moves the cluster to it one action per call.
 
 Simplifications (docs/agent.md, "Clusters of several GPU types"): goodput is throughput on
 the state's scaling curve (the state carries no statistical efficiency, so no batch-size
