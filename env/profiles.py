@@ -1,4 +1,5 @@
-"""Job speed: measured Pollux throughput profiles and a generic scaling model fitted to them.
+"""Job speed: measured throughput profiles (Pollux's on T4, Sia's on other GPU types) and a
+generic scaling model fitted to the Pollux ones.
 
 Two kinds of job run in the simulator:
 
@@ -24,6 +25,10 @@ Two kinds of job run in the simulator:
 
 A placement *shape* is the tuple of GPUs used on each node, sorted descending: ``(4, 2)`` is
 four GPUs on one node and two on another. Node identity and order do not change speed.
+
+An application's profile per GPU type (`AppProfile.on_type`, ``placements-<suffix>.csv``) is
+a profile like the T4 one, on that type; `AppProfile.speed_on` picks it, or the documented
+fallback of `rlalloc.env.gpu_types` for a type it was not measured on.
 """
 
 from __future__ import annotations
