@@ -175,13 +175,15 @@ def _short_cluster(spec: str, groups: list[re.Match]) -> ClusterSpec:
 
 
 def gpu_type_named(name: object, where: str) -> str:
-    """`name` as a GPU type the simulator knows the power of (`GPU_POWER_W`), in any case:
-    ``a100`` is ``A100``. Another type would be charged a guessed power, so it is refused."""
+    """`name` as a GPU type the simulator knows the power and speed of (`GPU_POWER_W`,
+    `RELATIVE_SPEED`), in any case: ``a100`` is ``A100``. Another type would be charged a
+    guessed power and run at a guessed speed, so it is refused."""
     known = {gpu_type.lower(): gpu_type for gpu_type in GPU_POWER_W}
     if isinstance(name, str) and name.strip().lower() in known:
         return known[name.strip().lower()]
     raise UserError(f"{where}: unknown GPU type {name!r}; use one of {', '.join(GPU_POWER_W)} "
-                    "(any case), or add its power to GPU_POWER_W in env/params.py")
+                    "(any case), or add its power (GPU_POWER_W, env/params.py) and speed "
+                    "(RELATIVE_SPEED, env/gpu_types.py)")
 
 
 def _whole(value: object, where: str, minimum: int, maximum: int) -> int:
