@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from rlalloc.env.gpu_types import reference_type, relative_speed
+from rlalloc.env.gpu_types import speed_over_reference
 from rlalloc.env.state import Jobs, TypeSpeeds
 
 TYPE_SPEEDS_ANNOTATION = "rlalloc.io/type-speeds"
@@ -65,8 +65,7 @@ def type_speeds_table(jobs: Jobs, curves: list[dict[str, Curve]],
                       gpu_types: tuple[str, ...]) -> TypeSpeeds:
     """The state's table on a cluster of `gpu_types`: each job's annotated curve per type
     (`curves`, in `jobs` order), else the module's fallback from its reference curve."""
-    factor = {gpu_type: relative_speed(gpu_type) / relative_speed(reference_type(gpu_types))
-              for gpu_type in gpu_types}
+    factor = {gpu_type: speed_over_reference(gpu_type, gpu_types) for gpu_type in gpu_types}
     table = np.empty((jobs.count, len(gpu_types), 3), dtype=np.float32)
     for row, annotated in enumerate(curves):
         own = (float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),

@@ -55,6 +55,12 @@ def reference_type(gpu_types: Iterable[str]) -> str:
     return min(types, key=lambda t: (RELATIVE_SPEED[t], types.index(t)))
 
 
+def speed_over_reference(gpu_type: str, gpu_types: Iterable[str]) -> float:
+    """How much faster `gpu_type` runs a job known only in the reference type's time (the
+    slowest of the cluster's `gpu_types`): the ratio of their `RELATIVE_SPEED`s; 1 on it."""
+    return RELATIVE_SPEED[gpu_type] / RELATIVE_SPEED[reference_type(gpu_types)]
+
+
 def fastest_first(gpu_types: Iterable[str]) -> list[str]:
     """`gpu_types` (duplicates dropped) from the fastest to the slowest by `RELATIVE_SPEED`:
     the order a type-unaware operator tries them in."""
@@ -68,4 +74,5 @@ __all__ = [
     "fastest_first",
     "reference_type",
     "relative_speed",
+    "speed_over_reference",
 ]

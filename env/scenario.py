@@ -15,7 +15,7 @@ from pathlib import Path
 from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.efficiency import goodput_speeds
 from rlalloc.env.errors import UserError
-from rlalloc.env.gpu_types import reference_type, relative_speed
+from rlalloc.env.gpu_types import reference_type, speed_over_reference
 from rlalloc.env.params import SimParams
 from rlalloc.env.profiles import (
     GENERIC_SCALING,
@@ -63,7 +63,7 @@ def job_speeds(workload: Workload, profiles: dict[str, AppProfile] | None,
             key: object = (job.scaling, gpu_type)
             if key not in cache:
                 curve = GenericScaling(*job.scaling) if job.scaling else GENERIC_SCALING
-                factor = relative_speed(gpu_type) / relative_speed(reference)
+                factor = speed_over_reference(gpu_type, types)
                 model = curve if factor == 1.0 else ScaledThroughput(curve, factor)
                 cache[key] = JobSpeed(model.iterations_per_s, factor, curve.alpha, curve.beta)
             return cache[key]

@@ -27,7 +27,7 @@ from rlalloc.agent.type_plans import RoundPlanner, round_solve_s
 from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_bench_out_flags, within
 from rlalloc.env.cluster import gpu_type_named
 from rlalloc.env.failures import NODE_FEATURE_NAMES
-from rlalloc.env.gpu_types import relative_speed
+from rlalloc.env.gpu_types import speed_over_reference
 from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.env.state import (
     ClusterState,
@@ -92,8 +92,8 @@ def synthetic_state(n_nodes: int, n_jobs: int, seed: int,
                     gpu_types: tuple[str, ...] = ()) -> ClusterState:
     """A busy cluster: ~70% of the jobs placed (packed, 1-8 workers), the rest queued, and a
     few nodes warning (XID errors). With several `gpu_types`, the nodes are consecutive equal
-    blocks of them and each job's speed on a type is the type's `relative_speed` over the
-    first type's, times a job's own factor from 0.5 to 2 (jobs gain unequally from a type)."""
+    blocks of them and each job's speed on a type is the type's `speed_over_reference` (over the
+    slowest type's), times a job's own factor from 0.5 to 2 (jobs gain unequally)."""
     rng = np.random.default_rng(seed)
     node_types = [gpu_types[i * len(gpu_types) // n_nodes] if gpu_types else "T4"
                   for i in range(n_nodes)]
@@ -132,9 +132,9 @@ def _type_speeds(gpu_types: tuple[str, ...], n_jobs: int,
     """Each job's curve per type (`synthetic_state`), None for one type."""
     if len(gpu_types) < 2:
         return None
-    factors = np.array([relative_speed(t) / relative_speed(gpu_types[0]) for t in gpu_types])
+    factors = np.array([speed_over_reference(t, gpu_types) for t in gpu_types])
     speeds = factors[None, :] * rng.uniform(0.5, 2.0, (n_jobs, len(gpu_types)))
-    speeds[:, 0] = 1.0  # the jobs' own curve (speed 1) is the first, slowest, type's
+    speeds[:, factors == 1.0] = 1.0  # the jobs' own curve (speed 1) is the slowest type's
     shape = (n_jobs, len(gpu_types))
     return TypeSpeeds(gpu_types, speeds.astype(np.float32),
                       np.full(shape, 0.05, dtype=np.float32), np.full(shape, 0.1, np.float32))
