@@ -41,3 +41,4 @@ bench: setup  ## the benchmarks whose figures are in the README (replacing an ea
 	$(BIN)/rlalloc bench recovery --out runs/bench/recovery.json --force
 	$(BIN)/rlalloc bench forecast --out runs/bench/forecast.json --force
 	$(BIN)/rlalloc bench actuator --out runs/bench/actuator.json --force
+	$(BIN)/rlalloc bench rollouts --out runs/bench/rollouts.json --force

@@ -28,6 +28,10 @@ class RunSpec:
     failures_per_gpu_day: float
     efficiency: str = "none"
 
+    def described(self) -> str:
+        """The run as an error names it."""
+        return f"{self.policy} on {self.workload}, seed {self.seed}"
+
 
 def run_one(spec: RunSpec) -> dict:
     """Worker: run one simulation and return its metrics, JCTs, down-sampled series and, for a

@@ -35,12 +35,14 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
 from rlalloc.agent.policy import Policy, for_a_fork
 from rlalloc.env.errors import UserError
+from rlalloc.env.execution import Executor, LocalProcesses
 from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import JobSpeed, Simulator, time_limit_s
 from rlalloc.env.state import NOOP, Action, ActionKind, ClusterState
@@ -246,6 +248,8 @@ class LookaheadPolicy:
         self.name = name
         self.contested = 0
         self.deviations = 0
+        self.forks: Executor = LocalProcesses(1)
+        """Where the forks of a contested decision run (`fork_on`)."""
         self.last_costs: dict[Action, np.ndarray] = {}
         """Each candidate's cost-to-go per future drawn, at the last contested decision
         (what `rlalloc.agent.distill` turns into advantages)."""
@@ -268,7 +272,7 @@ class LookaheadPolicy:
         sim = self.sim_at(state)  # its clock may be the state's less whole days (env.rebuild)
         futures: list[Arrivals] = (self.history.futures(sim.time_s, state)
                                    if self.future.sampled else [((), ())])
-        self.last_costs = {action: self._costs(sim, action, futures) for action in candidates}
+        self.last_costs = self._costs(sim, candidates, futures)
         base_costs = self.last_costs[base_action]
         if not np.isfinite(base_costs).all():
             return base_action  # nothing to weigh the others against
@@ -280,17 +284,37 @@ class LookaheadPolicy:
         self.deviations += best_action != base_action
         return best_action
 
-    def _costs(self, sim: Simulator, action: Action, futures: list[Arrivals]) -> np.ndarray:
-        """The cost-to-go of `action` in one fork of `sim` per future."""
+    def _costs(self, sim: Simulator, candidates: list[Action],
+               futures: list[Arrivals]) -> dict[Action, np.ndarray]:
+        """Each candidate's cost-to-go in one fork of `sim` per future, the forks run by
+        `forks` (in this process unless a command handed the policy a Ray cluster's)."""
         known_s = 0.0 if self.future.sampled else self.future.horizon_s
-        costs = np.empty(len(futures))
-        for i, (jobs, speeds) in enumerate(futures):
-            fork = sim.fork(known_s, jobs, speeds)
-            if action == NOOP:
-                costs[i] = cost_to_go(fork, for_a_fork(self.base), stop_deciding=True)
-                continue
-            # valid in the state, a proposal can still be refused by a copy rebuilt from it
-            # (a job on a down node is queued there): it cannot be weighed, so it never wins
-            costs[i] = (cost_to_go(fork, for_a_fork(self.base)) if fork.apply(action)
-                        else math.inf)
-        return costs
+        forks = [(action, future) for action in candidates for future in futures]
+        costs = np.fromiter(self.forks.map(partial(fork_cost, sim, self.base, known_s), forks,
+                                           describe=lambda fork: f"the fork of {fork[0]}"),
+                            dtype=float, count=len(forks))
+        return {action: costs[i * len(futures):(i + 1) * len(futures)]
+                for i, action in enumerate(candidates)}
+
+
+def fork_cost(sim: Simulator, base: Policy, known_s: float,
+              fork: tuple[Action, Arrivals]) -> float:
+    """The cost-to-go of a fork of `sim` that knows the real arrivals of the next `known_s`
+    and the drawn ones of `fork`'s future, after `fork`'s action, with `base` deciding."""
+    action, (jobs, speeds) = fork
+    copy = sim.fork(known_s, jobs, speeds)
+    if action == NOOP:
+        return cost_to_go(copy, for_a_fork(base), stop_deciding=True)
+    # valid in the state, a proposal can still be refused by a copy rebuilt from it (a job on
+    # a down node is queued there): it cannot be weighed, so it never wins
+    return cost_to_go(copy, for_a_fork(base)) if copy.apply(action) else math.inf
+
+
+def fork_on(policy: Policy, forks: Executor) -> None:
+    """Have `policy`, a lookahead (a planner), run its forks on `forks` (a Ray cluster's
+    tasks): the forks of a contested decision are independent. A one-line `UserError` for a
+    policy that forks nothing."""
+    if not isinstance(policy, LookaheadPolicy):
+        raise UserError(f"--ray runs a planner's forks in parallel, and {policy.name} forks "
+                        "nothing; give a planner (`rlalloc planner fit`) or leave out --ray")
+    policy.forks = forks

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
 
@@ -55,7 +56,12 @@ from rlalloc.agent.run_dir import (
 from rlalloc.agent.sb3_models import build_model, tensorboard_logger
 from rlalloc.agent.train_config import TrainConfig, check_config
 from rlalloc.agent.train_evaluation import evaluate_jct, give_up_bounds
-from rlalloc.agent.training_env import make_training_env, training_sizes, training_speedups
+from rlalloc.agent.training_env import (
+    training_env_fns,
+    training_sizes,
+    training_spec,
+    training_speedups,
+)
 from rlalloc.agent.warm_start import start_policy
 from rlalloc.env.cluster import cluster_record
 from rlalloc.env.errors import UserError
@@ -67,8 +73,11 @@ from rlalloc.forecaster.signals import default_signals
 
 
 def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = False,
-          log: Callable[[str], None] = print) -> dict:
-    """Run `config` into directory `out` and return its summary (also saved as card.json).
+          log: Callable[[str], None] = print, ray_address: str | None = None) -> dict:
+    """Run `config` into directory `out` and return its summary (also saved as card.json);
+    the environments step in this process, or, given `ray_address`, on the actors of that
+    Ray cluster (`rlalloc.agent.ray_vec_env`: the same rollouts; joined before anything is
+    written, unless this process already has).
 
     Everything is checked before anything is written or trained: the settings, the
     workloads and cluster (by building them), the teacher, the recordings and `out`. A new
@@ -79,7 +88,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     checkpoints and card are saved.
     """
     from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
+    from stable_baselines3.common.vec_env import VecMonitor
 
     assert not (resume and force), "resume continues the run in out, force replaces it"
     torch.set_num_threads(1)
@@ -100,11 +109,9 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     else:  # the speeds the run started with, whatever this machine has now
         models = read_copied_profiles(out, list(resumed), sizes, RETRAIN_TOLD)
         speedups = speedups_of(models)
-    vec_env = VecMonitor(DummyVecEnv([
-        (lambda: make_training_env(config, sizes=sizes, speedups=speedups))
-        for _ in range(config.n_envs)]))
+    vec_env = VecMonitor(_stepped_envs(training_env_fns(config, sizes, speedups), ray_address))
     vec_env.seed(config.seed)  # a resume seeds it anew (`load_model`)
-    spec = vec_env.envs[0].unwrapped.featurizer.spec
+    spec = training_spec(config)
     if recordings is not None and recordings.obs.shape[1] != vec_env.observation_space.shape[0]:
         raise UserError(f"--imitate: the recordings' observations have {recordings.obs.shape[1]}"
                         f" features, this policy's {vec_env.observation_space.shape[0]}; record "
@@ -119,7 +126,7 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
     started = time.perf_counter()
     summary: dict = {"config": asdict(config), "cluster_file": cluster_file, "evaluations": [],
                      "profiles": list(profiles)}
-    with progress_bar() as progress:
+    with progress_bar() as progress, closing(vec_env):
         if resume:
             model = load_model(config, checkpoint, vec_env)
             started -= resume_summary(summary, out, model.num_timesteps)
@@ -169,6 +176,20 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         raise UserError(_nothing_exported(out, summary["evaluations"]))
     load_deployed(out)  # the export must load
     return summary
+
+
+def _stepped_envs(env_fns: list[Callable[[], object]], ray_address: str | None) -> object:
+    """The training environments as one SB3 vector env: stepped in this process
+    (`DummyVecEnv`), or by the actors of the Ray cluster at `ray_address` (`RayVecEnv`)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    if ray_address is None:
+        return DummyVecEnv(env_fns)
+    from rlalloc.agent.ray_vec_env import RayVecEnv
+    from rlalloc.env.ray_cluster import connect
+
+    connect(ray_address)
+    return RayVecEnv(env_fns)
 
 
 def _check_workloads(config: TrainConfig,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -80,6 +82,14 @@ def make_training_env(config: TrainConfig, workloads: tuple[str, ...] | None = N
     the critic (or a residual DQN's Q-values) starts fitted to the returns RL then sees."""
     return ScaledReward(make_env(config, workloads, sizes, speedups), config.reward_scale,
                         config.action_cost)
+
+
+def training_env_fns(config: TrainConfig, sizes: JobSizeHistory | None = None,
+                     speedups: Speedups | None = None) -> list[Callable[[], ScaledReward]]:
+    """The factories of the run's `n_envs` training environments (`make_training_env`),
+    picklable: `SubprocVecEnv` and `rlalloc.agent.ray_vec_env.RayVecEnv` build them in other
+    processes."""
+    return [partial(make_training_env, config, sizes=sizes, speedups=speedups)] * config.n_envs
 
 
 def training_sizes(config: TrainConfig,

@@ -1,5 +1,5 @@
 """Worker processes for the commands that run many simulations side by side (`rlalloc evaluate`,
-`rlalloc headroom`).
+`rlalloc headroom`; `rlalloc.env.execution.LocalProcesses`).
 
 Ctrl-C in a terminal signals every process of the command, workers included. A worker that was
 waiting for its next run would die of a KeyboardInterrupt raised inside concurrent.futures and
@@ -19,19 +19,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
-T = TypeVar("T")
-R = TypeVar("R")
 INTERRUPTED_EXIT_CODE = 130
 """128 + SIGINT, as a shell reports a process that Ctrl-C ended."""
 
 
 def worker_pool(max_workers: int) -> ProcessPoolExecutor:
-    """A process pool whose workers end without a traceback on Ctrl-C."""
+    """A process pool whose workers end without a traceback on Ctrl-C. Submit runs one by one
+    and wait on each (`rlalloc.env.execution.LocalProcesses`), not `pool.map`: a caller
+    stopped by Ctrl-C then does not cancel the runs left, whose workers, interrupted too, have
+    ended; the broken pool (Python 3.11) printed a traceback setting its error on the
+    cancelled runs ("InvalidStateError")."""
     return ProcessPoolExecutor(max_workers=max_workers, initializer=_leave_quietly_on_interrupt)
 
 
@@ -40,16 +41,6 @@ def _leave_quietly_on_interrupt() -> None:
     if the parent imported it, keeps to the worker's own thread (see the module docstring)."""
     signal.signal(signal.SIGINT, _exit_interrupted)
     torch_on_one_thread()
-
-
-def ordered_results(pool: ProcessPoolExecutor, run: Callable[[T], R],
-                    items: Iterable[T]) -> Iterator[R]:
-    """`pool.map(run, items)`, except that a caller stopped by Ctrl-C does not cancel the runs
-    left: its workers, interrupted too, have ended, and the broken pool (Python 3.11) then
-    printed a traceback setting its error on the cancelled runs ("InvalidStateError")."""
-    futures = [pool.submit(run, item) for item in items]
-    for future in futures:
-        yield future.result()
 
 
 def torch_on_one_thread() -> None:

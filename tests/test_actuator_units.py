@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from rlalloc.actuator.apply import merge_patch, misplaced_pods, placement_patch
 from rlalloc.actuator.config import (
@@ -851,3 +853,23 @@ def test_the_twins_api_keeps_only_its_latest_requests():
         server.stop()
     assert logged == ["/api/v1/nodes", "/api", "/api/v1/pods", "/api/v1/nodes", "/api"]
     assert longest <= 5 + 1  # a reaction logs the request under way after the cut
+
+
+def test_the_ray_cluster_runs_the_ray_of_its_image_and_shares_one_volume():
+    root = Path(__file__).resolve().parents[1] / "actuator" / "raycluster"
+    claim, cluster = yaml.safe_load_all((root / "raycluster.yaml").read_text())
+    pinned = re.search(r"ARG RAY_VERSION=(\S+)", (root / "Dockerfile").read_text())[1]
+    assert cluster["kind"] == "RayCluster" and cluster["spec"]["rayVersion"] == pinned
+    # a driver installed with the [ray] extra can match it (`ray.init` refuses another Ray)
+    extra = tomllib.loads((root.parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["ray"]
+    assert [Requirement(r).specifier.contains(pinned) for r in extra] == [True]
+    groups = [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        pod = group["template"]["spec"]
+        [container] = pod["containers"]
+        assert container["volumeMounts"] == [{"name": "work", "mountPath": "/work"}]
+        assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == \
+            claim["metadata"]["name"]
+        assert {"name": "OMP_NUM_THREADS", "value": "1"} in container["env"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

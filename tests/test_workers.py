@@ -60,12 +60,12 @@ def test_ctrl_c_of_the_whole_command_ends_it_quietly_and_at_once():
     # gets Ctrl-C's default back first, as it has in a terminal.
     script = ("import signal, sys, time\n"
               "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-              "from rlalloc.env.workers import ordered_results, worker_pool\n"
+              "from rlalloc.env.execution import LocalProcesses\n"
               "try:\n"
-              "    with worker_pool(2) as pool:\n"
-              "        print('started', flush=True)\n"
-              "        for _ in ordered_results(pool, time.sleep, [30.0] * 6):\n"
-              "            pass\n"
+              "    runs = LocalProcesses(2).map(time.sleep, [30.0] * 6)\n"
+              "    print('started', flush=True)\n"
+              "    for _ in runs:\n"
+              "        pass\n"
               "except KeyboardInterrupt:\n"
               "    print('interrupted', file=sys.stderr)\n")
     command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,

@@ -39,6 +39,7 @@ from rlalloc.actuator.server import (
 )
 from rlalloc.agent.registry import load_policy
 from rlalloc.env.errors import UserError
+from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.signals import Signals
 from rlalloc.forecaster.signals import load_signals
 
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leader-election", dest="leader_election",
                         action=argparse.BooleanOptionalAction, default=None,
                         help="hold the Lease before acting (default: on)")
+    add_ray_flag(parser, "a planner policy's forks (the image then needs the [ray] extra)")
     parser.add_argument("--once", action="store_true",
                         help="run one cycle and exit; with --dry-run, a smoke test of the "
                              "installation that writes nothing")
@@ -95,11 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load everything, then cycle until SIGTERM/SIGINT."""
+    forks = None if args.ray is None else executor_for(1, args.ray)
     overrides = {name: getattr(args, name) for name in (*_FLAGS, "dry_run", "leader_election")}
     config = load_config(args.config, os.environ, overrides)
     configure_json_logging()
     log = logging.getLogger("rlalloc.actuator")
     policy = load_policy(config.policy)
+    if forks is not None:
+        from rlalloc.agent.lookahead import fork_on
+
+        fork_on(policy, forks)
     signals = load_actuator_signals(config.signals)
     kube = KubeClient(config, api_client_from(config))
     validate = pytorchjob_validator(kube)

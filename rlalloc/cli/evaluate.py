@@ -25,7 +25,8 @@ than B here" directly (plot: paired_avg_jct.png). With several workloads, the av
 change per workload too (``paired.avg_jct_by_workload``, a table in results.md).
 
 Runs go to parallel worker processes (one per core by default): one run is seconds of pure
-Python, far more than the cost of a process.
+Python, far more than the cost of a process. With ``--ray``, they are the tasks of a Ray
+cluster instead (`rlalloc.env.execution`), with the same results.
 
 The runs, their statistics, the report and its plots are the agent layer's
 (`rlalloc.agent.comparison_runs`, `comparison_stats`, `comparison_report`,
@@ -46,8 +47,8 @@ from rlalloc.cli.argtypes import POSITIVE_INT, AppendOnce, add_out_flags, unique
 from rlalloc.env.cluster import add_cluster_flag, cluster_record
 from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
+from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.output import out_dir_for_run
-from rlalloc.env.workers import ordered_results, worker_pool
 from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
@@ -79,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "listed, else the first)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
+    add_ray_flag(parser, "the runs")
     add_out_flags(parser, Path("runs/evaluate"))
 
 
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from rlalloc.env.failures import parse_failure_rate
     from rlalloc.env.scenario import build_scenario, require_applications
 
+    executor = executor_for(args.jobs, args.ray)  # first: a bad --ray leaves nothing behind
     policies = args.policies
     if not policies:
         raise UserError("--policies is empty; give e.g. static,elastic,ppo")
@@ -138,16 +141,10 @@ def run(args: argparse.Namespace) -> int:
                  for w in workloads for s in seeds]
         results: dict[RunSpec, dict] = {}
         with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
-            if args.jobs > 1:
-                with worker_pool(args.jobs) as pool:
-                    runs = ordered_results(pool, run_one, specs)
-                    for spec, result in zip(specs, runs, strict=True):
-                        results[spec] = result
-                        bar.update()
-            else:
-                for spec in specs:
-                    results[spec] = run_one(spec)
-                    bar.update()
+            runs = executor.map(run_one, specs, describe=RunSpec.described)
+            for spec, result in zip(specs, runs, strict=True):
+                results[spec] = result
+                bar.update()
         report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
                            args.efficiency)
         report["cluster_file"] = cluster_file

@@ -32,13 +32,13 @@ from rlalloc.cli.argtypes import POSITIVE_INT, SEED, AppendOnce, add_out_flags, 
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
+from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.output import (
     prepare_out_dir,
     staged_outputs,
     write_atomic,
     write_json,
 )
-from rlalloc.env.workers import ordered_results, worker_pool
 from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
 
@@ -89,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=SEED, default=0, help="workload seed (synthetic draws)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
+    add_ray_flag(parser, "the runs (with --record, --out must be on a volume every Ray node "
+                         "mounts at the same path)")
     add_out_flags(parser, Path("runs/headroom"))
 
 
@@ -110,6 +112,12 @@ class HeadroomRun:
     efficiency: str = "none"
     sizes: str = ""
     """If set, the base alone (`future` None), told job sizes this way (one of `SIZES`)."""
+
+    def described(self) -> str:
+        """The run as an error names it."""
+        what = (f"sizes {self.sizes}" if self.sizes else
+                f"future {self.future}" if self.future else "the base alone")
+        return f"{self.base}, {what}, on {self.workload}, seed {self.seed}"
 
     @property
     def column(self) -> str | None:
@@ -180,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from rlalloc.agent.registry import load_policy
     from rlalloc.env.scenario import build_scenario, require_applications
 
+    executor = executor_for(args.jobs, args.ray)  # first: a bad --ray leaves nothing behind
     alternatives = tuple(args.alternatives)
     if not alternatives:
         raise UserError("--alternatives is empty; give e.g. elastic-srpt,elastic")
@@ -246,9 +255,9 @@ def run(args: argparse.Namespace) -> int:
                               tuple(args.history), efficiency=args.efficiency, sizes=source)
                   for w in workloads for source in sizes]
         results: dict[HeadroomRun, dict[str, float]] = {}
-        with tqdm(total=len(specs), desc="headroom", unit="run") as bar, \
-                worker_pool(args.jobs) as pool:
-            for spec, result in zip(specs, ordered_results(pool, _run_one, specs), strict=True):
+        with tqdm(total=len(specs), desc="headroom", unit="run") as bar:
+            runs = executor.map(_run_one, specs, describe=HeadroomRun.described)
+            for spec, result in zip(specs, runs, strict=True):
                 results[spec] = result
                 bar.update()
     columns = [*futures, *map(sizes_column, sizes)]

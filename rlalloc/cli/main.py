@@ -25,6 +25,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
      "benchmark recovery time and checkpoint stalls of the training jobs"),
     (("bench", "forecast"), "bench_forecast", "benchmark forecaster training and inference"),
     (("bench", "actuator"), "bench_actuator", "benchmark one actuator decision cycle"),
+    (("bench", "rollouts"), "bench_rollouts",
+     "benchmark training rollouts stepped here, in local processes or on Ray"),
     (("train",), "train", "train a PPO or DQN allocation policy"),
     (("evaluate",), "evaluate", "compare allocation policies over workloads and seeds"),
     (("sizes", "fit"), "sizes",
@@ -51,8 +53,8 @@ EXTRAS: dict[str, str] = {
 """Which install extra brings each optional package (pyproject.toml's optional-dependencies)."""
 COMMAND_EXTRAS: dict[tuple[str, ...], str] = {
     ("train",): "train", ("forecast", "train"): "train", ("forecast", "evaluate"): "train",
-    ("bench", "forecast"): "train", ("actuate",): "actuator", ("bench", "actuator"): "actuator",
-    ("twin",): "twin", ("bench", "recovery"): "trainer",
+    ("bench", "forecast"): "train", ("bench", "rollouts"): "train", ("actuate",): "actuator",
+    ("bench", "actuator"): "actuator", ("twin",): "twin", ("bench", "recovery"): "trainer",
 }
 """The extra each command needs, where it needs one: named whichever of its packages is missing
 (the twin needs the actuator's client as well as its own server)."""

@@ -23,6 +23,7 @@ from rich.table import Table
 from rlalloc.cli.argtypes import SEED, above, out_path
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
+from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.failures import parse_failure_rate
 from rlalloc.env.metrics import METRIC_KEYS
 from rlalloc.env.output import out_dir_for_run, write_json
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_efficiency_flag(parser)
     parser.add_argument("--checkpoint-interval", type=above(0.0), default=None, metavar="SECONDS",
                         help="periodic checkpoint interval of every job (default: 1800)")
+    add_ray_flag(parser, "a planner's forks")
     parser.add_argument("--out", type=out_path, default=Path("runs/simulate"),
                         help="directory for metrics.json (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="replace an existing metrics.json")
@@ -77,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
 
     params = sim_params(args.failures, args.checkpoint_interval)
     policy = load_policy(args.policy)
+    if args.ray is not None:
+        from rlalloc.agent.lookahead import fork_on
+
+        fork_on(policy, executor_for(1, args.ray))
     scenario = build_scenario(args.workload, args.cluster, seed=args.seed,
                               efficiency=args.efficiency, signals=default_signals())
     require_applications([scenario], args.efficiency, [args.workload])

@@ -11,6 +11,7 @@ from rlalloc.agent.train_config import TrainConfig
 from rlalloc.cli.argtypes import POSITIVE_INT, SEED, above, at_least, out_path, within
 from rlalloc.env.cluster import add_cluster_flag
 from rlalloc.env.efficiency import add_efficiency_flag
+from rlalloc.env.execution import add_ray_flag
 from rlalloc.env.workload.loader import GENERATED_SOURCES
 
 _DEFAULTS = TrainConfig()
@@ -40,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="failures per GPU-day or none|default|stress (default: "
                              "%(default)s, unlike simulate and evaluate)")
     parser.add_argument("--n-envs", type=POSITIVE_INT, default=_DEFAULTS.n_envs,
-                        help="environments stepped together (DummyVecEnv)")
+                        help="environments stepped together (DummyVecEnv; with --ray, "
+                             "spread over the cluster's actors)")
     parser.add_argument("--n-steps", type=POSITIVE_INT, default=_DEFAULTS.n_steps,
                         help="ppo: steps per environment per update (larger = less noisy "
                              "updates)")
@@ -104,6 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workload of the periodic evaluation that picks the exported "
                              "policy (repeatable; default: the first two training workloads;"
                              " never a held-out one)")
+    add_ray_flag(parser, "the environments' steps (the learning stays in this process and "
+                 "learns as without --ray)")
     parser.add_argument("--out", type=out_path, required=True, help="model directory")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--force", action="store_true",
@@ -143,12 +147,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     """Train, export the best policy to OUT and write OUT/card.json (the flags' ranges are
     checked by argparse, everything else by `train` before it writes anything)."""
+    if args.ray is not None:  # a cluster that does not answer fails now, before anything else
+        from rlalloc.env.ray_cluster import connect
+
+        connect(args.ray)
     from rlalloc.agent.checkpoints import CHECKPOINT_DIR
     from rlalloc.agent.model_card import heuristic_scores
     from rlalloc.agent.training import train
 
     try:
-        summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force)
+        summary = train(config_from_args(args), args.out, resume=args.resume, force=args.force,
+                        ray_address=args.ray)
     except KeyboardInterrupt:
         if not any((args.out / CHECKPOINT_DIR).glob("*.zip")):
             raise  # `--resume` will say to start again with --force

@@ -6,11 +6,16 @@ few published ones."""
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 from collections import Counter
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from rlalloc.cli.argtypes import POSITIVE_INT, add_out_flags, within
 from rlalloc.env.errors import UserError
+from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.output import prepare_out_dir, write_atomic
 from rlalloc.env.profiles import PROFILES_ENV_VAR, profiles_or_default
 from rlalloc.env.workload.pollux_sampler import (
@@ -58,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the trace's first job (the trace's first weeks hold few jobs)")
     parser.add_argument("--hours", type=within(1, 24, int), default=SampleConfig.hours,
                         help="length of the submission window in hours (default: %(default)s)")
+    parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
+                        help="parallel worker processes")
+    add_ray_flag(parser, "the draws (--philly must be at the same path on every node)")
     add_out_flags(parser, Path("runs/workloads"))
 
 
@@ -96,6 +104,9 @@ def parse_seeds(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Write DIR/sampled-<seed>.csv (Pollux's method) or DIR/sia-<seed>.csv (Sia's) for every
     seed, in the Pollux workload format."""
+    from tqdm import tqdm
+
+    executor = executor_for(args.jobs, args.ray)  # first: a bad --ray leaves nothing behind
     seeds = parse_seeds(args.seeds)
     check_window_flags(args)
     reject_directory(args.philly, "--philly needs a file: the Pollux artifact's philly.csv")
@@ -107,22 +118,57 @@ def run(args: argparse.Namespace) -> int:
         options_of = sia_model_configurations(profiles)
     else:
         options_of = model_configurations(profiles)
-    pool = read_philly_pool(args.philly)
     prefix = "sia" if args.method == "sia" else "sampled"
     names = [f"{prefix}-{seed}.csv" for seed in seeds]
+    start = args.window_start if args.method == "sia" else (
+        SampleConfig.start_hour if args.start_hour is None else args.start_hour)
+    draws = [Draw(args.method, args.philly.resolve(), options_of, seed, args.num_jobs, start,
+                  args.hours) for seed in seeds]
+    # the first here: a bad trace, or a window with too few jobs for any seed, fails before a
+    # directory is made
+    first = draw_workload(draws[0])
     out = prepare_out_dir(args.out, names, args.force)
-    for seed, name in zip(seeds, names, strict=True):
-        if args.method == "sia":
-            workload = sample_sia_workload(pool, options_of, SiaSampleConfig(
-                start_hour=args.window_start, num_jobs=args.num_jobs, hours=args.hours,
-                seed=seed))
-        else:
-            start_hour = SampleConfig.start_hour if args.start_hour is None else args.start_hour
-            workload = sample_workload(pool, options_of, SampleConfig(
-                num_jobs=args.num_jobs, start_hour=start_hour, hours=args.hours, seed=seed))
-        write_atomic(out / name, workload.to_csv(index=False))
+    with tqdm(total=len(draws), desc="sample", unit="workload") as bar:
+        drawn = chain([first], executor.map(draw_workload, draws[1:], Draw.described))
+        for name, csv in zip(names, drawn, strict=True):
+            write_atomic(out / name, csv)
+            bar.update()
     print(f"wrote {len(names)} workload(s) of {args.num_jobs} jobs to {out}/{prefix}-*.csv")
     return 0
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One workload to draw: `method`'s sampler on the Philly trace at `philly`, its models'
+    configurations `options_of`, with `seed`; `start` is the window's opening (an hour of day
+    for Pollux's method, hours into the trace for Sia's)."""
+
+    method: str
+    philly: Path
+    options_of: dict[str, list[tuple[int, int]]]
+    seed: int
+    num_jobs: int
+    start: int
+    hours: int
+
+    def described(self) -> str:
+        """The draw as an error names it."""
+        return f"{self.method} workload, seed {self.seed}"
+
+
+def draw_workload(draw: Draw) -> str:
+    """Worker: the CSV text of the workload `draw` names (the trace read once per process)."""
+    pool = _philly_pool(draw.philly)
+    if draw.method == "sia":
+        workload = sample_sia_workload(pool, draw.options_of, SiaSampleConfig(
+            start_hour=draw.start, num_jobs=draw.num_jobs, hours=draw.hours, seed=draw.seed))
+    else:
+        workload = sample_workload(pool, draw.options_of, SampleConfig(
+            num_jobs=draw.num_jobs, start_hour=draw.start, hours=draw.hours, seed=draw.seed))
+    return workload.to_csv(index=False)
+
+
+_philly_pool = functools.cache(read_philly_pool)
 
 
 def check_window_flags(args: argparse.Namespace) -> None:
