@@ -63,12 +63,13 @@ class LocalProcesses:
                 yield result
 
 
-def add_ray_flag(parser: argparse.ArgumentParser, what: str) -> None:
-    """--ray: run `what` as the tasks of a Ray cluster instead of local processes."""
-    parser.add_argument("--ray", default=None, metavar="ADDRESS",
-                        help=f"run {what} on a Ray cluster ({RAY_ADDRESSES}: auto joins the one "
+def add_ray_flag(parser: argparse.ArgumentParser, what: str, default: str | None = None) -> None:
+    """--ray: send `what` to a Ray cluster (`default`: none, this machine's processes)."""
+    shown = default or "none, on this machine"
+    parser.add_argument("--ray", default=default, metavar="ADDRESS",
+                        help=f"send {what} to a Ray cluster ({RAY_ADDRESSES}: auto joins the one "
                              "`ray start` or RAY_ADDRESS names, local starts one on this machine)"
-                             "; needs the [ray] extra")
+                             f"; needs the [ray] extra (default: {shown})")
 
 
 def executor_for(jobs: int, ray_address: str | None) -> Executor:

@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leader-election", dest="leader_election",
                         action=argparse.BooleanOptionalAction, default=None,
                         help="hold the Lease before acting (default: on)")
-    add_ray_flag(parser, "a planner policy's forks (the image then needs the [ray] extra)")
+    add_ray_flag(parser, "a planner policy's forks")
     parser.add_argument("--once", action="store_true",
                         help="run one cycle and exit; with --dry-run, a smoke test of the "
                              "installation that writes nothing")

@@ -53,8 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="environment steps per figure, rounded up to a whole vector step "
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the environments and model")
-    add_ray_flag(parser, "the ray backend's actors (default here: local)")
-    parser.set_defaults(ray="local")
+    add_ray_flag(parser, "the ray backend's actors", default="local")
     add_bench_out_flags(parser)
 
 
