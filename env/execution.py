@@ -1,5 +1,5 @@
-"""Where the embarrassingly parallel work runs: `rlalloc evaluate`'s runs, `headroom`'s forks,
-`workload sample`'s draws and the workloads `sizes fit` and `planner fit` build.
+"""Where the embarrassingly parallel work runs: `rlalloc evaluate`'s and `headroom`'s runs,
+`workload sample`'s draws and a planner's forks (`rlalloc.agent.lookahead.fork_on`).
 
 Local worker processes by default (`LocalProcesses`, `--jobs N`), or the tasks of a Ray cluster
 the user already runs (`--ray auto|HOST:PORT|ray://HOST:PORT|local`; `rlalloc.env.ray_cluster`,
@@ -32,8 +32,8 @@ class Executor(Protocol):
     def map(self, run: Callable[[T], R], items: Sequence[T],
             describe: Callable[[T], str] = str) -> Iterator[R]:
         """`run(item)` for each of `items`, yielded in their order as each is ready. `run` is
-        a module-level function (workers import it by name); `describe` names an item in the
-        error of a run that failed."""
+        a module-level function or a `functools.partial` of one (workers import it by name);
+        `describe` names an item in the error of a run that failed."""
         ...
 
 
