@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlalloc.agent.policy import Policy
+from rlalloc.agent.policy import Policy, for_a_fork
 from rlalloc.env.featurizer import Featurizer
 from rlalloc.env.gym_env import ClusterAllocEnv
 from rlalloc.env.state import Action, ActionKind, ClusterState
@@ -84,7 +84,8 @@ def collect_demonstrations(env: gym.Env, policy: Policy, episodes: int, seed: in
     actions are taken (behaviour cloning); with one, the driver (the student: observation,
     mask -> index) chooses and the teacher only labels the states the student visits (DAgger),
     which corrects the student where its own mistakes take it. Episodes stop after `max_steps`
-    steps.
+    steps. A `policy` that remembers between calls labels each episode with a fresh copy of
+    itself, as each episode's clock starts at zero.
     """
     cluster_env: ClusterAllocEnv = env.unwrapped
     featurizer = cluster_env.featurizer
@@ -92,12 +93,13 @@ def collect_demonstrations(env: gym.Env, policy: Policy, episodes: int, seed: in
     unexpressible = 0
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
+        labeller = for_a_fork(policy)  # one that remembers starts each episode afresh, as its clock
         rewards, discounts = [], []
         done = False
         while not done and len(rewards) < max_steps:
             state = cluster_env.sim.state()
             mask = featurizer.action_mask(state)
-            index = encode_action(featurizer, state, policy.act(state))
+            index = encode_action(featurizer, state, labeller.act(state))
             if index is None or not mask[index]:
                 unexpressible += 1
                 index = 0

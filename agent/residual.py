@@ -39,7 +39,7 @@ import torch
 
 from rlalloc.agent.catalogue import HEURISTICS
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
-from rlalloc.agent.policy import Policy
+from rlalloc.agent.policy import Policy, for_a_fork
 from rlalloc.env.errors import UserError
 from rlalloc.env.featurizer import (
     TYPE_SPEED_BOUND,
@@ -74,6 +74,8 @@ class ResidualFeaturizer(Featurizer):
         in the observation too."""
         super().__init__(spec)
         self.teachers = teachers
+        self._untouched = tuple(for_a_fork(teacher) for teacher in teachers)
+        """Copies of the teachers that remember, as they were given (`start_episode`)."""
         self.sizes = sizes
         self.follow_index = spec.num_actions
         """The "do what the first heuristic proposes" action, one past the raw actions; the
@@ -81,6 +83,13 @@ class ResidualFeaturizer(Featurizer):
         self.num_actions = spec.num_actions + len(teachers)
         self.obs_size = residual_obs_size(spec, len(teachers), sizes is not None)
         self._proposals: tuple[ClusterState, tuple[Action, ...]] | None = None
+
+    def start_episode(self) -> None:
+        """Give each teacher that remembers between calls (gavel, sia) a copy of itself as it
+        was given: one episode's rounds and received time must not carry into the next,
+        whose clock starts again at zero."""
+        self.teachers = tuple(for_a_fork(teacher) for teacher in self._untouched)
+        self._proposals = None
 
     def proposals(self, state: ClusterState) -> tuple[Action, ...]:
         """Each heuristic's action in `state` (cached for the last state: observe, mask and
@@ -182,6 +191,20 @@ def proposal_size(spec: FeatureSpec) -> int:
     """Observation entries per heuristic: `PROPOSAL_FEATURES`, plus `proposal_type_features`'
     one per type and one more for a spec with `gpu_types`."""
     return PROPOSAL_FEATURES + (len(spec.gpu_types) + 1 if spec.gpu_types else 0)
+
+
+class FirstProposal:
+    """The first heuristic's proposal as `featurizer` asks for it (this episode's copy of a
+    heuristic that remembers, cached per state): labels for a warm start whose driver follows
+    that heuristic, without asking it a second time."""
+
+    def __init__(self, featurizer: ResidualFeaturizer) -> None:
+        self.featurizer = featurizer
+        self.name = featurizer.teachers[0].name
+
+    def act(self, state: ClusterState) -> Action:
+        """The first heuristic's action in `state`."""
+        return self.featurizer.proposals(state)[0]
 
 
 def residual_obs_size(spec: FeatureSpec, num_teachers: int, told_sizes: bool) -> int:

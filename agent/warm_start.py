@@ -14,7 +14,12 @@ from rlalloc.agent.heuristics import Speedups
 from rlalloc.agent.imitation import collect_demonstrations, concatenate, fit_policy
 from rlalloc.agent.job_sizes import JobSizeHistory
 from rlalloc.agent.registry import load_policy
-from rlalloc.agent.residual import follow_first, init_follow_head, init_follow_q_head
+from rlalloc.agent.residual import (
+    FirstProposal,
+    follow_first,
+    init_follow_head,
+    init_follow_q_head,
+)
 from rlalloc.agent.train_config import TrainConfig
 from rlalloc.agent.training_env import make_training_env
 from rlalloc.env.progress import progress_task
@@ -99,9 +104,9 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     the applications behind the latter). `step` is called after each rollout and each fit."""
     envs = [make_training_env(config, (workload,), sizes, speedups)
             for workload in config.workloads]
-    teacher = envs[0].unwrapped.featurizer.teachers[0]  # labels only: the driver follows it
-    demos = concatenate([
-        _stepped(step, collect_demonstrations(env, teacher, config.bc_episodes_per_workload,
+    demos = concatenate([  # the labels are the driver's: it follows the first heuristic
+        _stepped(step, collect_demonstrations(env, FirstProposal(env.unwrapped.featurizer),
+                                              config.bc_episodes_per_workload,
                                               config.seed + 1000 * i, config.gamma,
                                               follow_first(len(config.residual))))
         for i, env in enumerate(envs)])

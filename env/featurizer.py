@@ -377,6 +377,11 @@ class Featurizer:
         self._row_cache: dict[tuple, bytes] = {}
         self._mask_cache: dict[tuple, bytes] = {}
 
+    def start_episode(self) -> None:
+        """Forget what an earlier episode left behind, before the first state of a new one
+        (`rlalloc.env.gym_env.ClusterAllocEnv.reset`): nothing here, whose caches are keyed by
+        what they depend on; a featurizer that asks stateful policies overrides it."""
+
     def _view(self, state: ClusterState) -> _View:
         if self._cached is not None and self._cached[0] is state:
             return self._cached[1]

@@ -97,6 +97,7 @@ class ClusterAllocEnv(gym.Env):
         episode_seed = int(self.np_random.integers(2**31))
         scenario = self._scenario(index, episode_seed)
         self.sim = scenario.simulator(self.params, seed=episode_seed)
+        self.featurizer.start_episode()
         self._steps = 0
         self._actions_here = 0
         self._last = self._totals()

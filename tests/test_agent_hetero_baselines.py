@@ -340,3 +340,26 @@ def test_a_solvers_c_level_print_is_kept_off_stdout_and_stdout_comes_back(capfd)
     libc.printf(b"after\n")
     libc.fflush(None)
     assert capfd.readouterr().out == "after\n"
+
+
+def test_a_residual_teacher_that_remembers_starts_each_episode_afresh():
+    from rlalloc.agent.residual import make_residual
+    from rlalloc.env.gym_env import ClusterAllocEnv
+
+    def residual_env() -> ClusterAllocEnv:
+        env = ClusterAllocEnv(("synthetic:30:2:2",), "2x4:T4+1x4:A100",
+                              params=SimParams(failures=FailureParams(failures_per_gpu_day=0.0)))
+        return make_residual(env, ("gavel", "elastic"))
+
+    used, fresh = residual_env(), residual_env()
+    used.reset(seed=5)
+    for _ in range(300):  # gavel's rounds, received time and plan of a first episode
+        used.step(used.featurizer.follow_index)
+    assert used.sim.time_s > 6 * 60.0
+    first, _ = used.reset(seed=9)  # the clock starts again at zero
+    expected, _ = fresh.reset(seed=9)
+    np.testing.assert_array_equal(first, expected)
+    for _ in range(60):  # and the episodes go on alike
+        first = used.step(used.featurizer.follow_index)[0]
+        expected = fresh.step(fresh.featurizer.follow_index)[0]
+        np.testing.assert_array_equal(first, expected)
