@@ -36,8 +36,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnvStepReturn,
 )
 
-from rlalloc.env.errors import UserError
-from rlalloc.env.ray_cluster import first_line, prepare_worker, ray_module
+from rlalloc.env.ray_cluster import gathered, prepare_worker, ray_module
 
 EnvFactory = Callable[[], gym.Env]
 """Builds one environment; picklable (a module-level function or a `functools.partial` of
@@ -169,18 +168,11 @@ class RayVecEnv(VecEnv):
         return [by_index[index] for index in wanted]
 
     def _gather(self, refs: list) -> list:
-        """The actors' answers to `refs`, unpickled, in order. The `UserError` an environment
-        raised stays one line (a workload the worker cannot read); a lost actor is one too."""
-        exceptions = self._ray.exceptions
-        try:
-            return [pickle.loads(answer) for answer in self._ray.get(refs)]
-        except exceptions.RayTaskError as err:
-            if isinstance(err.cause, UserError):
-                raise err.cause from None
-            raise  # a bug: its message holds the actor's traceback
-        except exceptions.RayActorError as err:
-            raise UserError(f"a Ray worker stepping the environments was lost "
-                            f"({first_line(err)}); check the cluster's nodes and memory") from None
+        """The actors' answers to `refs`, unpickled, in order (`gathered`: the `UserError` an
+        environment raised stays one line, a workload the worker cannot read; a lost actor is
+        one too)."""
+        answers = gathered(refs, "a Ray worker stepping the environments was lost")
+        return [pickle.loads(answer) for answer in answers]
 
 
 def _joined(masks: tuple[list | None, ...]) -> list | None:

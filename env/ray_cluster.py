@@ -66,7 +66,7 @@ def connect(address: str) -> ModuleType:
         ray.init(address, runtime_env={"env_vars": environment} if environment else None,
                  logging_level=logging.ERROR, **options)
     except ConnectionError as err:
-        raise UserError(f"--ray {address}: {first_line(err)}; start one (`ray start --head`) "
+        raise UserError(f"--ray {address}: {_first_line(err)}; start one (`ray start --head`) "
                         f"or give its address ({_ADDRESS_HELP})") from None
     return ray
 
@@ -93,7 +93,7 @@ def _require_answer(address: str) -> None:
                         "out --ray") from None
 
 
-def first_line(err: BaseException) -> str:
+def _first_line(err: BaseException) -> str:
     """The first line of Ray's error `err` (its messages run on with tracebacks), for a
     one-line `UserError`."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
@@ -130,19 +130,26 @@ class RayTasks:
 
     def _result(self, ref: object, what: str) -> R:
         """The task's result; its own exception where it raised one, named by `what`."""
-        exceptions = self._ray.exceptions
         with failures_named(what):
-            try:
-                return self._ray.get(ref)
-            except exceptions.RayTaskError as err:
-                if isinstance(err.cause, UserError):
-                    raise err.cause from None
-                raise  # a bug: its message holds the task's traceback
-            except (exceptions.WorkerCrashedError, exceptions.NodeDiedError,
-                    exceptions.ObjectLostError) as err:
-                raise UserError(f"its Ray worker was lost {TASK_RETRIES + 1} times "
-                                f"({first_line(err)}); check the cluster's nodes and "
-                                "memory, then run it again") from None
+            return gathered(ref, f"its Ray worker was lost {TASK_RETRIES + 1} times")
+
+
+def gathered(refs: object, lost: str) -> object:
+    """``ray.get(refs)`` (one reference or a list), where a task or actor method that raised a
+    `UserError` raises it again, as one line, and any other exception keeps the remote
+    traceback (a bug); a worker, actor or node lost is a one-line `UserError` saying `lost`."""
+    ray = ray_module()
+    exceptions = ray.exceptions
+    try:
+        return ray.get(refs)
+    except exceptions.RayTaskError as err:
+        if isinstance(err.cause, UserError):
+            raise err.cause from None
+        raise  # a bug: its message holds the task's traceback
+    except (exceptions.RayActorError, exceptions.WorkerCrashedError, exceptions.NodeDiedError,
+            exceptions.ObjectLostError) as err:
+        raise UserError(f"{lost} ({_first_line(err)}); check the cluster's nodes and memory, "
+                        "then run it again") from None
 
 
 def _in_directory(directory: str, run: Callable[[T], R], item: T) -> R:
