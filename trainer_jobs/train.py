@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -177,11 +178,11 @@ def train(config: TrainConfig) -> int:
     """Run (or resume) the job to `max_steps`; return the process exit code."""
     stop_signal = StopSignal()
     rank, world_size, device = _init_distributed()
-    try:
-        return _run(config, stop_signal, rank, world_size, device)
-    finally:
-        # on the error paths too, so that a failed rank leaves no process group behind
-        dist.destroy_process_group()
+    # A failure propagates with the process group alive: `main` ends the process inside its
+    # handler (`_exit_now`), because tearing a failed run's torch state down can hang.
+    exit_code = _run(config, stop_signal, rank, world_size, device)
+    dist.destroy_process_group()
+    return exit_code
 
 
 def _run(config: TrainConfig, stop_signal: StopSignal, rank: int, world_size: int,
@@ -343,7 +344,11 @@ def _arm_grace_watchdog(grace_s: float, signalled_monotonic: float | None) -> No
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags and train; a user-fixable problem ends in one line on stderr and exit code 2,
-    a peer failure (after the emergency save) in one line and `PEER_FAILURE_EXIT_CODE`."""
+    a peer failure (after the emergency save) in one line and `PEER_FAILURE_EXIT_CODE`.
+
+    A bad flag returns 2. A run that fails once training has begun ends this process on the
+    spot (`_exit_now`): `main` is the job's process, not a library call.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m rlalloc.trainer_jobs.train",
         description="Elastic, checkpointing LM training job.",
@@ -351,13 +356,18 @@ def main(argv: list[str] | None = None) -> int:
                f"refuses to if any of {', '.join(resume_fixed_flags())} differs from it.")
     add_train_arguments(parser)
     try:
-        return train(config_from_args(parser.parse_args(argv)))
+        config = config_from_args(parser.parse_args(argv))
     except UserError as err:
         _last_line(f"trainer: error: {err}")
         return 2
+    try:
+        return train(config)
+    except UserError as err:
+        _last_line(f"trainer: error: {err}")
+        _exit_now(2)
     except PeerFailure as failure:
         _last_line(f"trainer: {failure}")
-        return PEER_FAILURE_EXIT_CODE
+        _exit_now(PEER_FAILURE_EXIT_CODE)
 
 
 def _last_line(text: str) -> None:
@@ -368,15 +378,24 @@ def _last_line(text: str) -> None:
     sys.stderr.flush()
 
 
+def _exit_now(exit_code: int) -> NoReturn:
+    """End the process without tearing torch down.
+
+    A failed or stopped run's teardown is where it goes wrong: freeing a DDP model's gloo
+    process group joins the group's worker threads with the GIL held, and deadlocks when a
+    worker still needs the GIL to free the tensors of the collective just finished (a refused
+    resume hung this way); after a failed async checkpoint, torch's C++ teardown at interpreter
+    exit sometimes aborts ("terminate called without an active exception"), and torchrun then
+    reports -6 instead of our exit code. Everything the run leaves is already written (the run
+    log unbuffered, checkpoints committed or removed), so there is nothing to tear down for.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
 if __name__ == "__main__":
     exit_code = main()
-    if exit_code != 0:
-        # After a failed async checkpoint, torch's C++ teardown at interpreter exit sometimes
-        # aborts ("terminate called without an active exception", SIGABRT) with no Python
-        # thread left, and torchrun then reports -6 instead of our exit code. Everything a
-        # failed run leaves is already written (the run log unbuffered, checkpoints committed
-        # or removed), so skip the teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
+    if exit_code != 0:  # a stop on SIGTERM, its final checkpoint saved
+        _exit_now(exit_code)
     sys.exit(exit_code)
