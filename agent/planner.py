@@ -12,7 +12,8 @@ saved in one policy directory by `rlalloc planner fit`:
   job's remaining work;
 - the history its forks draw future arrivals from: the jobs of past workloads, each at its
   offset from the workload's start, read as a time of day (a workload starts at midnight, as
-  the simulator counts time), with the speed curve a policy sees;
+  the simulator counts time), with the speed curve a policy sees (on a cluster that mixes GPU
+  types, one per type);
 - the horizon and number of draws, and where the draws come from (`PlannerConfig.futures`): past
   days at the same time of day, or an arrivals model fitted on the same history
   (`rlalloc.forecaster.arrivals`, saved as ``arrivals.json``) that conditions the next hour's
@@ -55,7 +56,7 @@ from rlalloc.agent.lookahead import (
 )
 from rlalloc.agent.sized_policy import read_saved_policy
 from rlalloc.env.errors import UserError
-from rlalloc.env.rebuild import SpeedOf, curve_speed, simulator_from_state
+from rlalloc.env.rebuild import SpeedOf, curve_speed, simulator_from_state, typed_speed
 from rlalloc.env.scenario import Scenario
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import ClusterState
@@ -66,13 +67,14 @@ PLANNER_FILE = "planner.json"
 """A saved planner: what it was fitted with, its size table and history (`save_planner`)."""
 ARRIVALS_FILE = "arrivals.json"
 """The arrivals model of a planner whose futures are drawn from one (`ArrivalsModel.to_json`)."""
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FUTURES = ("past-days", "arrivals")
 """Where a planner's sampled futures come from (`PlannerConfig.futures`)."""
 HISTORY_COLUMNS = ("submit_s", "requested_gpus", "min_workers", "max_workers", "work_1gpu_s",
                    "restore_s", "speed_1gpu", "scaling_alpha", "scaling_beta", "gpus_per_worker")
 """One history job per row of a saved planner, in this column order (`min_workers` and
-`max_workers` count workers of `gpus_per_worker` GPUs, `requested_gpus` GPUs)."""
+`max_workers` count workers of `gpus_per_worker` GPUs, `requested_gpus` GPUs). Its curve is
+the reference type's on a mixed cluster, whose curve per type `history_type_curves` saves."""
 
 
 def planning_policy(base: ElasticPolicy, alternatives: Sequence[ElasticPolicy],
@@ -98,6 +100,22 @@ def history_rows(scenario: Scenario) -> list[list[float]]:
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True)]
 
 
+def history_gpu_types(scenario: Scenario) -> tuple[str, ...]:
+    """The GPU types of a mixed cluster `scenario` runs on, in its speeds' order; () on a
+    one-type cluster."""
+    speeds = scenario.speeds
+    return tuple(speeds[0].by_type) if speeds and speeds[0].by_type is not None else ()
+
+
+def history_type_curves(scenario: Scenario) -> list[list[list[float]]]:
+    """Each job's curve ([speed on one GPU, alpha, beta]) on every type of
+    `history_gpu_types` (nothing on a one-type cluster): without them a job drawn into a
+    future would run at one speed on every type."""
+    return [[[one.speed_1gpu, one.scaling_alpha, one.scaling_beta]
+             for one in speed.by_type.values()]
+            for speed in scenario.speeds if speed.by_type is not None]
+
+
 def drawn_from(directory: Path, scenarios: dict[str, Scenario]) -> list[str]:
     """The workloads of `scenarios` (name -> scenario) among the past workloads the planner
     saved in `directory` draws its futures from, by their jobs: evaluated on one of them, its
@@ -109,17 +127,29 @@ def drawn_from(directory: Path, scenarios: dict[str, Scenario]) -> list[str]:
             if json.loads(json.dumps(history_rows(scenario))) in saved]
 
 
-def history_arrivals(rows: Sequence[Sequence[float]],
-                     speed_of: SpeedOf = curve_speed) -> Arrivals:
-    """The inverse of `history_rows`: jobs, and the speed models `speed_of` gives their
-    curves."""
+def history_arrivals(rows: Sequence[Sequence[float]], speed_of: SpeedOf = curve_speed,
+                     gpu_types: Sequence[str] = (),
+                     type_curves: Sequence[Sequence[Sequence[float]]] = ()) -> Arrivals:
+    """The inverse of `history_rows` (and, on a mixed cluster of `gpu_types`, of
+    `history_type_curves`): jobs, and the speed models `speed_of` gives their curves."""
+    if gpu_types and len(type_curves) != len(rows):
+        raise ValueError(f"{len(rows)} jobs, {len(type_curves)} with curves per GPU type")
     jobs, speeds = [], []
     for index, row in enumerate(rows):
         submit, requested, lo, hi, work_s, restore, speed_1gpu, alpha, beta, per_worker = row
         jobs.append(JobSpec(f"job{index}", float(submit), int(requested),
                             float(work_s) * float(speed_1gpu), int(lo), int(hi), float(restore),
                             gpus_per_worker=int(per_worker)))
-        speeds.append(speed_of(float(speed_1gpu), float(alpha), float(beta)))
+        by_type = None
+        if gpu_types:
+            curves = type_curves[index]
+            if len(curves) != len(gpu_types):
+                raise ValueError(f"job {index} has {len(curves)} curves for "
+                                 f"{len(gpu_types)} GPU types")
+            by_type = {gpu_type: (float(s), float(a), float(b))
+                       for gpu_type, (s, a, b) in zip(gpu_types, curves, strict=True)}
+        speeds.append(typed_speed(speed_of, (float(speed_1gpu), float(alpha), float(beta)),
+                                  by_type))
     return tuple(jobs), tuple(speeds)
 
 
@@ -162,7 +192,9 @@ def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
             "format_version": FORMAT_VERSION, **asdict(config), "command": command,
             "profiles": copied, "curves": sizes.to_json(),
             "history_columns": list(HISTORY_COLUMNS),
-            "history": [{"workload": name, "jobs": history_rows(scenario)}
+            "gpu_types": list(_gpu_types_of(history)),
+            "history": [{"workload": name, "jobs": history_rows(scenario),
+                         "type_curves": history_type_curves(scenario)}
                         for name, scenario in history.items()]})
         if arrivals is not None:
             write_json(staging / ARRIVALS_FILE, arrivals.to_json())
@@ -171,6 +203,13 @@ def save_planner(directory: Path, config: PlannerConfig, sizes: JobSizeHistory,
         remove_outputs(directory, [PROFILES_DIR])
     if arrivals is None:  # nor an earlier fit's arrivals model
         remove_outputs(directory, [ARRIVALS_FILE])
+
+
+def _gpu_types_of(history: dict[str, Scenario]) -> tuple[str, ...]:
+    """The one set of GPU types every past workload's cluster has (`history_gpu_types`)."""
+    types = {history_gpu_types(scenario) for scenario in history.values()}
+    assert len(types) == 1, types  # `planner fit` builds them all on its one --cluster
+    return types.pop()
 
 
 def _card(config: PlannerConfig, history: dict[str, Scenario], profiles: list[str],
@@ -217,8 +256,10 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
         models = read_copied_profiles(Path(directory), [str(a) for a in raw["profiles"]],
                                       sizes, "rlalloc planner fit")
         speed_of = profiled_speeds(models)
-        history = _future_source(Path(directory), raw, [history_arrivals(w["jobs"], speed_of)
-                                                        for w in raw["history"]])
+        gpu_types = [str(gpu_type) for gpu_type in raw["gpu_types"]]
+        history = _future_source(Path(directory), raw, [
+            history_arrivals(w["jobs"], speed_of, gpu_types, w["type_curves"])
+            for w in raw["history"]])
     except UserError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:

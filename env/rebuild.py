@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -66,6 +66,21 @@ def curve_speed(speed_1gpu: float, alpha: float, beta: float) -> JobSpeed:
 
 SpeedOf = Callable[[float, float, float], JobSpeed]
 """A job's speed model from its state curve: (speed on one GPU, scaling alpha, beta)."""
+
+Curve = tuple[float, float, float]
+"""A job's speed curve: (speed on one GPU, scaling alpha, beta)."""
+
+
+def typed_speed(speed_of: SpeedOf, curve: Curve,
+                curves_by_type: Mapping[str, Curve] | None = None) -> JobSpeed:
+    """`speed_of` a job's `curve`; on a mixed cluster (`curves_by_type`, its curve on each of
+    the cluster's types), of its curve on every type as well (`JobSpeed.by_type`), `curve`
+    being the reference type's. Without them a job would run at one speed on every type."""
+    speed = speed_of(*curve)
+    if curves_by_type is None:
+        return speed
+    return dataclasses.replace(speed, by_type={
+        gpu_type: speed_of(*one) for gpu_type, one in curves_by_type.items()})
 
 
 def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
@@ -124,16 +139,13 @@ def simulator_from_state(state: ClusterState, remaining_1gpu_s: np.ndarray,
 
 
 def _speed_of_row(state: ClusterState, row: int, speed_of: SpeedOf) -> JobSpeed:
-    """`speed_of` the job's curve; on a mixed cluster, of its curve on every type
-    (`JobSpeed.by_type`), the state's own curve being the reference type's."""
-    jobs = state.jobs
-    speed = speed_of(float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
-                     float(jobs.scaling_beta[row]))
-    table = state.type_speeds
+    """`typed_speed` of the job's curves in `state`."""
+    jobs, table = state.jobs, state.type_speeds
+    curve = (float(jobs.speed_1gpu[row]), float(jobs.scaling_alpha[row]),
+             float(jobs.scaling_beta[row]))
     if table is None:
-        return speed
-    return dataclasses.replace(speed, by_type={
-        gpu_type: speed_of(float(table.speed_1gpu[row, col]),
-                           float(table.scaling_alpha[row, col]),
-                           float(table.scaling_beta[row, col]))
+        return typed_speed(speed_of, curve)
+    return typed_speed(speed_of, curve, {
+        gpu_type: (float(table.speed_1gpu[row, col]), float(table.scaling_alpha[row, col]),
+                   float(table.scaling_beta[row, col]))
         for col, gpu_type in enumerate(table.gpu_types)})

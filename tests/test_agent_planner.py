@@ -29,12 +29,13 @@ from rlalloc.agent.planner import (
     PLANNER_FILE,
     PROFILES_DIR,
     drawn_from,
+    history_arrivals,
     planning_policy,
 )
 from rlalloc.agent.registry import load_policy
 from rlalloc.cli.evaluate import _planner_warnings
 from rlalloc.env.errors import UserError
-from rlalloc.env.rebuild import simulator_from_state
+from rlalloc.env.rebuild import curve_speed, simulator_from_state
 from rlalloc.env.scenario import Scenario, build_scenario
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import Action, ActionKind, ClusterState, Jobs, JobStatus, Nodes
@@ -242,6 +243,7 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
     saved = json.loads((out / PLANNER_FILE).read_text())
     assert saved["samples"] == 2 and saved["horizon_s"] == 1800.0
     assert [len(w["jobs"]) for w in saved["history"]] == [160, 160]
+    assert saved["gpu_types"] == [] and not any(w["type_curves"] for w in saved["history"])
     assert "workload-2.csv" in (out / "card.md").read_text()
     assert saved["profiles"] and sorted(p.name for p in (out / PROFILES_DIR).iterdir()
                                         if p.is_dir()) == saved["profiles"]
@@ -404,3 +406,29 @@ def test_a_running_job_at_progress_one_is_rebuilt_finishing_not_as_zero_work():
         rebuilt = copy.state().jobs.progress
         assert np.isfinite(rebuilt).all() and rebuilt[0] >= 1.0 - 1e-6
         assert math.isfinite(cost_to_go(copy, base))
+
+
+@needs_pollux
+def test_a_planner_fitted_on_a_mixed_cluster_draws_jobs_at_their_speed_on_each_type(tmp_path):
+    """A job drawn into a future runs on each GPU type at its own speed there, as the history
+    workload ran it, not at the reference type's speed on every type."""
+    out, cluster = tmp_path / "planner", "16x4:T4+16x4:A100"
+    workloads = [str(POLLUX / f"workload-{i}.csv") for i in (1, 2)]
+    proc = _cli("planner", "fit", "--workload", workloads[0], "--workload", workloads[1],
+                "--cluster", cluster, "--samples", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((out / PLANNER_FILE).read_text())
+    assert saved["gpu_types"] == ["T4", "A100"]
+    for entry, workload in zip(saved["history"], workloads, strict=True):
+        truth = build_scenario(workload, cluster).speeds
+        _, speeds = history_arrivals(entry["jobs"], curve_speed, saved["gpu_types"],
+                                     entry["type_curves"])
+        for speed, exact in zip(speeds, truth, strict=True):
+            for gpu_type in ("T4", "A100"):
+                assert speed.on_type(gpu_type).speed_1gpu == pytest.approx(
+                    exact.on_type(gpu_type).speed_1gpu)
+    planner = load_policy(str(out))
+    ratios = {round(speed.on_type("A100").iterations_per_s((1,))
+                    / speed.on_type("T4").iterations_per_s((1,)), 6)
+              for _, speeds in planner.history.draw(3 * 3600.0) for speed in speeds}
+    assert len(ratios) > 1 and min(ratios) > 1.0  # per application, faster on the A100
