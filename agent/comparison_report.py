@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from rlalloc.agent.comparison_plots import PAIRED_PLOT, write_plots
 from rlalloc.agent.comparison_stats import LOWER_IS_BETTER, NEGLIGIBLE_BASE, percent_change
+from rlalloc.agent.evaluation import DECISIONS_PER_FACTOR
 from rlalloc.env.cluster import cluster_markdown
 from rlalloc.env.metrics import METRIC_KEYS
 from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
@@ -108,8 +109,8 @@ def workload_table(paired: dict) -> str | None:
                   "so there is no % change to take."]
     if any(change["runs_unfinished"] for change in cells):
         lines += ["", "unfinished: runs of the policy or the reference stopped at the time "
-                  "limit; their avg JCT is a lower bound (each unfinished job at its time in the "
-                  "system so far), so the % is not to be trusted."]
+                  "limit or given up; their avg JCT is a lower bound (each unfinished job at its "
+                  "time in the system so far), so the % is not to be trusted."]
     return "\n".join(lines)
 
 
@@ -222,13 +223,15 @@ def write_report(report: dict, results: dict[RunSpec, dict], names: dict[str, st
 
 def runs_table(results: dict[RunSpec, dict], names: dict[str, str]) -> str:
     """runs.csv: one row per run (policy label, workload, seed, whether every job finished,
-    every metric), so that a comparison can be cut by workload or seed, which the means of
-    results.json hide (one workload's loss inside an average gain, say)."""
+    whether the run was given up, every metric), so that a comparison can be cut by workload or
+    seed, which the means of results.json hide (one workload's loss inside an average gain,
+    say)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["policy", "workload", "seed", "finished", *METRIC_KEYS])
+    writer.writerow(["policy", "workload", "seed", "finished", "given_up", *METRIC_KEYS])
     for spec, result in results.items():
         writer.writerow([names[spec.policy], spec.workload, spec.seed, result["finished"],
+                         bool(result.get("given_up")),
                          *(result["metrics"][key] for key in METRIC_KEYS)])
     return buffer.getvalue()
 
@@ -265,9 +268,15 @@ def results_markdown(report: dict, with_paired: bool) -> str:
     for warning in report.get("warnings") or []:
         md += [f"**Warning:** {warning}", ""]
     if unfinished:
-        md += [f"Runs stopped at the time limit with jobs unfinished: {unfinished} (their "
-               "JCTs and queueing count each unfinished job at its time in the system so far, "
-               "a lower bound; no ✓ and no run counted better for them).", ""]
+        md += [f"Runs stopped with jobs unfinished: {unfinished} (their JCTs and queueing "
+               "count each unfinished job at its time in the system so far, a lower bound; no "
+               "✓ and no run counted better for them).", ""]
+    given_up = {k: v for k, v in report.get("runs_given_up", {}).items() if v}
+    if given_up:
+        md += [f"Of those, given up before the time limit: {given_up}: past "
+               f"{report['give_up_factor']:g} x static's average or longest JCT on the same "
+               f"workload and seed, or {DECISIONS_PER_FACTOR:g} x that many times its decision "
+               "points (`--give-up-factor`).", ""]
     paired_png = f", {PAIRED_PLOT}" if with_paired else ""
     md.append(f"Each run's metrics: {RUNS_CSV}. "
               f"Plots: jct_cdf.png, gpu_util.png, queue_length.png{paired_png}.")

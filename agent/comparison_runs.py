@@ -1,17 +1,26 @@
 """The runs of a policy comparison (`rlalloc evaluate`): what each is (`RunSpec`: a policy on a
 workload with a seed) and one run in a worker process (`run_one`), whose result row holds its
-metrics, JCTs, down-sampled series and a lookahead policy's decision counts.
+metrics, JCTs, down-sampled series, whether it was given up and a lookahead policy's decision
+counts.
+
+A run is given up once it is hopeless next to `static` on the same workload and seed
+(`rlalloc.agent.evaluation.give_up_after`): a policy that restarts a job at every decision
+moves the clock by little more than its restores and would otherwise run for hours before the
+time limit stopped it.
 
 A --policies entry may name an efficiency mode of its own, ``NAME@MODE`` (`policy_and_mode`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rlalloc.agent.evaluation import GIVE_UP_FACTOR
 from rlalloc.env.efficiency import EFFICIENCY_MODES
 from rlalloc.env.errors import UserError
+from rlalloc.env.simulator import GiveUp, Simulator
 from rlalloc.forecaster.signals import default_signals
 
 _SERIES_POINTS = 400
@@ -27,6 +36,9 @@ class RunSpec:
     cluster: str
     failures_per_gpu_day: float
     efficiency: str = "none"
+    give_up_factor: float = GIVE_UP_FACTOR
+    """The run is given up past this many times static's run of the same scenario
+    (`rlalloc.agent.evaluation.give_up_after`; 0: never)."""
 
     def described(self) -> str:
         """The run as an error names it."""
@@ -34,29 +46,53 @@ class RunSpec:
 
 
 def run_one(spec: RunSpec) -> dict:
-    """Worker: run one simulation and return its metrics, JCTs, down-sampled series and, for a
-    lookahead policy, its decision counts (`lookahead_counts`; None otherwise). The policy is
-    loaded afresh per run, so the counts are this run's. Torch, where the policy loads it, runs
-    on one thread: in a worker and in the --jobs 1 main process alike, so that both give the
-    same numbers."""
+    """Worker: run one simulation and return its metrics, JCTs, down-sampled series, whether it
+    was given up (`give_up_factor`) and, for a lookahead policy, its decision counts
+    (`lookahead_counts`; None otherwise). The policy is loaded afresh per run, so the counts are
+    this run's. Torch, where the policy loads it, runs on one thread: in a worker and in the
+    --jobs 1 main process alike, so that both give the same numbers."""
     from rlalloc.agent.evaluation import lookahead_counts, run_policy
     from rlalloc.agent.registry import load_policy
-    from rlalloc.env.failures import FailureParams
-    from rlalloc.env.params import SimParams
-    from rlalloc.env.scenario import build_scenario
+    from rlalloc.env.simulator import time_limit_s
     from rlalloc.env.workers import torch_on_one_thread
 
-    params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
     policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
-    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=efficiency,
-                              signals=default_signals())
     loaded = load_policy(policy)
     torch_on_one_thread()
-    result = run_policy(scenario.simulator(params, seed=spec.seed), loaded.act)
+    sim = _simulator(spec, efficiency)
+    give_up = _give_up(replace(spec, policy="static"), efficiency)
+    result = run_policy(sim, loaded.act, give_up=give_up)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
+            "given_up": not result.finished and sim.time_s <= time_limit_s(sim),
             "series": series, "lookahead": lookahead_counts(loaded)}
+
+
+def _simulator(spec: RunSpec, efficiency: str) -> Simulator:
+    """A fresh simulator of the run's scenario under `efficiency`."""
+    from rlalloc.env.failures import FailureParams
+    from rlalloc.env.params import SimParams
+    from rlalloc.env.scenario import build_scenario
+
+    params = SimParams(failures=FailureParams(failures_per_gpu_day=spec.failures_per_gpu_day))
+    scenario = build_scenario(spec.workload, spec.cluster, seed=spec.seed, efficiency=efficiency,
+                              signals=default_signals())
+    return scenario.simulator(params, seed=spec.seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _give_up(static: RunSpec, efficiency: str) -> GiveUp:
+    """When a run of the scenario of `static` (a run's spec, its policy static) is given up:
+    `give_up_after` static's run of it. Memoised, so a worker runs static once per workload and
+    seed for all the policies it runs there."""
+    from rlalloc.agent.evaluation import give_up_after, run_policy
+    from rlalloc.agent.registry import load_policy
+
+    if not static.give_up_factor:
+        return GiveUp()
+    return give_up_after(run_policy(_simulator(static, efficiency), load_policy("static").act),
+                         static.give_up_factor)
 
 
 def policy_and_mode(entry: str, default: str) -> tuple[str, str]:

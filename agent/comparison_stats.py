@@ -55,6 +55,7 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
     """The results.json document (its ``lookahead``: `lookahead_totals`)."""
     policies: dict[str, dict] = {}
     unfinished: dict[str, int] = {}
+    given_up: dict[str, int] = {}
     repeated = repeated_runs(results)
     counted = distinct_runs(results, repeated)
     for policy, name in names.items():
@@ -63,9 +64,11 @@ def summarise(results: dict[RunSpec, dict], names: dict[str, str], workloads: li
                                           [r["copies"] for r in runs])
                           for key in METRIC_KEYS}
         unfinished[name] = sum(not r["finished"] for r in runs)
+        given_up[name] = sum(bool(r.get("given_up")) for r in runs)
     return {"policies": policies, "sources": {name: entry for entry, name in names.items()},
             "workloads": workloads, "seeds": seeds, "cluster": cluster, "failures": failures,
             "efficiency": efficiency, "runs_unfinished": unfinished,
+            "runs_given_up": given_up,
             "seeds_repeat": {name: [w for w in workloads if (policy, w) in repeated]
                              for policy, name in names.items()
                              if any(owner == policy for owner, _ in repeated)},

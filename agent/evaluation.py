@@ -29,6 +29,27 @@ class RunResult:
     """Decision points the run took (`Simulator.decisions`)."""
 
 
+GIVE_UP_FACTOR = 3.0
+"""By default a run is given up past this many times `static`'s run of the same scenario
+(`give_up_after`): training's periodic evaluations and `rlalloc evaluate` alike."""
+DECISIONS_PER_FACTOR = 10
+"""A run is given up after this many times the give-up factor x static's decision points: the
+heuristics take about as many as static, while a policy that restarts jobs at every decision
+(a badly cloned DQN greedy over valid actions) moves the clock too little to reach the bounds
+in time soon (docs/experiments/2026-11-27-dqn-double-masked-margin.md, "Noticed")."""
+
+
+def give_up_after(static: RunResult, factor: float) -> GiveUp:
+    """When a run of the scenario `static` ran is hopeless: once its average JCT is sure to
+    exceed `factor` x static's, a job has been in the system `factor` x static's longest JCT,
+    or it has taken `DECISIONS_PER_FACTOR` x `factor` x static's decision points. Never for a
+    factor of 0, or where static itself left jobs unfinished."""
+    if not factor or not static.finished or not static.jcts_s:
+        return GiveUp()
+    return GiveUp(factor * static.metrics["avg_jct_s"], factor * max(static.jcts_s),
+                  DECISIONS_PER_FACTOR * factor * static.decisions)
+
+
 def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
                on_progress: Callable[[int], None] | None = None,
                give_up: GiveUp = GiveUp()) -> RunResult:

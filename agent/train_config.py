@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlalloc.agent.evaluation import GIVE_UP_FACTOR
 from rlalloc.agent.job_sizes import JobSizeHistory
 from rlalloc.agent.registry import load_policy
 from rlalloc.agent.residual import residual_teachers
@@ -94,7 +95,7 @@ class TrainConfig:
     evaluation; `--resume` needs only the newest, and the best policy is exported apart."""
     eval_workloads: tuple[str, ...] = ()
     """Workloads of the periodic evaluation (default: the first two training workloads)."""
-    give_up_factor: float = 3.0
+    give_up_factor: float = GIVE_UP_FACTOR
     """A periodic evaluation's run is given up (counted as unfinished) once its average JCT is
     sure to exceed this many times `static`'s on the workload, or a job has waited this many
     times static's longest JCT (`give_up_bounds`; 0: never). A random start ran every

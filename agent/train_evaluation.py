@@ -7,18 +7,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlalloc.agent.evaluation import RunResult, run_policy
+from rlalloc.agent.evaluation import RunResult, give_up_after, run_policy
 from rlalloc.agent.registry import load_policy
 from rlalloc.agent.train_config import TrainConfig
 from rlalloc.env.scenario import build_scenario
 from rlalloc.env.simulator import GiveUp
 from rlalloc.forecaster.signals import default_signals
-
-DECISIONS_PER_FACTOR = 10
-"""A periodic evaluation is given up after this many times `give_up_factor` x static's decision
-points: the heuristics take about as many as static, while a badly cloned DQN, greedy over
-valid actions, restarts jobs at every decision and moves the clock too little to reach the
-bounds in time soon (docs/experiments/2026-11-27-dqn-double-masked-margin.md, "Noticed")."""
 
 
 def evaluate_jct(policy: Callable, config: TrainConfig, workloads: tuple[str, ...],
@@ -46,14 +40,11 @@ def _runs(policy: Callable, config: TrainConfig, workloads: tuple[str, ...], see
 
 def give_up_bounds(config: TrainConfig, workloads: tuple[str, ...],
                    on_progress: Callable[[int], None] | None = None) -> dict[str, GiveUp]:
-    """Per workload, when `evaluate_jct` gives a run up: `config.give_up_factor` x `static`'s
-    average and longest JCT, and `DECISIONS_PER_FACTOR` x that factor x static's decision
-    points (no bound where static leaves jobs unfinished, or for a factor of 0)."""
+    """Per workload, when `evaluate_jct` gives a run up: `give_up_after` static's run there,
+    with `config.give_up_factor`."""
     factor = config.give_up_factor
     if not factor:  # no static runs for bounds never used
         return dict.fromkeys(workloads, GiveUp())
-    return {workload: GiveUp(factor * static.metrics["avg_jct_s"], factor * max(static.jcts_s),
-                             DECISIONS_PER_FACTOR * factor * static.decisions)
-            if static.finished else GiveUp()
+    return {workload: give_up_after(static, factor)
             for workload, static in _runs(load_policy("static").act, config, workloads,
                                           on_progress=on_progress).items()}

@@ -36,6 +36,7 @@ from rlalloc.env.failures import FailureParams
 from rlalloc.env.metrics import METRIC_KEYS
 from rlalloc.env.params import SimParams
 from rlalloc.env.scenario import build_scenario
+from rlalloc.env.state import Action, ActionKind, ClusterState, JobStatus
 
 EVALUATE = ["evaluate", "--cluster", "2x4", "--seeds", "2", "--jobs", "1", "--failures", "none",
             "--policies", "static,elastic"]
@@ -472,3 +473,60 @@ def test_paired_lost_gpu_hours_and_ettr_say_which_side_is_better():
     assert lost_change["mean"] == pytest.approx(-75.0)  # only seed 0: 0.5 GPU-h is negligible
     assert lost_change["better_runs"] == 2  # fewer GPU-hours lost on both runs
     assert paired["policies"]["proactive"]["ettr"]["better_runs"] == 1
+
+
+class _Restarter:
+    """First come first served, but at every decision point it first suspends a running job,
+    which it then starts again: the clock moves by little more than the restores and no job
+    ever finishes (the shipped DQN did this on the LLM fleet, restarting one job for ever)."""
+
+    name = "restarter"
+
+    def __init__(self) -> None:
+        self._static = registry.load_policy("static")
+        self._last_s: float | None = None
+
+    def act(self, state: ClusterState) -> Action:
+        if state.time_s != self._last_s:
+            self._last_s = state.time_s
+            running = np.flatnonzero(state.jobs.status == JobStatus.RUNNING)
+            if len(running):
+                return Action(ActionKind.SCALE, str(state.jobs.job_id[running[0]]))
+        return self._static.act(state)
+
+
+def test_a_run_that_restarts_a_job_at_every_decision_is_given_up(tmp_path, monkeypatch,
+                                                                  capsys):
+    """Without the bounds such a run goes on to the time limit; with them it ends once it is
+    hopeless next to static (here by its jobs' time in the system, before 10 x 3 times
+    static's decision points), reported as given up."""
+    load_policy = registry.load_policy
+    monkeypatch.setattr(registry, "load_policy", lambda name: _Restarter()
+                        if name == "restarter" else load_policy(name))
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--workload", TINY_WORKLOAD, "--cluster", "1x4", "--seeds", "1",
+                 "--jobs", "1", "--failures", "none", "--policies", "static,restarter",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["runs_unfinished"] == {"static": 0, "restarter": 1}
+    assert report["runs_given_up"] == {"static": 0, "restarter": 1}
+    assert report["give_up_factor"] == 3.0
+    static = run_policy(build_scenario(TINY_WORKLOAD, "1x4").simulator(
+        SimParams(failures=FailureParams(failures_per_gpu_day=0.0))), load_policy("static").act)
+    restarts = report["policies"]["restarter"]["restarts_per_job"]["mean"] * 12
+    assert static.decisions < restarts <= 10 * 3 * static.decisions
+    runs = (out / "runs.csv").read_text().splitlines()
+    assert runs[0].startswith("policy,workload,seed,finished,given_up,")
+    assert runs[2].startswith(f"restarter,{TINY_WORKLOAD},0,False,True,")
+    assert "Of those, given up before the time limit: {'restarter': 1}: past 3 x static's" in (
+        out / "results.md").read_text()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("factor", ["0.5", "-1", "inf"])
+def test_a_give_up_factor_that_would_give_up_runs_by_accident_is_refused(factor, tmp_path,
+                                                                          capsys):
+    assert main([*EVALUATE, "--give-up-factor", factor, "--out", str(tmp_path / "eval")]) == 2
+    assert not (tmp_path / "eval").exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --give-up-factor: " in err

@@ -50,6 +50,14 @@ def within(low: float, high: float, kind: Callable[[str], float] = float,
                     f"must be within [{_plain(low)}, {_plain(high)}]")
 
 
+def zero_or_at_least(minimum: float, kind: Callable[[str], float] = float,
+                     ) -> Callable[[str], float]:
+    """A flag type: a number of `kind`, finite, either 0 (the bound it sets is off) or >=
+    `minimum`."""
+    return _bounded(kind, lambda value: value == 0 or value >= minimum,
+                    f"must be 0 (off) or at least {minimum:g}")
+
+
 def _plain(number: float) -> str:
     """A bound as a user types it: 1000000, not 1e+06."""
     return str(int(number)) if float(number).is_integer() else f"{number:g}"

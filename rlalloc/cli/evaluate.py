@@ -14,8 +14,11 @@ used (`rlalloc.env.cluster.cluster_record`; null for NODESxGPUS), and results.md
 the means still weigh every (workload, seed) alike (`confidence`), and results.md says so
 under its table. Its ``lookahead`` gives each lookahead policy's (a planner's, `rlalloc planner
 fit`) contested decisions and deviations from its base, summed over its runs
-(`lookahead_totals`; results.md has a line per such policy). All of these files replace
-an earlier run's together or not at all (`write_report`).
+(`lookahead_totals`; results.md has a line per such policy). Its ``runs_unfinished`` and
+``runs_given_up`` count, per policy, the runs that ended with jobs unfinished and those of them
+given up as hopeless next to static (``--give-up-factor``, saved as ``give_up_factor``), which
+runs.csv marks run by run. All of these files replace an earlier run's together or not at all
+(`write_report`).
 
 Both also hold a *paired* comparison against a reference policy (``--reference``): each run's
 change against the reference's run on the same workload and seed. Workloads differ far more
@@ -43,7 +46,14 @@ from pathlib import Path
 from rlalloc.agent.comparison_report import OUTPUT_FILES, RUNS_CSV, write_report
 from rlalloc.agent.comparison_runs import RunSpec, policy_and_mode, run_one
 from rlalloc.agent.comparison_stats import paired_changes, summarise
-from rlalloc.cli.argtypes import POSITIVE_INT, AppendOnce, add_out_flags, unique_names
+from rlalloc.agent.evaluation import DECISIONS_PER_FACTOR, GIVE_UP_FACTOR
+from rlalloc.cli.argtypes import (
+    POSITIVE_INT,
+    AppendOnce,
+    add_out_flags,
+    unique_names,
+    zero_or_at_least,
+)
 from rlalloc.env.cluster import add_cluster_flag, cluster_record
 from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
@@ -78,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy of --policies every other is compared with run by run, "
                              "as given there or by its label in results.md (default: static if "
                              "listed, else the first)")
+    parser.add_argument("--give-up-factor", type=zero_or_at_least(1.0),
+                        default=GIVE_UP_FACTOR, metavar="F",
+                        help="give a run up, as unfinished, once it is sure to exceed F x "
+                             "static's average JCT on the same workload and seed, a job has "
+                             "waited F x static's longest JCT, or it has taken "
+                             f"{DECISIONS_PER_FACTOR} x F x static's decision points; 0: run to "
+                             "the time limit (default: %(default)s)")
     parser.add_argument("--jobs", type=POSITIVE_INT, default=min(2, os.cpu_count() or 1),
                         help="parallel worker processes")
     add_ray_flag(parser, "the runs")
@@ -137,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     # run leaves no new directory behind
     with out_dir_for_run(args.out, list(OUTPUT_FILES), args.force):
         seeds = list(range(args.seeds))
-        specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency) for p in policies
-                 for w in workloads for s in seeds]
+        specs = [RunSpec(p, w, s, args.cluster, rate, args.efficiency, args.give_up_factor)
+                 for p in policies for w in workloads for s in seeds]
         results: dict[RunSpec, dict] = {}
         with tqdm(total=len(specs), desc="evaluate", unit="run") as bar:
             runs = executor.map(run_one, specs, describe=RunSpec.described)
@@ -148,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         report = summarise(results, names, workloads, seeds, args.cluster, args.failures,
                            args.efficiency)
         report["cluster_file"] = cluster_file
+        report["give_up_factor"] = args.give_up_factor
         report["warnings"] = warnings
         report["paired"] = paired_changes(results, names, reference)
         write_report(report, results, names, args.out, reference)
