@@ -25,15 +25,19 @@ from actuator_fixtures import (
     job,
     needs_prometheus,
     start_quiet_twin,
+    start_scraped_twin,
     twin_config,
     wait_until,
 )
 
 pytestmark = [needs_prometheus, pytest.mark.expensive]
 
-SPEED = 20.0
-"""Twin clock speed-up: slow enough that the actuator's cycles keep up on a loaded 2-core machine
-(at 60x the sim clock outran the cycles when other jobs shared the CPU), yet a short test."""
+SPEED = 80.0
+"""Twin clock speed-up: the actuator's cycles and Prometheus's scrapes (a quarter second each)
+keep up on a loaded 2-core machine (at 60x with cycles and scrapes of a second, the simulated
+clock outran the cycles when other jobs shared the CPU), yet a short test."""
+FAILOVER_SPEED = 2 * SPEED
+"""Speed-up of the twin in the failover test: its 1,600 simulated seconds in ten of wall time."""
 
 
 def _replicas(twin: object, name: str) -> int:
@@ -72,12 +76,10 @@ def test_scales_up_when_gpus_free_and_down_when_the_queue_grows(tmp_path):
     # 16 GPUs. "a" arrives alone: started, then grown to its maximum of 8 while GPUs are free.
     # At t=600 s, "b" (8) and "c" (6..8) arrive: b takes the 8 free GPUs, c cannot start, so the
     # policy shrinks "a" to its minimum and c starts on the 7 GPUs that frees.
-    twin = start_quiet_twin([job("a", 0, 4, 1, 8), job("b", 600, 8, 8, 8),
-                             job("c", 600, 8, 6, 8)], speed=SPEED)
-    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    twin, prometheus = start_scraped_twin(tmp_path, [job("a", 0, 4, 1, 8), job("b", 600, 8, 8, 8),
+                                                     job("c", 600, 8, 6, 8)], SPEED)
     stop = threading.Event()
     try:
-        prometheus.wait_for("rlalloc_twin_clock_seconds")
         ctl = controller(tmp_path, twin, twin_config(SPEED, prometheus.url), TinyElastic())
         thread = _run(ctl, stop)
         assert wait_until(lambda: _replicas(twin, "a") == 8, 90), "a was not grown to 8"
@@ -106,13 +108,11 @@ def test_xid_errors_drain_the_node_before_it_fails(tmp_path):
     # One 4-worker job packs onto node-0000. Once it runs there, the node starts reporting XID
     # errors and fails 1,400 simulated seconds later. The actuator must cordon the node and move
     # the job before the failure (the twin records which jobs a failure hits).
-    speed = 2 * SPEED
-    twin = start_quiet_twin([job("a", 0, 4, 4, 4)], speed=speed)
-    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    twin, prometheus = start_scraped_twin(tmp_path, [job("a", 0, 4, 4, 4)], FAILOVER_SPEED)
     stop = threading.Event()
     try:
-        prometheus.wait_for("rlalloc_twin_clock_seconds")
-        ctl = controller(tmp_path, twin, twin_config(speed, prometheus.url), TinyElastic())
+        ctl = controller(tmp_path, twin, twin_config(FAILOVER_SPEED, prometheus.url),
+                         TinyElastic())
         thread = _run(ctl, stop)
         assert wait_until(lambda: _worker_nodes(twin, "a") == ["node-0000"] * 4, 10)
         now = twin.call(lambda: twin.twin.sim.time_s)

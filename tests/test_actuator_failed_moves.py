@@ -54,13 +54,13 @@ from rlalloc.env.state import (
 )
 
 from actuator_fixtures import (
-    PrometheusServer,
+    CYCLE_S,
     Scripted,
     TinyElastic,
     controller,
     job,
     needs_prometheus,
-    start_quiet_twin,
+    start_scraped_twin,
     twin_config,
 )
 
@@ -267,8 +267,9 @@ def test_a_refusal_carries_the_api_servers_own_message():
 
 
 # ------------------------------------------------------------- the run, against the twin
-SPEED = 30.0
-"""Twin clock speed-up: 30 simulated seconds a cycle of one wall second."""
+CYCLE_SIM_S = 30.0
+"""Simulated seconds a cycle: the twin runs at `SPEED` x real time, a cycle every `CYCLE_S`."""
+SPEED = CYCLE_SIM_S / CYCLE_S
 
 
 def _pods(twin: object, name: str) -> list[dict]:
@@ -282,14 +283,14 @@ def _nodes_of(twin: object, name: str) -> list[str]:
 
 
 def _cycles_until(ctl: object, reports: list, done: object, limit: int) -> bool:
-    """Cycles of `ctl`, one a wall second (their reports appended to `reports`), until `done()`
-    holds; whether it did within `limit` cycles."""
+    """Cycles of `ctl`, one every `CYCLE_S` of wall time (their reports appended to `reports`),
+    until `done()` holds; whether it did within `limit` cycles."""
     for _ in range(limit):
         started = time.monotonic()
         reports.append(ctl.run_cycle())
         if done():
             return True
-        time.sleep(max(1.0 - (time.monotonic() - started), 0.0))
+        time.sleep(max(CYCLE_S - (time.monotonic() - started), 0.0))
     return False
 
 
@@ -337,10 +338,8 @@ def test_a_failover_whose_pod_deletions_are_forbidden_is_bounded_and_completes_o
     # `max_move_failures` tries. One-GPU jobs keep arriving meanwhile.
     failures = 3
     arrivals = [job(f"c{i}", 150.0 * (i + 1), 1, 1, 1) for i in range(6)]
-    twin = start_quiet_twin([job("j", 0, 4, 4, 4), *arrivals], speed=SPEED)
-    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    twin, prometheus = start_scraped_twin(tmp_path, [job("j", 0, 4, 4, 4), *arrivals], SPEED)
     try:
-        prometheus.wait_for("rlalloc_twin_clock_seconds")
         config = twin_config(SPEED, prometheus.url, move_backoff_s=120.0,
                              move_backoff_max_s=480.0, max_move_failures=failures,
                              max_disruptions_per_hour=2)
@@ -428,10 +427,8 @@ def test_a_failover_refused_until_the_permission_returns_completes_at_its_next_t
     back, and the next try, one backoff later, completes the failover, counted once against
     the budget; the job is never marked."""
     refused = 2
-    twin = start_quiet_twin([job("j", 0, 4, 4, 4)], speed=SPEED)
-    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    twin, prometheus = start_scraped_twin(tmp_path, [job("j", 0, 4, 4, 4)], SPEED)
     try:
-        prometheus.wait_for("rlalloc_twin_clock_seconds")
         config = twin_config(SPEED, prometheus.url, move_backoff_s=60.0,
                              move_backoff_max_s=120.0, max_move_failures=5,
                              max_disruptions_per_hour=2)
@@ -462,7 +459,7 @@ def test_a_failover_refused_until_the_permission_returns_completes_at_its_next_t
         assert len(failed) == refused
         # the permission came back with the last refusal: the next try is due one backoff
         # (at most 120 simulated s, 4 cycles of 30 s) later, and it completes the move
-        assert len(reports) - 1 - failed[-1] <= 120.0 / SPEED + 2
+        assert len(reports) - 1 - failed[-1] <= 120.0 / CYCLE_SIM_S + 2
         done = _job(twin, "j")
         annotations = done["metadata"]["annotations"]
         assert HELD_ANNOTATION not in annotations

@@ -45,7 +45,6 @@ from rlalloc.env.state import (
 )
 
 from actuator_fixtures import (
-    PrometheusServer,
     Scripted,
     TinyElastic,
     controller,
@@ -54,7 +53,7 @@ from actuator_fixtures import (
     quiet_params,
     scenario,
     served_state,
-    start_quiet_twin,
+    start_scraped_twin,
     state_controller,
     twin_config,
     wait_until,
@@ -301,8 +300,8 @@ def test_the_twin_serves_jobs_of_multi_gpu_workers():
     assert "nodeName" not in api.get(PODS, "default", "a-worker-2")["spec"]
 
 
-SPEED = 20.0
-"""As test_actuator_e2e's: a twin clock the actuator's cycles keep up with on 2 cores."""
+SPEED = 160.0
+"""As test_actuator_e2e's failover: a twin clock the actuator's cycles keep up with on 2 cores."""
 
 
 @needs_prometheus
@@ -311,17 +310,15 @@ def test_a_job_of_8_gpu_workers_is_grown_and_failed_over_against_the_twin(tmp_pa
     """Through a real Prometheus: a job of 8-GPU workers on 3 x 8 GPUs is started on one
     worker, grown to two (one a node), and, when one of its nodes warns, moved whole to the
     free node before that one fails."""
-    twin = start_quiet_twin([job("a", 0, 8, 1, 2, gpus_per_worker=8)], speed=2 * SPEED,
-                            nodes=3, gpus=8)
-    prometheus = PrometheusServer(tmp_path, f"127.0.0.1:{twin.metrics_port}").start()
+    twin, prometheus = start_scraped_twin(tmp_path, [job("a", 0, 8, 1, 2, gpus_per_worker=8)],
+                                          SPEED, nodes=3, gpus=8)
     stop = threading.Event()
 
     def placement() -> tuple[int, ...]:
         return twin.call(lambda: twin.twin.sim.state().jobs.placement[0])
 
     try:
-        prometheus.wait_for("rlalloc_twin_clock_seconds")
-        ctl = controller(tmp_path, twin, twin_config(2 * SPEED, prometheus.url), TinyElastic())
+        ctl = controller(tmp_path, twin, twin_config(SPEED, prometheus.url), TinyElastic())
         thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
         thread.start()
         assert wait_until(lambda: placement() == (0, 1), 60), placement()
