@@ -53,19 +53,17 @@ def run_one(spec: RunSpec) -> dict:
     --jobs 1 main process alike, so that both give the same numbers."""
     from rlalloc.agent.evaluation import lookahead_counts, run_policy
     from rlalloc.agent.registry import load_policy
-    from rlalloc.env.simulator import time_limit_s
     from rlalloc.env.workers import torch_on_one_thread
 
     policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
     loaded = load_policy(policy)
     torch_on_one_thread()
-    sim = _simulator(spec, efficiency)
-    give_up = _give_up(replace(spec, policy="static"), efficiency)
-    result = run_policy(sim, loaded.act, give_up=give_up)
+    result = run_policy(_simulator(spec, efficiency), loaded.act,
+                        give_up=_give_up(replace(spec, policy="static"), efficiency))
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
-            "given_up": not result.finished and sim.time_s <= time_limit_s(sim),
+            "given_up": result.given_up,
             "series": series, "lookahead": lookahead_counts(loaded)}
 
 

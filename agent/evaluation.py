@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlalloc.env.simulator import GiveUp, Simulator
+from rlalloc.env.simulator import GiveUp, Simulator, time_limit_s
 from rlalloc.env.state import ClusterState
 
 Decide = Callable[[ClusterState], object]
@@ -27,6 +27,8 @@ class RunResult:
     jcts_s: list[float]
     decisions: int
     """Decision points the run took (`Simulator.decisions`)."""
+    given_up: bool = False
+    """Whether it stopped unfinished on its `GiveUp`, before the time limit."""
 
 
 GIVE_UP_FACTOR = 3.0
@@ -56,10 +58,12 @@ def run_policy(sim: Simulator, decide: Decide, limit_s: float | None = None,
     """Run `decide` (a `Policy.act`) on `sim` with `Simulator.run` (until all jobs finish,
     `limit_s` passes, default `time_limit_s`, or `give_up` says to stop) and summarise the
     run."""
-    finished = sim.run(decide, on_progress, limit_s, give_up)
+    limit = time_limit_s(sim) if limit_s is None else limit_s
+    finished = sim.run(decide, on_progress, limit, give_up)
     metrics = {k: float(v) for k, v in sim.accounting.summary().items()}
     return RunResult(metrics, finished, sim.accounting.series,
-                     sim.accounting.finished_jcts_s().tolist(), sim.decisions)
+                     sim.accounting.finished_jcts_s().tolist(), sim.decisions,
+                     given_up=not finished and sim.time_s <= limit)
 
 
 def lookahead_counts(policy: object) -> dict[str, int] | None:
