@@ -60,6 +60,9 @@ from rlalloc.agent.type_plans import (
 from rlalloc.env.placement import job_gpu_type
 from rlalloc.env.state import Action, ClusterState, JobStatus
 
+ROUNDING_DECIMALS = 2
+"""Sia rounds each configuration's powered goodput to two decimals."""
+
 
 @dataclass(frozen=True, slots=True)
 class SiaConfig:
@@ -152,8 +155,18 @@ class SiaPolicy:
         penalised = np.where(configs.current, configs.goodput, configs.goodput * factor)
         with np.errstate(divide="ignore"):
             powered = np.power(penalised, cfg.p)
-        powered = np.round(np.minimum(powered, cfg.goodput_clip), 2)
-        return (powered - cfg.lambda_n) * (1.0 if cfg.p < 0 else -1.0)
+        powered = np.round(np.minimum(powered, cfg.goodput_clip), ROUNDING_DECIMALS)
+        cost = (powered - cfg.lambda_n) * (1.0 if cfg.p < 0 else -1.0)
+        return cost - keep_bonus(state.jobs.count) * configs.current
+
+
+def keep_bonus(jobs: int) -> float:
+    """What keeping a job's current configuration takes off its cost: a tie-break. Rounded to
+    two decimals (as Sia rounds them), many configurations cost the same, and among tied optima
+    HiGHS's choice changes from round to round, which swapped running and waiting jobs of one
+    application every round. Below half a rounding step over all jobs together, so it never
+    outweighs a difference the rounded costs make."""
+    return 10.0 ** -ROUNDING_DECIMALS / (2.0 * max(jobs, 1))
 
 
 def realloc_factors(state: ClusterState) -> np.ndarray:

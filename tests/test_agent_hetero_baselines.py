@@ -363,3 +363,17 @@ def test_a_residual_teacher_that_remembers_starts_each_episode_afresh():
         first = used.step(used.featurizer.follow_index)[0]
         expected = fresh.step(fresh.featurizer.follow_index)[0]
         np.testing.assert_array_equal(first, expected)
+
+
+def test_sia_keeps_running_jobs_where_waiting_ones_tie_with_them():
+    """Eight identical one-GPU jobs, four GPUs: every way of running four of them costs the
+    same once rounded, so the program's tie-break decides. Sia keeps the four that run where
+    they are (`keep_bonus`); without it HiGHS swapped running and waiting jobs round after
+    round (10 restarts per job on a light Sia-style workload)."""
+    running = [job(f"r{i}", R, placement=(i % 2,), submit_s=5_000.0 + i) for i in range(4)]
+    waiting = [job(f"w{i}", submit_s=9_000.0 + i) for i in range(4)]
+    for order in (running + waiting, waiting + running):
+        state = mixed_state(order, [(1.0, 1.0)] * 8, gpus=2)
+        plan = SiaPolicy().plan(state)
+        assert {j for j, (_, workers) in plan.items() if workers} == {f"r{i}" for i in range(4)}
+        assert all(plan[f"r{i}"] == (("T4", "A100")[i % 2], 1) for i in range(4))
