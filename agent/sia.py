@@ -28,8 +28,9 @@ x[j, c]::
 with G' the penalised goodput, p = -0.5 (Sia's default; p < 0 leans to fairness, and with it
 the objective is minimised; p > 0 is maximised with lambda_n < 0), lambda_n = 1.1 (a job left
 waiting costs more than any allocation, whose G ** p <= 1) and clip = 3,000. A job given no
-configuration waits. The plan is kept until the round ends, a job arrives or a type's room
-changes (a job that leaves only frees its share for the next round: `plan_holds`);
+configuration waits. Among tied optima the program keeps jobs where they run (`keep_bonus`).
+The plan is kept until the round ends, a job arrives or a type's room changes (a job that
+leaves only frees its share for the next round: `plan_holds`);
 `rlalloc.agent.type_plans.next_action` moves the cluster to it one action per call.
 
 Simplifications (docs/agent.md, "Clusters of several GPU types"): goodput is throughput on
@@ -149,7 +150,8 @@ class SiaPolicy:
     def _costs(self, state: ClusterState, configs: Configurations) -> np.ndarray:
         """Each configuration's term of the minimised objective: its penalised goodput to
         the power p, clipped and rounded as Sia does, less lambda_n (the constant
-        lambda_n * jobs dropped); negated when p > 0 (maximised)."""
+        lambda_n * jobs dropped); negated when p > 0 (maximised); a job's current configuration
+        less `keep_bonus`."""
         cfg = self.config
         factor = realloc_factors(state)[configs.row]
         penalised = np.where(configs.current, configs.goodput, configs.goodput * factor)
