@@ -77,7 +77,7 @@ class PeriodicEvaluation:
             export_model(model, config.algo, self.spec, self.out, residual=config.residual,
                          sizes=self.sizes, profiles=self.profiles)
         self.log(f"step {step}: avg JCT {jct_text(jct_json(jct))} on "
-                 f"{len(self.eval_workloads)} training workload(s) "
+                 f"{len(self.eval_workloads)} evaluation workload(s) "
                  f"(best {jct_text(jct_json(self.best))})")
         # at its own step, now: SB3 dumps at rollout or episode ends, by which time a later
         # evaluation may have replaced it (DQN), and never after the last step

@@ -89,7 +89,7 @@ class TrainConfig:
     dagger_rounds: int = 2
     """Rounds of DAgger after cloning: the student drives, the teacher labels."""
     eval_every: int = 20_000
-    """Environment steps between evaluations on the training workloads."""
+    """Environment steps between evaluations on `eval_workloads`."""
     keep_checkpoints: int = 0
     """Periodic checkpoints kept, the newest ones (0: all). Each is ~2 MB, one per
     evaluation; `--resume` needs only the newest, and the best policy is exported apart."""

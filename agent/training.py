@@ -2,7 +2,7 @@
 
 Recipe (docs/agent.md): behaviour-clone the best heuristic into the policy (and fit the critic
 to its returns), then fine-tune with RL at a small learning rate, keeping the deployed export
-of whichever policy scored best on the training workloads during the periodic evaluations.
+of whichever policy scored best in the periodic evaluations (`eval_workloads`).
 With `residual` set the heuristics are instead extra actions of the policy
 (`rlalloc.agent.residual`): the actor is initialised to follow the first, only the critic is
 fitted to its returns, and RL learns where to deviate (a DQN's Q-values are fitted to those

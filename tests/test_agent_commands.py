@@ -140,7 +140,7 @@ def test_a_run_whose_evaluations_never_finish_exports_nothing_and_says_so(tmp_pa
     logged: list[str] = []
     with pytest.raises(UserError, match="no evaluation finished every job"):
         train(CONFIG, tmp_path, log=logged.append)
-    assert "step 0: avg JCT unfinished on 1 training workload(s) (best unfinished)" in logged
+    assert "step 0: avg JCT unfinished on 1 evaluation workload(s) (best unfinished)" in logged
     assert not (tmp_path / "policy.json").exists()
     card = json.loads((tmp_path / "card.json").read_text(),
                       parse_constant=lambda name: pytest.fail(f"card.json holds {name}"))
