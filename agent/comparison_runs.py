@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlalloc.agent.evaluation import GIVE_UP_FACTOR
+from rlalloc.agent.evaluation import GIVE_UP_FACTOR, RunResult
 from rlalloc.env.efficiency import EFFICIENCY_MODES
 from rlalloc.env.errors import UserError
 from rlalloc.env.simulator import GiveUp, Simulator
@@ -51,20 +51,25 @@ def run_one(spec: RunSpec) -> dict:
     (`lookahead_counts`; None otherwise). The policy is loaded afresh per run, so the counts are
     this run's. Torch, where the policy loads it, runs on one thread: in a worker and in the
     --jobs 1 main process alike, so that both give the same numbers."""
-    from rlalloc.agent.evaluation import lookahead_counts, run_policy
+    from rlalloc.agent.evaluation import give_up_after, lookahead_counts, run_policy
     from rlalloc.agent.registry import load_policy
     from rlalloc.env.workers import torch_on_one_thread
 
     policy, efficiency = policy_and_mode(spec.policy, spec.efficiency)
-    loaded = load_policy(policy)
-    torch_on_one_thread()
-    result = run_policy(_simulator(spec, efficiency), loaded.act,
-                        give_up=_give_up(replace(spec, policy="static"), efficiency))
+    static = replace(spec, policy="static", give_up_factor=0.0)
+    if policy == "static":  # its own bounds never stop it: the run the bounds came from
+        result, counts = _static_run(static, efficiency), None
+    else:
+        loaded = load_policy(policy)
+        torch_on_one_thread()
+        give_up = (give_up_after(_static_run(static, efficiency), spec.give_up_factor)
+                   if spec.give_up_factor else GiveUp())
+        result = run_policy(_simulator(spec, efficiency), loaded.act, give_up=give_up)
+        counts = lookahead_counts(loaded)
     step = max(1, len(result.series["t"]) // _SERIES_POINTS)
     series = {k: v[::step] for k, v in result.series.items()}
     return {"metrics": result.metrics, "finished": result.finished, "jcts_s": result.jcts_s,
-            "given_up": result.given_up,
-            "series": series, "lookahead": lookahead_counts(loaded)}
+            "given_up": result.given_up, "series": series, "lookahead": counts}
 
 
 def _simulator(spec: RunSpec, efficiency: str) -> Simulator:
@@ -80,17 +85,14 @@ def _simulator(spec: RunSpec, efficiency: str) -> Simulator:
 
 
 @functools.lru_cache(maxsize=64)
-def _give_up(static: RunSpec, efficiency: str) -> GiveUp:
-    """When a run of the scenario of `static` (a run's spec, its policy static) is given up:
-    `give_up_after` static's run of it. Memoised, so a worker runs static once per workload and
-    seed for all the policies it runs there."""
-    from rlalloc.agent.evaluation import give_up_after, run_policy
+def _static_run(static: RunSpec, efficiency: str) -> RunResult:
+    """`static`'s run of a scenario (`static`: a run's spec, its policy static, no give-up),
+    which gives the other policies' bounds there (`give_up_after`). Memoised, so a worker runs
+    static once per workload and seed, for its own row and every other policy's bounds."""
+    from rlalloc.agent.evaluation import run_policy
     from rlalloc.agent.registry import load_policy
 
-    if not static.give_up_factor:
-        return GiveUp()
-    return give_up_after(run_policy(_simulator(static, efficiency), load_policy("static").act),
-                         static.give_up_factor)
+    return run_policy(_simulator(static, efficiency), load_policy("static").act)
 
 
 def policy_and_mode(entry: str, default: str) -> tuple[str, str]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from rlalloc.agent import registry
+from rlalloc.agent import comparison_runs, registry
 from rlalloc.agent.comparison_plots import (
     PAIRED_MIN_SPAN_PCT,
     PAIRED_PLOT,
@@ -499,14 +499,21 @@ def test_a_run_that_restarts_a_job_at_every_decision_is_given_up(tmp_path, monke
                                                                   capsys):
     """Without the bounds such a run goes on to the time limit; with them it ends once it is
     hopeless next to static (here by its jobs' time in the system, before 10 x 3 times
-    static's decision points), reported as given up."""
+    static's decision points), reported as given up. Static's own row and the bounds are one
+    run of it."""
     load_policy = registry.load_policy
     monkeypatch.setattr(registry, "load_policy", lambda name: _Restarter()
                         if name == "restarter" else load_policy(name))
+    simulator, simulated = comparison_runs._simulator, []
+    monkeypatch.setattr(comparison_runs, "_simulator",
+                        lambda spec, efficiency: simulated.append(spec.policy)
+                        or simulator(spec, efficiency))
+    comparison_runs._static_run.cache_clear()
     out = tmp_path / "eval"
     assert main(["evaluate", "--workload", TINY_WORKLOAD, "--cluster", "1x4", "--seeds", "1",
                  "--jobs", "1", "--failures", "none", "--policies", "static,restarter",
                  "--out", str(out)]) == 0
+    assert sorted(simulated) == ["restarter", "static"]
     report = json.loads((out / "results.json").read_text())
     assert report["runs_unfinished"] == {"static": 0, "restarter": 1}
     assert report["runs_given_up"] == {"static": 0, "restarter": 1}
