@@ -1,4 +1,5 @@
-"""What a training run does while RL steps: periodic checkpoints and evaluations, step discounts."""
+"""What a training run does while RL steps: periodic checkpoints and evaluations, step discounts;
+and the timer `rlalloc bench rollouts` stops `learn` with after one rollout."""
 
 from __future__ import annotations
 
@@ -117,3 +118,25 @@ def discount_callbacks(config: TrainConfig) -> list:
         return []
     from rlalloc.agent.smdp import RecordDiscounts
     return [RecordDiscounts()]
+
+
+class RolloutTimer(BaseCallback):
+    """When `learn`'s first rollout starts (after its set-up, which resets the environments)
+    and when its `n_steps`-th vector step is taken; it then stops `learn`, before any update:
+    SB3's own rollout collection, timed through its public callback hooks."""
+
+    def __init__(self, n_steps: int) -> None:
+        super().__init__()
+        self.n_steps = n_steps
+        self.steps = 0
+        self.started = self.ended = math.nan
+
+    def _on_rollout_start(self) -> None:
+        self.started = time.perf_counter()
+
+    def _on_step(self) -> bool:
+        self.steps += 1
+        if self.steps < self.n_steps:
+            return True
+        self.ended = time.perf_counter()
+        return False

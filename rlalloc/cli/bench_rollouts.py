@@ -64,6 +64,7 @@ def bench_rollouts(config: TrainConfig, backend: str, steps: int) -> dict:
     import torch
     from stable_baselines3.common.vec_env import VecMonitor
 
+    from rlalloc.agent.callbacks import RolloutTimer
     from rlalloc.agent.sb3_models import build_model
     from rlalloc.agent.training_env import training_env_fns
 
@@ -74,13 +75,10 @@ def bench_rollouts(config: TrainConfig, backend: str, steps: int) -> dict:
     vec_env = _vec_env(backend, training_env_fns(config))
     try:
         model = build_model(config, VecMonitor(vec_env))
-        # `learn`'s set-up (it resets the environments) without its updates
-        _, callback = model._setup_learn(n_steps * config.n_envs)
-        callback.on_training_start(locals(), globals())
-        start_s = time.perf_counter() - started
-        started = time.perf_counter()
-        model.collect_rollouts(model.env, callback, model.rollout_buffer, n_steps)
-        rollout_s = time.perf_counter() - started
+        timer = RolloutTimer(n_steps)
+        model.learn(n_steps * config.n_envs, callback=timer)
+        start_s = timer.started - started
+        rollout_s = timer.ended - timer.started
         started = time.perf_counter()
         for _ in range(ROUND_TRIPS):
             vec_env.get_attr("render_mode")
