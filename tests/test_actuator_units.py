@@ -858,7 +858,7 @@ def test_the_twins_api_keeps_only_its_latest_requests():
 def test_the_ray_cluster_runs_the_ray_of_its_image_and_shares_one_volume():
     root = Path(__file__).resolve().parents[1] / "actuator" / "raycluster"
     claim, cluster = yaml.safe_load_all((root / "raycluster.yaml").read_text())
-    pinned = re.search(r"ARG RAY_VERSION=(\S+)", (root / "Dockerfile").read_text())[1]
+    pinned = re.search(r"ARG RAY_VERSION=(\S+)", (root.parents[1] / "Dockerfile").read_text())[1]
     assert cluster["kind"] == "RayCluster" and cluster["spec"]["rayVersion"] == pinned
     # a driver installed with the [ray] extra can match it (`ray.init` refuses another Ray)
     extra = tomllib.loads((root.parents[1] / "pyproject.toml").read_text())["project"][

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCKERFILES = [REPO / "actuator" / "Dockerfile", REPO / "trainer_jobs" / "Dockerfile"]
+DOCKERFILE = REPO / "Dockerfile"
+IMAGES = {"actuator": "actuator", "trainer-jobs": "trainer", "ray": "train,ray"}
+"""Each image's build target in `DOCKERFILE` and the extras it installs rlalloc with."""
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 EXTRAS_ONLY = ("stable_baselines3", "sb3_contrib", "tensorboard", "statsmodels", "kubernetes",
                "prometheus_api_client", "prometheus_client", "jsonschema", "kmock", "aiohttp")
@@ -30,9 +32,22 @@ def _instructions(dockerfile: Path) -> list[tuple[str, list[str]]]:
     return [(line.split()[0].upper(), line.split()[1:]) for line in joined.splitlines() if line]
 
 
+def _stages(dockerfile: Path) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each build stage's instructions by its name, with those of the stage it starts from
+    (``FROM <stage> AS <name>``) first."""
+    stages: dict[str, list[tuple[str, list[str]]]] = {}
+    current: list[tuple[str, list[str]]] = []
+    for name, args in _instructions(dockerfile):
+        if name == "FROM":
+            current = list(stages.get(args[0], []))
+            stages[args[-1]] = current
+        current.append((name, args))
+    return stages
+
+
 def _copied_sources(dockerfile: Path) -> list[str]:
     """What the wheel stage copies from the build context (the repository root)."""
-    return [arg for name, args in _instructions(dockerfile)
+    return [arg for name, args in _stages(dockerfile)["wheel"]
             if name == "COPY" and not any(a.startswith("--from") for a in args)
             for arg in args[:-1]]
 
@@ -61,19 +76,24 @@ def test_the_missing_extra_error_names_the_extra_that_lists_the_package():
     assert {words for words, _, _ in COMMANDS} >= set(COMMAND_EXTRAS)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_each_image_installs_the_wheel_of_what_it_copies(dockerfile):
-    instructions = _instructions(dockerfile)
-    sources = _copied_sources(dockerfile)
+def test_the_wheel_stage_copies_the_whole_package():
+    sources = _copied_sources(DOCKERFILE)
     for source in sources:
         assert (REPO / source).exists(), f"COPY {source}: not in the repository"
     # every folder the package maps is copied, so the wheel is the whole package
     assert set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()) <= set(sources)
+    runs = [" ".join(args) for name, args in _stages(DOCKERFILE)["wheel"] if name == "RUN"]
+    assert runs == ["pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ."]
+
+
+@pytest.mark.parametrize("target", IMAGES)
+def test_each_image_installs_the_wheel_with_its_extras(target):
+    instructions = _stages(DOCKERFILE)[target]
+    assert ("COPY", ["--from=wheel", "/wheels", "/wheels"]) in instructions
     pin = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
     runs = " ".join(" ".join(args) for name, args in instructions if name == "RUN")
     assert re.findall(r"torch==\S+", runs) == [pin]
-    extra = {"actuator": "actuator", "trainer_jobs": "trainer"}[dockerfile.parent.name]
-    assert "pip wheel" in runs and re.search(rf"rlalloc-\*\.whl\)?\[{extra}\]", runs)
+    assert re.search(rf"rlalloc-\*\.whl\)?\[{IMAGES[target]}\]", runs)
     assert not re.search(r"pip install (-e|--editable)\b", runs)
     assert not [args for name, args in instructions
                 if name == "ENV" and any("PYTHONPATH" in a for a in args)]
@@ -84,7 +104,7 @@ def test_each_image_installs_the_wheel_of_what_it_copies(dockerfile):
 def wheel(tmp_path_factory) -> Path:
     """The wheel built as the images build it, from what they copy."""
     source = tmp_path_factory.mktemp("context")
-    for name in _copied_sources(DOCKERFILES[0]):
+    for name in _copied_sources(DOCKERFILE):
         path = REPO / name
         if path.is_dir():
             shutil.copytree(path, source / name,
