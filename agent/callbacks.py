@@ -1,5 +1,5 @@
 """What a training run does while RL steps: periodic checkpoints and evaluations, step discounts;
-and the timer `rlalloc bench rollouts` stops `learn` with after one rollout."""
+and the timer with which `rlalloc bench rollouts` stops `learn` after one rollout."""
 
 from __future__ import annotations
 
