@@ -51,6 +51,7 @@ def builtin_names() -> tuple[str, ...]:
 
 
 def elastic_names() -> tuple[str, ...]:
-    """The built-in heuristics that are `ElasticPolicy`s: only they estimate job sizes, so only
-    they can be told them (`rlalloc.agent.job_sizes.told_sizes`)."""
+    """The built-in heuristics that are `ElasticPolicy`s: they estimate job sizes, so they can be
+    told them (`rlalloc.agent.job_sizes.told_sizes`, which takes `sia` too), and a planner
+    rebuilds its forks from the sizes they believe (`rlalloc.agent.planner`)."""
     return tuple(name for name, make in HEURISTICS.items() if isinstance(make(), ElasticPolicy))

@@ -9,9 +9,10 @@ The curve is what a policy sees of a job's application and batch size; in the Po
 workloads those fix a job's size, so the history predicts it exactly for every curve it has
 seen. `rlalloc headroom --sizes learned` measures what that is worth.
 
-`told_sizes` gives an elastic heuristic the table; `rlalloc sizes fit` saves the two as a
-policy directory (`rlalloc.agent.sized_policy`). A job whose curve the history lacks keeps the
-estimate from progress.
+`told_sizes` gives an elastic heuristic, or `sia`, the table; `rlalloc sizes fit` saves the two
+as a policy directory (`rlalloc.agent.sized_policy`). A job whose curve the history lacks keeps
+the elastic heuristics' estimate from progress; `sia` ranks it as the median known job
+(`rlalloc.agent.sia.size_weights`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import numpy as np
 
 from rlalloc.agent.catalogue import HEURISTICS, elastic_names
 from rlalloc.agent.heuristics import ElasticPolicy, curve_speedups
+from rlalloc.agent.policy import Policy
+from rlalloc.agent.sia import SiaPolicy
 from rlalloc.env.errors import UserError
 from rlalloc.env.state import ClusterState
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     from rlalloc.agent.heuristics import RemainingWork, Speedups
     from rlalloc.env.scenario import Scenario
 
+SIA = "sia"
+"""The one heuristic besides the elastic ones that can be told job sizes."""
 CurveKey = tuple[float, float, float]
 """A job's speed curve, rounded so that jobs sharing a profile share a key."""
 JobKind = tuple[str, int]
@@ -123,14 +128,17 @@ def learn_sizes(scenarios: Sequence[Scenario], source: str) -> JobSizeHistory:
 
 
 def told_sizes(base: str, remaining_work: RemainingWork | None, name: str,
-               speedups: Speedups | None = None) -> ElasticPolicy:
-    """The elastic heuristic `base` (by name) told jobs' remaining work by `remaining_work`
-    (None: only check that `base` is one that uses sizes) and, with `speedups`, their
-    speed-ups (`rlalloc.agent.job_speeds`); a one-line `UserError` naming `base` and the
-    heuristics it may be when it does not estimate sizes (static, tiresias, a learned policy, a
-    saved model's path or an unknown name)."""
+               speedups: Speedups | None = None) -> Policy:
+    """The heuristic `base` (by name: an elastic one, or `sia`) told jobs' remaining work by
+    `remaining_work` (None: only check that `base` is one that uses sizes) and, for an elastic
+    one, with `speedups`, their speed-ups (`rlalloc.agent.job_speeds`; `sia` plans on each GPU
+    type's speeds in the state); a one-line `UserError` naming `base` and the heuristics it may
+    be when it does not estimate sizes (static, tiresias, gavel, a learned policy, a saved
+    model's path or an unknown name)."""
+    if base == SIA:
+        return SiaPolicy(remaining_work=remaining_work, name=name)
     if base not in elastic_names():
         raise UserError(f"{base} does not estimate job sizes; use one of the elastic heuristics "
-                        f"{', '.join(elastic_names())}")
+                        f"{', '.join(elastic_names())} or {SIA}")
     return ElasticPolicy(HEURISTICS[base]().config, name, remaining_work,
                          speedups or curve_speedups)

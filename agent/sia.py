@@ -33,6 +33,15 @@ The plan is kept until the round ends, a job arrives or a type's room changes (a
 leaves only frees its share for the next round: `plan_holds`);
 `rlalloc.agent.type_plans.next_action` moves the cluster to it one action per call.
 
+Told job sizes (`rlalloc sizes fit --base sia`, `rlalloc train --residual sia --learn-sizes`),
+each job's term is weighted by its rank in predicted remaining work (`size_weights`): the
+shortest job's term counts fully, the longest's 1 / jobs. Sia's objective shares GPUs for
+fairness and never looks at sizes; for the mean JCT, the optimal allocation of parallelisable
+work with sublinear speed-ups gives shorter jobs larger shares by their order alone (heSRPT,
+Berg et al., "heSRPT: Parallel scheduling to minimize mean slowdown", Performance 2020), which
+the weights bring into the same program. No job is weighted to zero, so none is left waiting
+where it fits; a job the size table does not know ranks as the median known one.
+
 Simplifications (docs/agent.md, "Clusters of several GPU types"): goodput is throughput on
 the state's scaling curve (the state carries no statistical efficiency, so no batch-size
 tuning); a job's current configuration is kept as an option even where it is not in Sia's set
@@ -44,10 +53,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
+from scipy.stats import rankdata
 
 from rlalloc.agent.type_plans import (
     Plan,
@@ -60,6 +71,9 @@ from rlalloc.agent.type_plans import (
 )
 from rlalloc.env.placement import job_gpu_type
 from rlalloc.env.state import Action, ClusterState, JobStatus
+
+if TYPE_CHECKING:
+    from rlalloc.agent.heuristics import RemainingWork
 
 ROUNDING_DECIMALS = 2
 """Sia rounds each configuration's powered goodput to two decimals."""
@@ -81,6 +95,9 @@ class SiaConfig:
     """Cap on a configuration's powered goodput (``sia_goodput_clip_val``)."""
     mip_rel_gap: float = 1e-4
     """Relative optimality gap the solver stops at (``sia_solver_thresh``)."""
+    size_exponent: float = 1.0
+    """Told job sizes only: the power of each job's rank weight (`size_weights`), chosen on
+    the validation workloads of Sia's cluster (docs/experiments/2026-11-27-sia-cluster.md)."""
 
     def __post_init__(self) -> None:
         assert self.p != 0.0, "Sia's p must not be 0"
@@ -105,11 +122,15 @@ class Configurations:
 class SiaPolicy:
     """Sia's goodput-optimised integer program per round (module docstring)."""
 
-    name = "sia"
     remembers = True
 
-    def __init__(self, config: SiaConfig | None = None) -> None:
+    def __init__(self, config: SiaConfig | None = None,
+                 remaining_work: RemainingWork | None = None, name: str = "sia") -> None:
+        """`remaining_work`: predicted job sizes (`rlalloc.agent.job_sizes`) that weight each
+        job's term by its rank (module docstring); None: Sia's program as published."""
         self.config = config or SiaConfig()
+        self.remaining_work = remaining_work
+        self.name = name
         self._key: object = None
         self._next_solve_s = -math.inf
         self._plan: Plan = {}
@@ -159,7 +180,23 @@ class SiaPolicy:
             powered = np.power(penalised, cfg.p)
         powered = np.round(np.minimum(powered, cfg.goodput_clip), ROUNDING_DECIMALS)
         cost = (powered - cfg.lambda_n) * (1.0 if cfg.p < 0 else -1.0)
+        if self.remaining_work is not None:
+            rows = np.arange(state.jobs.count)
+            cost = cost * size_weights(self.remaining_work(state, rows),
+                                       cfg.size_exponent)[configs.row]
         return cost - keep_bonus(state.jobs.count) * configs.current
+
+
+def size_weights(remaining: np.ndarray, exponent: float) -> np.ndarray:
+    """Per job, (1 - (rank - 1) / jobs) ** `exponent`, rank 1 the least `remaining` work (tied
+    jobs share their mean rank); a NaN (size unknown) ranks as the median known size, and with
+    none known every weight is 1 (Sia's program as published)."""
+    known = ~np.isnan(remaining)
+    if not known.any():
+        return np.ones(len(remaining))
+    filled = np.where(known, remaining, np.median(remaining[known]))
+    ranks = rankdata(filled, method="average")
+    return (1.0 - (ranks - 1.0) / len(filled)) ** exponent
 
 
 def keep_bonus(jobs: int) -> float:

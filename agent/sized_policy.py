@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
+from rlalloc.agent.job_sizes import SIA, JobSizeHistory, told_sizes
 from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     copy_profiles,
@@ -50,18 +50,24 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
                                           "fitted_on": list(fitted_on), "cluster": cluster,
                                           "cluster_file": cluster_file, "profiles": copied,
                                           "curves": sizes.to_json()})
-        speeds = (f"Its speed-ups are the measured profiles of {', '.join(copied)} "
+        speeds = ("It plans on each GPU type's speeds in the state." if base == SIA else
+                  f"Its speed-ups are the measured profiles of {', '.join(copied)} "
                   f"({PROFILES_DIR}/, `agent/job_speeds.py`) for the jobs of those kinds, the "
                   "state's fitted curve for others." if copied else
                   "Its speed-ups are the state's fitted curve (`--speeds curves`, or no "
                   "profiles found).")
+        told = ("Sia's integer program with each job's term weighted by its rank in remaining "
+                "work (`agent/sia.py`, `size_weights`), taken from the median size of past jobs "
+                "with the same speed curve (`agent/job_sizes.py`). A job runs on the curve of "
+                "its application and batch size; jobs of a kind not below rank as the median "
+                "known job." if base == SIA else
+                f"The heuristic `{base}` with each job's remaining work taken from the median "
+                "size of past jobs with the same speed curve (`agent/job_sizes.py`), where it "
+                "would otherwise extrapolate it from progress. A job runs on the curve of its "
+                "application and batch size; jobs of a kind not below keep the estimate.")
         write_atomic(staging / "card.md", "\n".join([
-            f"# `{base}`, told job sizes and speeds from history", "",
-            f"The heuristic `{base}` with each job's remaining work taken from the median size "
-            "of past jobs with the same speed curve (`agent/job_sizes.py`), where it would "
-            "otherwise extrapolate it from progress. A job runs on the curve of its "
-            "application and batch size; jobs of a kind not below keep the estimate. (The "
-            f"curves themselves are in {SIZES_FILE}.) {speeds}", "",
+            f"# `{base}`, told job sizes{'' if base == SIA else ' and speeds'} from history", "",
+            f"{told} (The curves themselves are in {SIZES_FILE}.) {speeds}", "",
             f"Fitted on {len(fitted_on)} workload(s): {', '.join(fitted_on)}; cluster "
             f"{cluster}{shape}.", "",
             f"Command: `{command}`", "",

@@ -34,6 +34,7 @@ from rlalloc.agent.checkpoints import (
 )
 from rlalloc.agent.deployed import RETRAIN_TOLD, load_deployed
 from rlalloc.agent.distill import load_recordings
+from rlalloc.agent.heuristics import ElasticPolicy
 from rlalloc.agent.job_speeds import PROFILES_DIR, read_copied_profiles, speedups_of
 from rlalloc.agent.model_card import (
     CARD_FILE,
@@ -161,9 +162,10 @@ def train(config: TrainConfig, out: Path, resume: bool = False, force: bool = Fa
         summary["best_avg_jct_s"] = jct_json(evaluate.best)
         summary["exported_timesteps"] = exported_step(summary["evaluations"])
         summary["heuristic_avg_jct_s"] = {}
-        told_what = "sizes learned" + (", speeds profiled" if speedups else "")
+        # sia plans on the state's speeds per type: it is told sizes only
         told = () if sizes is None else tuple(
-            (f"{t.name}, {told_what}", t)
+            (f"{t.name}, sizes learned"
+             + (", speeds profiled" if speedups and isinstance(t, ElasticPolicy) else ""), t)
             for t in residual_teachers(config.residual, sizes, speedups))
         plain = dict.fromkeys((*config.residual, config.warm_start or "elastic", "static"))
         for name, policy in (*told, *((n, load_policy(n)) for n in plain)):

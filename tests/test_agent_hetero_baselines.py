@@ -5,18 +5,30 @@ failure and finish every job."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from rlalloc.agent.gavel import GavelConfig, GavelPolicy, max_min_allocation
+from rlalloc.agent.heuristics import ElasticPolicy
+from rlalloc.agent.job_sizes import JobSizeHistory, curve_key
 from rlalloc.agent.registry import load_policy
-from rlalloc.agent.sia import SiaPolicy, realloc_factors, sia_configurations, sia_gpu_counts
+from rlalloc.agent.residual import residual_teachers
+from rlalloc.agent.sia import (
+    SiaPolicy,
+    realloc_factors,
+    sia_configurations,
+    sia_gpu_counts,
+    size_weights,
+)
 from rlalloc.agent.type_plans import Plan, TypeTable, next_action, round_solve_s
 from rlalloc.env.cluster import parse_cluster
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.params import SimParams
 from rlalloc.env.profiles import cached_profiles, default_profiles_root
-from rlalloc.env.scenario import Scenario, job_speeds
+from rlalloc.env.scenario import Scenario, build_scenario, job_speeds
 from rlalloc.env.state import (
     NOOP,
     Action,
@@ -377,3 +389,88 @@ def test_sia_keeps_running_jobs_where_waiting_ones_tie_with_them():
         plan = SiaPolicy().plan(state)
         assert {j for j, (_, workers) in plan.items() if workers} == {f"r{i}" for i in range(4)}
         assert all(plan[f"r{i}"] == (("T4", "A100")[i % 2], 1) for i in range(4))
+
+
+# ------------------------------------------------------------------------- sia told job sizes
+def told(left: dict[str, float]) -> SiaPolicy:
+    """`sia` told each job's remaining work by name (NaN: a job the table does not know)."""
+    return SiaPolicy(remaining_work=lambda state, rows: np.array(
+        [left.get(state.jobs.job_id[row], np.nan) for row in rows.tolist()]))
+
+
+def test_sia_told_sizes_gives_the_a100_to_the_job_with_less_work_left():
+    """Two jobs alike but in size, one 4-GPU T4 node and one 4-GPU A100 node (3x a T4): each
+    takes a whole node, and which takes the A100 is all the program decides. Weighted by
+    rank in remaining work (1 and 1/2), the A100 (cost -0.81 against the T4's -0.60) goes to
+    the shorter job, whichever it is and in whichever order the jobs come."""
+    jobs = [job("a", high=4), job("b", high=4)]
+    for order in (jobs, jobs[::-1]):
+        state = mixed_state(order, [(1.0, 3.0)] * 2, gpus=4)
+        for short, long in (("a", "b"), ("b", "a")):
+            plan = told({short: 600.0, long: 60_000.0}).plan(state)
+            assert plan == {short: ("A100", 4), long: ("T4", 4)}
+
+
+def test_sia_told_no_size_it_knows_plans_as_sia_does():
+    """With every size unknown, every weight is 1: the plans are Sia's own, in the hand-made
+    states above."""
+    states = [mixed_state([job("a"), job("b")], [(1.0, 10.0), (1.0, 0.8)]),
+              mixed_state([job("a", high=4), job("b", high=4)], [(1.0, 3.0)] * 2, gpus=4),
+              mixed_state([job(f"r{i}", R, placement=(i % 2,)) for i in range(4)]
+                          + [job(f"w{i}") for i in range(4)], [(1.0, 1.0)] * 8, gpus=2)]
+    for state in states:
+        assert told({}).plan(state) == SiaPolicy().plan(state)
+
+
+def test_size_weights_rank_shortest_first_and_fill_unknown_sizes_with_the_median():
+    weights = size_weights(np.array([30.0, 10.0, 20.0, 20.0]), 1.0)
+    np.testing.assert_allclose(weights, [0.25, 1.0, 0.625, 0.625])  # tied jobs share a rank
+    np.testing.assert_allclose(size_weights(np.array([5.0, np.nan, 1.0]), 2.0),
+                               [(1 / 3) ** 2, (2 / 3) ** 2, 1.0])
+    np.testing.assert_array_equal(size_weights(np.full(3, np.nan), 1.0), np.ones(3))
+
+
+def test_sizes_fit_base_sia_saves_a_sia_that_runs_every_job(tmp_path):
+    """`rlalloc sizes fit --base sia` on a past workload with named applications: the saved
+    policy loads by path as a sia told that workload's sizes, and runs it on a mixed cluster
+    to the end, every state valid."""
+    trace = tmp_path / "past.csv"
+    trace.write_text("job_id,submit_s,num_gpus,duration_s,application,batch_size\n"
+                     "a,0,1,600,cifar10,128\nb,60,2,3600,bert,12\nc,120,1,1800,ncf,256\n"
+                     "d,180,2,900,cifar10,128\n")
+    out = tmp_path / "sia-sized"
+    proc = subprocess.run([sys.executable, "-m", "rlalloc.cli.main", "sizes", "fit",
+                           "--workload", str(trace), "--cluster", MIXED_CLUSTER, "--base", "sia",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    policy = load_policy(str(out))
+    assert isinstance(policy, SiaPolicy) and policy.name == "sia-sized"
+    scenario = build_scenario(str(trace), MIXED_CLUSTER)
+    sim = scenario.simulator(NO_FAILURES, seed=0)
+    sizes_seen = []
+
+    def decide(state: ClusterState) -> Action:
+        check_invariants(state)
+        sizes_seen.append(policy.remaining_work(state, np.arange(state.jobs.count)))
+        return policy.act(state)
+
+    assert sim.run(decide) and sim.accounting.jobs_completed == 4
+    assert all(np.isfinite(sizes).all() for sizes in sizes_seen if len(sizes))
+
+
+def test_a_residual_sia_teacher_is_told_the_learnt_sizes():
+    """`train --residual sia,... --learn-sizes`: the sia teacher plans with the table's sizes
+    (the A100 to the job of the smaller kind, where sia told nothing gives it to the other);
+    the elastic teacher is told them as before."""
+    state = mixed_state([job("a", high=4), job("b", high=4)], [(1.0, 3.0)] * 2, gpus=4)
+    kinds = {"a": (1.0, 0.0, 0.0), "b": (1.0, 0.1, 0.0)}  # two kinds of job, by speed curve
+    state = ClusterState(state.time_s, state.nodes, Jobs.from_records(
+        [job(name, high=4, speed_1gpu=speed, scaling_alpha=alpha, scaling_beta=beta)
+         for name, (speed, alpha, beta) in kinds.items()]), Demand(),
+        type_speeds=state.type_speeds)
+    sizes = JobSizeHistory({curve_key(*kinds["a"]): 500.0, curve_key(*kinds["b"]): 50_000.0},
+                           {curve_key(*kinds["a"]): 3, curve_key(*kinds["b"]): 3})
+    sia, elastic = residual_teachers(("sia", "elastic"), sizes)
+    assert isinstance(sia, SiaPolicy) and isinstance(elastic, ElasticPolicy)
+    assert SiaPolicy().plan(state)["b"] == ("A100", 4)  # told nothing, sia's tie goes to b
+    assert sia.plan(state) == {"a": ("A100", 4), "b": ("T4", 4)}

@@ -233,7 +233,7 @@ def test_sizes_fit_card_names_the_jobs_and_cluster_and_older_tables_still_load(t
     # --base takes a built-in elastic heuristic by name, never a saved model
     (["--workload", "synthetic:20", "--base", "elastik"],
      "--base elastik does not estimate job sizes; use one of the elastic heuristics elastic, "
-     "reactive, proactive, elastic-srpt, elastic-srpt-0.25"),
+     "reactive, proactive, elastic-srpt, elastic-srpt-0.25 or sia"),
 ])
 def test_sizes_fit_refuses_in_one_line(tmp_path, argv, named):
     proc = _cli("sizes", "fit", *argv, "--out", str(tmp_path / "x"))

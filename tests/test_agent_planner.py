@@ -342,6 +342,8 @@ def test_planner_fit_with_arrivals_draws_history_jobs_in_the_next_horizon(tmp_pa
     (["--workload", "synthetic", "--workload", "synthetic:30"], "application"),
     (["--workload", "synthetic"], "at least two"),
     (["--workload", "a", "--workload", "b", "--base", "static"], "--base static"),
+    # sia can be told sizes (`sizes fit`), but estimates none a fork could be rebuilt from
+    (["--workload", "a", "--workload", "b", "--base", "sia"], "--base sia: the planner"),
     (["--workload", "a", "--workload", "b", "--alternatives", "elastic,tiresias"],
      "--alternatives tiresias"),
     (["--workload", "a", "--workload", "b", "--alternatives", ""], "--alternatives: give"),

@@ -78,7 +78,8 @@ def _horizon(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Check the heuristics, fit the sizes, save the planner directory."""
-    from rlalloc.agent.job_sizes import learn_sizes, told_sizes
+    from rlalloc.agent.catalogue import elastic_names
+    from rlalloc.agent.job_sizes import learn_sizes
     from rlalloc.agent.lookahead import refuse_more_samples_than_days
     from rlalloc.agent.planner import PlannerConfig, save_planner
     from rlalloc.env.profiles import default_profiles_root
@@ -88,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     refuse_other_policy(args.out, PLANNER_FILE)
     for flag, names in (("--base", [args.base]), ("--alternatives", args.alternatives)):
         for name in names:
-            try:
-                told_sizes(name, None, name)
-            except UserError as err:
-                raise UserError(f"{flag} {err}") from None
+            if name not in elastic_names():
+                raise UserError(f"{flag} {name}: the planner rebuilds its forks from the job "
+                                "sizes an elastic heuristic estimates; use one of "
+                                f"{', '.join(elastic_names())}")
     if not args.alternatives or args.base in args.alternatives:
         raise UserError("--alternatives: give one or more elastic heuristics other than --base "
                         f"{args.base}; the planner only ever chooses between their proposals")

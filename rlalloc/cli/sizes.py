@@ -1,4 +1,4 @@
-"""`rlalloc sizes fit`: an elastic heuristic told job sizes learnt from past workloads.
+"""`rlalloc sizes fit`: an elastic heuristic, or `sia`, told job sizes learnt from past workloads.
 
 Fits `rlalloc.agent.job_sizes.JobSizeHistory` on the --workload files (the cluster's past jobs) and
 saves it with the --base heuristic as a policy directory that `rlalloc evaluate`, `simulate`
@@ -34,17 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "jobs name their application and batch size")
     add_cluster_flag(parser)
     parser.add_argument("--base", default="elastic-srpt-0.25",
-                        help="the elastic heuristic the sizes inform (default elastic-srpt-0.25)")
+                        help="the heuristic the sizes inform: an elastic one, or sia (its "
+                             "program weights jobs by their rank in remaining work) "
+                             "(default elastic-srpt-0.25)")
     parser.add_argument("--speeds", choices=("profiles", "curves"), default="profiles",
                         help="what the heuristic ranks growth by: the measured profiles of the "
                              "jobs' applications, copied into --out where found (default), or "
-                             "the state's fitted speed-up curves (sizes alone, to compare)")
+                             "the state's fitted speed-up curves (sizes alone, to compare); "
+                             "sia plans on each GPU type's speeds in the state either way")
     add_out_flags(parser, Path("runs/sizes"))
 
 
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
-    from rlalloc.agent.job_sizes import learn_sizes, told_sizes
+    from rlalloc.agent.job_sizes import SIA, learn_sizes, told_sizes
     from rlalloc.agent.sized_policy import save_sized_policy
     from rlalloc.env.profiles import default_profiles_root
     from rlalloc.env.scenario import build_scenario
@@ -62,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         copied = save_sized_policy(args.out, args.base, sizes, args.workloads, command,
                                    args.cluster,
-                                   default_profiles_root() if args.speeds == "profiles" else None)
+                                   default_profiles_root()
+                                   if args.speeds == "profiles" and args.base != SIA else None)
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
                         " an earlier one there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
-          f"{sum(sizes.jobs.values())} past jobs) and card.md, {_speeds_line(copied, args.out)}; "
+          f"{sum(sizes.jobs.values())} past jobs) and card.md, "
+          f"{_speeds_line(copied, args.out, args.base)}; "
           "compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
@@ -76,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speeds_line(copied: list[str], out: Path) -> str:
-    """What the saved heuristic ranks growth by: the `copied` profiles, or the curves alone."""
+def _speeds_line(copied: list[str], out: Path, base: str) -> str:
+    """What the saved heuristic ranks growth by: the `copied` profiles, or the curves alone;
+    what `sia` plans on."""
+    from rlalloc.agent.job_sizes import SIA
+
+    if base == SIA:
+        return "sia plans on each GPU type's speeds in the state"
     return (f"speed-ups from the profiles of {', '.join(copied)} ({out / PROFILES_DIR})"
             if copied else "speed-ups from the state's curves")
