@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlalloc.agent.catalogue import elastic_names
 from rlalloc.agent.heuristics import ElasticPolicy
 from rlalloc.agent.job_sizes import JobSizeHistory, told_sizes
 from rlalloc.agent.job_speeds import (
@@ -253,6 +254,8 @@ def load_planner(directory: Path, name: str | None = None) -> LookaheadPolicy:
             raise ValueError(f"history_columns {raw['history_columns']!r}")
         sizes = JobSizeHistory.from_json(raw["curves"])
         names = [str(raw["base"]), *map(str, raw["alternatives"])]
+        if other := [n for n in names if n not in elastic_names()]:
+            raise ValueError(f"heuristics {other} are not elastic ones")  # sia: no sizes to fork
         models = read_copied_profiles(Path(directory), [str(a) for a in raw["profiles"]],
                                       sizes, "rlalloc planner fit")
         speed_of = profiled_speeds(models)

@@ -299,7 +299,9 @@ def test_planner_fit_saves_a_policy_that_loads_and_plans(tmp_path):
                   "--samples", "2", "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr  # over read-write copies of read-only data
     for damaged in ('{"format_version": 1, "base": "elastic"}', "[1, 2]",
-                    (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"static"', 1)):
+                    (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"static"', 1),
+                    # sia can be told sizes but estimates none to rebuild a fork from
+                    (out / PLANNER_FILE).read_text().replace('"elastic-srpt"', '"sia"', 1)):
         (out / PLANNER_FILE).write_text(damaged)
         with pytest.raises(UserError, match=f"{PLANNER_FILE}: .*fit it again") as err:
             load_policy(str(out))
