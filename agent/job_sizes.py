@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 SIA = "sia"
 """The one heuristic besides the elastic ones that can be told job sizes."""
+SIA_SPEEDS = "sia plans on each GPU type's speeds in the state"
+"""Why a size-told `sia` needs no speed-ups (the elastic heuristics' `speedups`)."""
 CurveKey = tuple[float, float, float]
 """A job's speed curve, rounded so that jobs sharing a profile share a key."""
 JobKind = tuple[str, int]

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlalloc.agent.job_sizes import SIA, JobSizeHistory, told_sizes
+from rlalloc.agent.job_sizes import SIA, SIA_SPEEDS, JobSizeHistory, told_sizes
 from rlalloc.agent.job_speeds import (
     PROFILES_DIR,
     copy_profiles,
@@ -35,8 +35,9 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
     """Write `SIZES_FILE`, a card and the profiles under `profiles_root` of the applications
     `sizes` names (`rlalloc.agent.job_speeds`) for `base` told job sizes and speeds by `sizes`,
     fitted on the workloads `fitted_on` built for `cluster` (--cluster as given; a YAML file's
-    content is recorded too, `cluster_record`); the applications whose profiles were copied.
-    All of them replace an earlier fit's together or not at all."""
+    content is recorded too, `cluster_record`); the applications whose profiles were copied
+    (none for `sia`, which needs no speed-ups). All of them replace an earlier fit's together
+    or not at all."""
     from rlalloc.env.cluster import cluster_markdown, cluster_record
     from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
@@ -45,12 +46,12 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
             for e in sizes.to_json()]
     shape = f" ({cluster_file['shape']}, the file as used is below)" if cluster_file else ""
     with staged_outputs(directory) as staging:
-        copied = copy_profiles(sizes, profiles_root, staging)
+        copied = copy_profiles(sizes, None if base == SIA else profiles_root, staging)
         write_json(staging / SIZES_FILE, {"format_version": FORMAT_VERSION, "base": base,
                                           "fitted_on": list(fitted_on), "cluster": cluster,
                                           "cluster_file": cluster_file, "profiles": copied,
                                           "curves": sizes.to_json()})
-        speeds = ("It plans on each GPU type's speeds in the state." if base == SIA else
+        speeds = (f"Speed-ups: none, {SIA_SPEEDS}." if base == SIA else
                   f"Its speed-ups are the measured profiles of {', '.join(copied)} "
                   f"({PROFILES_DIR}/, `agent/job_speeds.py`) for the jobs of those kinds, the "
                   "state's fitted curve for others." if copied else

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fit the size table, refuse a useless one, save the policy directory."""
-    from rlalloc.agent.job_sizes import SIA, learn_sizes, told_sizes
+    from rlalloc.agent.job_sizes import SIA, SIA_SPEEDS, learn_sizes, told_sizes
     from rlalloc.agent.sized_policy import save_sized_policy
     from rlalloc.env.profiles import default_profiles_root
     from rlalloc.env.scenario import build_scenario
@@ -65,14 +65,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         copied = save_sized_policy(args.out, args.base, sizes, args.workloads, command,
                                    args.cluster,
-                                   default_profiles_root()
-                                   if args.speeds == "profiles" and args.base != SIA else None)
+                                   default_profiles_root() if args.speeds == "profiles" else None)
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
                         " an earlier one there is left as it was") from err
     print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
           f"{sum(sizes.jobs.values())} past jobs) and card.md, "
-          f"{_speeds_line(copied, args.out, args.base)}; "
+          f"{SIA_SPEEDS if args.base == SIA else _speeds_line(copied, args.out)}; "
           "compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
@@ -81,12 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speeds_line(copied: list[str], out: Path, base: str) -> str:
-    """What the saved heuristic ranks growth by: the `copied` profiles, or the curves alone;
-    what `sia` plans on."""
-    from rlalloc.agent.job_sizes import SIA
-
-    if base == SIA:
-        return "sia plans on each GPU type's speeds in the state"
+def _speeds_line(copied: list[str], out: Path) -> str:
+    """What the saved heuristic ranks growth by: the `copied` profiles, or the curves alone."""
     return (f"speed-ups from the profiles of {', '.join(copied)} ({out / PROFILES_DIR})"
             if copied else "speed-ups from the state's curves")
