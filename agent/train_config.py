@@ -45,12 +45,14 @@ class TrainConfig:
     """PPO steps per environment per update (`--n-steps`); larger = less noisy updates."""
     batch_size: int = 256
     n_epochs: int = 4
-    gamma: float = 0.99
-    time_discount_s: float = 0.0
+    gamma: float = 1.0
+    time_discount_s: float = 1800.0
     """Semi-MDP discount: time constant (simulated seconds) of exp(-t/T), applied on top of
     `gamma` per step (`RewardWeights.time_discount_s`; PPO's GAE in `rlalloc.agent.smdp`, DQN's
-    TD target in `rlalloc.agent.dqn`); 0: off. With it, set gamma 1 so that zero-time actions
-    are not discounted at all."""
+    TD target in `rlalloc.agent.dqn`); 0: off. With gamma 1 (the default) zero-time actions
+    are not discounted at all. On by default, as in the shipped PPO's and DQN's recipes: a
+    per-step discount alone pays a policy for actions that take no time, since each defers
+    the costs (docs/agent.md, "Reward and discounting")."""
     gae_lambda: float = 0.95
     """GAE lambda (`--gae-lambda`): lower trusts the critic sooner, less variance, more bias."""
     clip_range: float = 0.1

@@ -240,7 +240,7 @@ def trained(tmp_path_factory):
                                            ({"learning_rate": 1e-3}, "--learning-rate 0.0001"),
                                            ({"n_steps": 64}, "--n-steps 128"),
                                            ({"time_discount_s": 3600.0},
-                                            "--time-discount-s 0.0")])
+                                            "--time-discount-s 1800.0")])
 def test_a_refused_resume_leaves_the_run_as_it_was(trained, change, named):
     before = files(trained)
     with pytest.raises(UserError, match=named):

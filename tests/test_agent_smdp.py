@@ -90,9 +90,12 @@ def test_train_flag_defaults_are_the_configs(flag):
     assert getattr(config, field) == getattr(TrainConfig(), field)
 
 
-def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
-    """With time_discount_s set, PPO's buffer holds exp(-elapsed/T) per step: 1 for actions
-    at a decision point, below 1 for steps that advanced the clock."""
+@pytest.mark.parametrize("discounting", [{"time_discount_s": 600.0, "gamma": 1.0}, {}],
+                         ids=["given", "default"])
+def test_ppo_reads_the_step_discounts_of_a_time_discounted_env(discounting):
+    """With time_discount_s set, and by default, PPO's buffer holds exp(-elapsed/T) per step:
+    1 for actions at a decision point (times a gamma of 1, so an action that takes no time
+    defers no cost), below 1 for steps that advanced the clock."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from rlalloc.agent.callbacks import discount_callbacks
@@ -100,12 +103,12 @@ def test_ppo_reads_the_step_discounts_of_a_time_discounted_env():
     from rlalloc.agent.training_env import ScaledReward, make_env
 
     config = TrainConfig(workloads=("synthetic:20:1.0",), cluster="2x4", n_envs=1, n_steps=256,
-                         batch_size=64, time_discount_s=600.0, gamma=1.0, warm_start="")
+                         batch_size=64, warm_start="", **discounting)
     vec_env = DummyVecEnv([lambda: ScaledReward(make_env(config), config.reward_scale)])
     model = build_model(config, vec_env)
     model.learn(256, callback=discount_callbacks(config))
     discounts = model.rollout_buffer.discounts
-    assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer)
+    assert isinstance(model.rollout_buffer, SemiMdpRolloutBuffer) and model.gamma == 1.0
     assert (discounts == 1.0).any() and (discounts < 1.0).any() and (discounts > 0.0).all()
 
 

@@ -81,10 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--action-cost", type=_NON_NEGATIVE, default=_DEFAULTS.action_cost,
                         help="reward charged per applied action (rewards are scaled by 0.01)")
     parser.add_argument("--gamma", type=_FRACTION, default=_DEFAULTS.gamma,
-                        help="discount per environment step")
+                        help="discount per environment step (default 1: only simulated "
+                             "time discounts)")
     parser.add_argument("--time-discount-s", type=_NON_NEGATIVE, default=_DEFAULTS.time_discount_s,
                         help="semi-MDP discount exp(-t/T) over simulated seconds, on top of "
-                             "--gamma (use --gamma 1 with it); 0 = off")
+                             "--gamma (default 1800; 0 = off, then set --gamma below 1)")
     parser.add_argument("--dqn-double", action=argparse.BooleanOptionalAction,
                         default=_DEFAULTS.dqn_double,
                         help="dqn: double Q-learning targets (default on)")
