@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -117,6 +118,36 @@ def test_pollux_names_equal_but_for_spaces_are_one_repeated_name(tmp_path):
         "name,time,application,num_replicas,batch_size\njobA,0,ncf,1,256\njobA ,5,ncf,1,256\n",
     )
     assert f"{path}: row 2 (line 3): name repeats an earlier job's" in rejected(path)
+
+
+SIA_ROWS = ("name,time,application,num_replicas,batch_size{}\n"
+            "r,0,cifar10,4,1024{}\na,10,cifar10,4,1024{}\ns,20,bert,2,384{}\nb,30,ncf,2,1024{}\n")
+SIA_CLUSTER = parse_cluster("6x4:T4+3x8:RTX2080Ti+2x8:A100")
+
+
+@needs_profiles
+def test_sias_category_column_fixes_a_rigid_jobs_gpus_and_nothing_else(tmp_path):
+    """Sia's `category` column: a rigid job runs on exactly its GPUs; adaptive, scale-gpus and
+    blank rows are the elastic jobs the same file without the column gives."""
+    with_column = write_csv(tmp_path, SIA_ROWS.format(",category", ",rigid", ",adaptive",
+                                                      ",scale-gpus", ","), name="sia.csv")
+    without = write_csv(tmp_path, SIA_ROWS.format(*[""] * 5), name="plain.csv")
+    categorised = {job.job_id: job for job in load_workload(str(with_column), SIA_CLUSTER).jobs}
+    plain = {job.job_id: job for job in load_workload(str(without), SIA_CLUSTER).jobs}
+    rigid = categorised["r"]
+    assert (rigid.min_workers, rigid.max_workers, rigid.requested_gpus) == (4, 4, 4)
+    assert plain["r"].min_workers == 1 and plain["r"].max_workers > 4
+    assert rigid == replace(plain["r"], min_workers=4, max_workers=4)
+    assert all(categorised[name] == plain[name] for name in ("a", "s", "b"))
+
+
+@needs_profiles
+def test_an_unknown_sia_category_is_refused_not_read_as_elastic(tmp_path):
+    path = write_csv(tmp_path, SIA_ROWS.format(",category", ",rigid", ",adaptive", ",elastic",
+                                               ","))
+    message = rejected(path, SIA_CLUSTER)
+    assert f"{path}: row 3 (line 4): category 'elastic' is not one of Sia's" in message
+    assert "adaptive, scale-gpus, rigid" in message
 
 
 # --- canonical CSV -----------------------------------------------------------------------------

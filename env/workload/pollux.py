@@ -4,6 +4,12 @@ Columns ``name,time,application,num_replicas,batch_size``: job name (the job id)
 in seconds, Pollux application (bert, cifar10, deepspeech2, imagenet, ncf, yolov3), GPUs
 requested and global batch size. Each job's work is the iterations its application needs at that
 batch size (`AppProfile.work_iterations`) and its restore time the Sia figure for the model.
+
+Sia's workloads may add a ``category`` column (its artifact's ``utils/categorize_jobs.py``;
+read by its ``cluster.py``): ``rigid`` jobs run on exactly ``num_replicas`` GPUs on whichever
+type holds them, ``adaptive`` and ``scale-gpus`` ones (and a blank cell) scale their GPU count
+as every Pollux job does here. Batch sizes stay as given either way (Sia's adaptive jobs also
+tune theirs: not modelled, docs/workloads.md). Any other value is refused, never read as elastic.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from rlalloc.env.workload.table import (
 )
 
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+SIA_CATEGORY_COLUMN = "category"
+RIGID = "rigid"
+SIA_CATEGORIES = ("adaptive", "scale-gpus", RIGID)
+"""Sia's job categories (module docstring); only a rigid job's GPU count is fixed here."""
 
 
 def check_applications(
@@ -74,7 +84,8 @@ def load_pollux(
 ) -> Workload:
     """Load a Pollux workload CSV against the application `profiles`."""
     path = Path(path)
-    df = read_table(path, POLLUX_COLUMNS, "Pollux", text=("name", "application"))
+    df = read_table(path, POLLUX_COLUMNS, "Pollux",
+                    text=("name", "application", SIA_CATEGORY_COLUMN))
     names = df["name"].astype(str).str.strip().to_numpy()
     reject_rows(
         path, df["name"].isna().to_numpy() | (names == ""), "name is empty", "name every job"
@@ -89,6 +100,7 @@ def load_pollux(
     batch_size = whole_numbers(path, df, "batch_size", 1)
     applications = df["application"].astype(str).str.strip().to_numpy()
     check_applications(path, applications, batch_size, profiles)
+    rigid = rigid_jobs(path, df)
 
     total = cluster.job_gpus()
     order = submit_order(submit_s)
@@ -98,8 +110,8 @@ def load_pollux(
             submit_s=float(submit_s[i]),
             requested_gpus=int(gpus[i]),
             work=profiles[applications[i]].work_iterations(int(batch_size[i])),
-            min_workers=MIN_WORKERS,
-            max_workers=profiled_max_workers(
+            min_workers=int(gpus[i]) if rigid[i] else MIN_WORKERS,
+            max_workers=int(gpus[i]) if rigid[i] else profiled_max_workers(
                 profiles[applications[i]], int(batch_size[i]), int(gpus[i]), total
             ),
             restore_s=restore_s(applications[i]),
@@ -109,3 +121,16 @@ def load_pollux(
         for i in order.tolist()
     )
     return Workload(path.stem, jobs)
+
+
+def rigid_jobs(path: Path, df: pd.DataFrame) -> np.ndarray:
+    """Per row, whether Sia's ``category`` column (if the file has one) makes the job rigid; a
+    one-line `UserError` naming the first row whose category is none of `SIA_CATEGORIES`."""
+    if SIA_CATEGORY_COLUMN not in df.columns:
+        return np.zeros(len(df), dtype=bool)
+    category = df[SIA_CATEGORY_COLUMN].fillna("").astype(str).str.strip().to_numpy()
+    unknown = (category != "") & ~np.isin(category, SIA_CATEGORIES)
+    named = f" {category[unknown][0]!r}" if unknown.any() else ""
+    reject_rows(path, unknown, f"category{named} is not one of Sia's",
+                f"use {', '.join(SIA_CATEGORIES)} or leave it blank (adaptive)")
+    return category == RIGID
