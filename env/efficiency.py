@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from rlalloc.env.errors import UserError
+from rlalloc.env.gpu_types import reference_type
 from rlalloc.env.profiles import (
     AppProfile,
     Shape,
@@ -201,6 +203,21 @@ class AdaptiveBatchGoodput(GoodputRates):
         return found
 
 
+class ScaledGoodput(GoodputRates):
+    """Another type's goodput times a constant: an application on a GPU type it was not
+    measured on (`AppProfile.measured_for`). The gradient noise is the model's, whatever the
+    GPU, so only the step rate scales, and with it the goodput at every batch size alike."""
+
+    def __init__(self, rates: GoodputRates, factor: float) -> None:
+        super().__init__(rates.noise, rates.profile, rates.max_workers)
+        self.rates = rates
+        self.factor = factor
+
+    def progress_per_s(self, shape: Shape, epoch: int) -> float:
+        """`factor` times the measured type's progress per second."""
+        return self.factor * self.rates.progress_per_s(shape, epoch)
+
+
 def add_efficiency_flag(parser: argparse.ArgumentParser) -> None:
     """``--efficiency``, shared by the commands that replay workloads."""
     parser.add_argument("--efficiency", choices=EFFICIENCY_MODES, default="none",
@@ -219,38 +236,73 @@ def batch_candidates(sizes: list[int]) -> tuple[int, ...]:
 
 def goodput_speeds(workload: Workload, profiles: dict[str, AppProfile], mode: str,
                    speeds: tuple[JobSpeed, ...], total_gpus: int,
+                   gpu_types: Sequence[str] = ("T4",),
                    ) -> tuple[Workload, tuple[JobSpeed, ...]]:
-    """`workload` and `speeds` with every profiled job's progress modelled by `mode`.
+    """`workload` and `speeds` with every profiled job's progress modelled by `mode` on a
+    cluster of `gpu_types` (each node's type, or the distinct ones).
 
     Work becomes the completion epoch's progress. The curve policies see starts as the first
     epoch's goodput (`GoodputRates.curve`): for an adaptive job its speed-up includes the
     larger batches more GPUs allow, and its elastic upper bound grows to what its largest batch
-    size can use. Jobs without a profile keep `speeds`' model. The rate models are memoised on
-    each profile, so a process that builds many scenarios fits each curve once.
+    size can use. A job that keeps its batch size (`JobSpec.fixed_batch`: Sia's scale-gpus and
+    rigid jobs) is a fixed one in either mode. On a cluster of several types each type gets the
+    job's rates from the application's profile measured there, or from the nearest measured
+    type's, scaled (`ScaledGoodput`); the speed then carries one per type (`JobSpeed.by_type`),
+    its own being the reference type's. Jobs without a profile keep `speeds`' model. The rate
+    models are memoised on each profile, so a process that builds many scenarios fits each
+    curve once.
     """
     if mode not in EFFICIENCY_MODES:
         raise ValueError(f"efficiency mode {mode!r}; choose one of {', '.join(EFFICIENCY_MODES)}")
     if mode == "none":
         return workload, speeds
+    types = tuple(dict.fromkeys(gpu_types))
+    reference = reference_type(types)
     jobs, new_speeds = [], []
     for job, speed in zip(workload.jobs, speeds, strict=True):
         if job.application is None or job.batch_size is None:
             jobs.append(job)
             new_speeds.append(speed)
             continue
-        rates = _goodput_rates(profiles[job.application], mode, job.batch_size)
-        upper = max(job.max_workers, min(rates.max_workers, total_gpus)) \
-            if mode == "adaptive" else job.max_workers
-        jobs.append(dataclasses.replace(job, work=rates.noise.work, max_workers=upper))
-        single, alpha, beta = rates.curve(0)
-        new_speeds.append(JobSpeed(lambda shape, r=rates: r.progress_per_s(shape, 0), single,
-                                   alpha, beta, epochs=rates))
+        job_mode = "fixed" if job.fixed_batch else mode
+        by_type = {t: _goodput_rates_on(profiles[job.application], t, job_mode, job.batch_size)
+                   for t in types}
+        usable = max(rates.max_workers for rates in by_type.values())
+        upper = max(job.max_workers, min(usable, total_gpus)) \
+            if job_mode == "adaptive" else job.max_workers
+        jobs.append(dataclasses.replace(job, work=by_type[reference].noise.work,
+                                        max_workers=upper))
+        typed = {t: _rate_speed(rates) for t, rates in by_type.items()}
+        new_speeds.append(typed[reference] if len(types) == 1
+                          else dataclasses.replace(typed[reference], by_type=typed))
     return dataclasses.replace(workload, jobs=tuple(jobs)), tuple(new_speeds)
 
 
+def _rate_speed(rates: GoodputRates) -> JobSpeed:
+    """The `JobSpeed` that runs a job at `rates`: the first epoch's curve until it changes."""
+    single, alpha, beta = rates.curve(0)
+    return JobSpeed(lambda shape, r=rates: r.progress_per_s(shape, 0), single, alpha, beta,
+                    epochs=rates)
+
+
+def _goodput_rates_on(profile: AppProfile, gpu_type: str, mode: str,
+                      batch_size: int) -> GoodputRates:
+    """The job's rate model on `gpu_type`: its application's there, or the fallback type's
+    scaled (`ScaledGoodput`), memoised on the measured profile."""
+    measured, factor = profile.measured_for(gpu_type)
+    rates = _goodput_rates(measured, mode, batch_size)
+    if factor == 1.0:
+        return rates
+    key = ("goodput-scaled", gpu_type, mode, batch_size if mode == "fixed" else None)
+    scaled = measured.derived.get(key)
+    if scaled is None:
+        scaled = measured.derived[key] = ScaledGoodput(rates, factor)
+    return scaled
+
+
 def _goodput_rates(profile: AppProfile, mode: str, batch_size: int) -> GoodputRates:
-    """The job's (shared, memoised) rate model: one per application and mode, and per batch
-    size for fixed jobs."""
+    """The job's (shared, memoised) rate model: one per application, type and mode, and per
+    batch size for fixed jobs."""
     key = ("goodput", mode, batch_size if mode == "fixed" else None)
     rates = profile.derived.get(key)
     if rates is None:
@@ -271,6 +323,7 @@ __all__ = [
     "FixedBatchGoodput",
     "GoodputRates",
     "GradientNoise",
+    "ScaledGoodput",
     "add_efficiency_flag",
     "batch_candidates",
     "goodput_speeds",

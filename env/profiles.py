@@ -249,18 +249,27 @@ class AppProfile:
             model = self._throughputs[batch_size] = ProfiledThroughput(self, batch_size)
         return model
 
+    def measured_for(self, gpu_type: str) -> tuple[AppProfile, float]:
+        """The profile that stands for `gpu_type` and the factor its speeds are scaled by:
+        the one measured on that type (factor 1), else the documented fallback
+        (`rlalloc.env.gpu_types`): the measured type nearest in relative speed, scaled by the
+        ratio of the two types' `RELATIVE_SPEED`."""
+        measured = self.on_type.get(gpu_type)
+        if measured is not None:
+            return measured, 1.0
+        target = relative_speed(gpu_type)
+        nearest = min(self.on_type.values(),
+                      key=lambda p: abs(math.log(relative_speed(p.gpu_type) / target)))
+        return nearest, target / relative_speed(nearest.gpu_type)
+
     def speed_on(self, gpu_type: str, batch_size: int) -> tuple[ThroughputModel, GenericScaling]:
         """Speed at global `batch_size` on `gpu_type`, and its curve (`scaling_fit`): the
         profile measured on that type, else the documented fallback
         (`rlalloc.env.gpu_types`): the measured type nearest in relative speed, its
         throughput scaled by the ratio of the two types' `RELATIVE_SPEED`."""
-        measured = self.on_type.get(gpu_type)
-        if measured is not None:
-            return measured.throughput(batch_size), measured.scaling_fit(batch_size)
-        target = relative_speed(gpu_type)
-        nearest = min(self.on_type.values(),
-                      key=lambda p: abs(math.log(relative_speed(p.gpu_type) / target)))
-        factor = target / relative_speed(nearest.gpu_type)
+        nearest, factor = self.measured_for(gpu_type)
+        if factor == 1.0:
+            return nearest.throughput(batch_size), nearest.scaling_fit(batch_size)
         key = ("scaled", gpu_type, batch_size)
         model = nearest.derived.get(key)
         if model is None:

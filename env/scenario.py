@@ -100,28 +100,9 @@ def build_scenario(workload: str, cluster: str | ClusterSpec, seed: int = 0,
     gpu_types = tuple(dict.fromkeys(node.gpu_type for node in spec.nodes))
     speeds = job_speeds(jobs, profiles, gpu_types)
     if profiles and efficiency != "none":
-        jobs, speeds = goodput_speeds(jobs, _measured_on(profiles, gpu_types, efficiency, jobs),
-                                      efficiency, speeds, spec.total_gpus)
+        jobs, speeds = goodput_speeds(jobs, profiles, efficiency, speeds, spec.total_gpus,
+                                      gpu_types)
     return Scenario(spec, jobs, speeds, signals)
-
-
-def _measured_on(profiles: dict[str, AppProfile], gpu_types: tuple[str, ...], efficiency: str,
-                 workload: Workload) -> dict[str, AppProfile]:
-    """The profiles measured on the cluster's one type, which statistical efficiency is
-    modelled over; a one-line `UserError` on a mixed cluster or a type some job's application
-    was not measured on (the fallback scales throughput, not gradient noise per step)."""
-    if len(gpu_types) > 1:
-        raise UserError(f"--efficiency {efficiency}: statistical efficiency is not modelled on "
-                        f"a cluster that mixes GPU types ({'+'.join(gpu_types)}); use "
-                        "--efficiency none there, or a cluster of one type")
-    missing = sorted({job.application for job in workload.jobs if job.application
-                      and gpu_types[0] not in profiles[job.application].on_type})
-    if missing:
-        raise UserError(f"--efficiency {efficiency}: {', '.join(missing)} has no profile "
-                        f"measured on {gpu_types[0]}; use --efficiency none, or a type it was "
-                        "measured on")
-    return {app: p.on_type[gpu_types[0]] for app, p in profiles.items()
-            if gpu_types[0] in p.on_type}
 
 
 def require_applications(scenarios: Sequence[Scenario], efficiency: str,

@@ -751,8 +751,12 @@ class Simulator:
         self.columns.busy_from_s[row] = t
         self.columns.rate[row] = self._training_rate(row, self._placement[row])
         columns = self.columns
+        epoch = epochs.epoch_at(end)
         columns.speed_1gpu[row], columns.scaling_alpha[row], columns.scaling_beta[row] = (
-            epochs.curve(epochs.epoch_at(end)))
+            epochs.curve(epoch))
+        for column, gpu_type in enumerate(self._mixed_types):
+            columns.type_curves[row, column] = self._speeds[row].on_type(gpu_type).epochs.curve(
+                epoch)
         self._snapshot_rows = None  # the curve columns changed
         self._allocation_changed()
         self._schedule_run_end(row, t)

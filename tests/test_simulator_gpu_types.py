@@ -189,16 +189,6 @@ def test_a_queued_job_starts_on_the_fastest_type_that_holds_it(profiles):
     assert choose_nodes(state, row, 9, Strategy.PACKED) is None  # 12 GPUs, but not on one type
 
 
-def test_statistical_efficiency_on_a_mixed_cluster_is_refused(tmp_path):
-    csv = tmp_path / "w.csv"
-    csv.write_text("name,time,application,num_replicas,batch_size\nbert-0,0,bert,2,96\n")
-    assert build_scenario(str(csv), MIXED).speeds[0].by_type is not None
-    with pytest.raises(UserError, match="mixes GPU types"):
-        build_scenario(str(csv), MIXED, efficiency="adaptive")
-    with pytest.raises(UserError, match="no profile measured on H100"):
-        build_scenario(str(csv), "2x4:H100", efficiency="adaptive")
-
-
 def test_the_action_mask_is_exact_on_a_mixed_cluster(profiles):
     """Every action the featurizer leaves unmasked is one the simulator accepts: a job's
     capacity is counted on its own type (or the roomiest type for a job holding none)."""

@@ -128,7 +128,8 @@ SIA_CLUSTER = parse_cluster("6x4:T4+3x8:RTX2080Ti+2x8:A100")
 @needs_profiles
 def test_sias_category_column_fixes_a_rigid_jobs_gpus_and_nothing_else(tmp_path):
     """Sia's `category` column: a rigid job runs on exactly its GPUs; adaptive, scale-gpus and
-    blank rows are the elastic jobs the same file without the column gives."""
+    blank rows are the elastic jobs the same file without the column gives, and rigid and
+    scale-gpus jobs keep their batch size where others may tune it."""
     with_column = write_csv(tmp_path, SIA_ROWS.format(",category", ",rigid", ",adaptive",
                                                       ",scale-gpus", ","), name="sia.csv")
     without = write_csv(tmp_path, SIA_ROWS.format(*[""] * 5), name="plain.csv")
@@ -137,8 +138,10 @@ def test_sias_category_column_fixes_a_rigid_jobs_gpus_and_nothing_else(tmp_path)
     rigid = categorised["r"]
     assert (rigid.min_workers, rigid.max_workers, rigid.requested_gpus) == (4, 4, 4)
     assert plain["r"].min_workers == 1 and plain["r"].max_workers > 4
-    assert rigid == replace(plain["r"], min_workers=4, max_workers=4)
-    assert all(categorised[name] == plain[name] for name in ("a", "s", "b"))
+    assert rigid == replace(plain["r"], min_workers=4, max_workers=4, fixed_batch=True)
+    assert categorised["s"] == replace(plain["s"], fixed_batch=True)
+    assert all(categorised[name] == plain[name] for name in ("a", "b"))
+    assert not any(job.fixed_batch for job in plain.values())
 
 
 @needs_profiles

@@ -8,8 +8,10 @@ batch size (`AppProfile.work_iterations`) and its restore time the Sia figure fo
 Sia's workloads may add a ``category`` column (its artifact's ``utils/categorize_jobs.py``;
 read by its ``cluster.py``): ``rigid`` jobs run on exactly ``num_replicas`` GPUs on whichever
 type holds them, ``adaptive`` and ``scale-gpus`` ones (and a blank cell) scale their GPU count
-as every Pollux job does here. Batch sizes stay as given either way (Sia's adaptive jobs also
-tune theirs: not modelled, docs/workloads.md). Any other value is refused, never read as elastic.
+as every Pollux job does here. Under ``--efficiency adaptive`` the adaptive ones (and blank
+cells) tune their batch size, while ``scale-gpus`` and ``rigid`` ones keep theirs
+(`JobSpec.fixed_batch`), as Sia's simulator disables batch-size tuning for those two. Any other
+value is refused, never read as elastic.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from rlalloc.env.workload.table import (
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 SIA_CATEGORY_COLUMN = "category"
 RIGID = "rigid"
-SIA_CATEGORIES = ("adaptive", "scale-gpus", RIGID)
-"""Sia's job categories (module docstring); only a rigid job's GPU count is fixed here."""
+SCALE_GPUS = "scale-gpus"
+SIA_CATEGORIES = ("adaptive", SCALE_GPUS, RIGID)
+"""Sia's job categories (module docstring): a rigid job's GPU count is fixed, and a rigid or
+scale-gpus job's batch size."""
 
 
 def check_applications(
@@ -100,7 +104,8 @@ def load_pollux(
     batch_size = whole_numbers(path, df, "batch_size", 1)
     applications = df["application"].astype(str).str.strip().to_numpy()
     check_applications(path, applications, batch_size, profiles)
-    rigid = rigid_jobs(path, df)
+    category = sia_categories(path, df)
+    rigid = category == RIGID
 
     total = cluster.job_gpus()
     order = submit_order(submit_s)
@@ -117,20 +122,22 @@ def load_pollux(
             restore_s=restore_s(applications[i]),
             application=applications[i],
             batch_size=int(batch_size[i]),
+            fixed_batch=bool(category[i] in (RIGID, SCALE_GPUS)),
         )
         for i in order.tolist()
     )
     return Workload(path.stem, jobs)
 
 
-def rigid_jobs(path: Path, df: pd.DataFrame) -> np.ndarray:
-    """Per row, whether Sia's ``category`` column (if the file has one) makes the job rigid; a
-    one-line `UserError` naming the first row whose category is none of `SIA_CATEGORIES`."""
+def sia_categories(path: Path, df: pd.DataFrame) -> np.ndarray:
+    """Per row, Sia's ``category`` (``""`` where the cell is blank or the file has no such
+    column); a one-line `UserError` naming the first row whose category is none of
+    `SIA_CATEGORIES`."""
     if SIA_CATEGORY_COLUMN not in df.columns:
-        return np.zeros(len(df), dtype=bool)
+        return np.full(len(df), "", dtype=object)
     category = df[SIA_CATEGORY_COLUMN].fillna("").astype(str).str.strip().to_numpy()
     unknown = (category != "") & ~np.isin(category, SIA_CATEGORIES)
     named = f" {category[unknown][0]!r}" if unknown.any() else ""
     reject_rows(path, unknown, f"category{named} is not one of Sia's",
                 f"use {', '.join(SIA_CATEGORIES)} or leave it blank (adaptive)")
-    return category == RIGID
+    return category

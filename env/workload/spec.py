@@ -40,6 +40,9 @@ class JobSpec:
     """GPUs each worker holds, all on one node (a pod requesting `nvidia.com/gpu: k`, torchrun
     `--nproc-per-node k`). `min_workers`, `max_workers` and every action count workers;
     `requested_gpus` counts GPUs, a multiple of it."""
+    fixed_batch: bool = False
+    """The job keeps `batch_size` even where profiled jobs tune theirs (``--efficiency
+    adaptive``): Sia's ``scale-gpus`` and ``rigid`` jobs (`rlalloc.env.workload.pollux`)."""
 
 
 @dataclass(frozen=True, slots=True)
