@@ -94,6 +94,13 @@ class JobSizeHistory:
         total = work[kind_of.ravel()]
         return (1.0 - jobs.progress[rows].astype(np.float64)) * total
 
+    def known_jobs(self, scenario: Scenario) -> int:
+        """How many of `scenario`'s jobs this table knows, by the curve each shows at
+        submission: under statistical efficiency (``--efficiency``) that is the first epoch's
+        goodput curve, which a table fitted on plain runs never holds."""
+        return sum(curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
+                   in self.work_s for speed in scenario.speeds)
+
     def to_json(self) -> list[dict]:
         """One entry per curve, largest jobs first; ``kinds`` lists the application and batch
         size of its past jobs where the table knows them."""

@@ -11,14 +11,18 @@ the same policy everywhere.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from rlalloc.agent.catalogue import HEURISTICS, MODELS_DIR, SHIPPED_MODELS, builtin_names
 from rlalloc.agent.model_files import META_FILE
 from rlalloc.agent.policy import Policy
 from rlalloc.env.errors import UserError
+
+if TYPE_CHECKING:
+    from rlalloc.agent.job_sizes import JobSizeHistory
 
 
 class SavedKind(NamedTuple):
@@ -85,6 +89,27 @@ def load_policy(name_or_path: str) -> Policy:
         raise UserError(f"policy {name_or_path!r} is a file, not a saved model; {hint}")
     raise UserError(f"unknown policy {name_or_path!r}: use one of {', '.join(builtin_names())} "
                     f"or the directory of a saved model")
+
+
+def told_size_table(name_or_path: str) -> JobSizeHistory | None:
+    """The job-size table the policy `name_or_path` is told (`rlalloc.agent.job_sizes`): a
+    size-told heuristic's (`rlalloc sizes fit`) or a model's trained with ``--learn-sizes``;
+    None for any other policy. Read from its files without loading the policy, which
+    `load_policy` has checked."""
+    from rlalloc.agent.job_sizes import JobSizeHistory
+    from rlalloc.agent.sized_policy import SIZES_FILE
+
+    if name_or_path in HEURISTICS:
+        return None
+    directory = MODELS_DIR / name_or_path if name_or_path in SHIPPED_MODELS else Path(
+        name_or_path)
+    if (directory / SIZES_FILE).is_file():
+        return JobSizeHistory.from_json(json.loads((directory / SIZES_FILE).read_text())[
+            "curves"])
+    if (directory / META_FILE).is_file():
+        entries = json.loads((directory / META_FILE).read_text()).get("job_sizes")
+        return None if entries is None else JobSizeHistory.from_json(entries)
+    return None
 
 
 def _load_learned(directory: Path, name: str) -> Policy:

@@ -242,3 +242,35 @@ def test_evaluate_runs_sia_adaptive_against_gavel_fixed_as_sias_simulator_does(t
     report = json.loads((out / "results.json").read_text())
     assert report["efficiency"] == "adaptive"
     assert set(report["policies"]) == {"sia", "gavel@fixed"}
+
+
+def test_evaluate_warns_where_a_size_table_knows_none_of_the_jobs(tmp_path, capsys):
+    """A size table keys jobs by the curve they show, and under statistical efficiency that is
+    a goodput curve no table fitted on plain runs holds: the size-told policy then runs as its
+    base heuristic, which `evaluate` says rather than reporting it under its own label."""
+    from rlalloc.agent.registry import told_size_table
+
+    csv = tmp_path / "w.csv"
+    csv.write_text("name,time,application,num_replicas,batch_size\n"
+                   "a,0,cifar10,2,256\nb,60,bert,4,96\nc,120,cifar10,1,256\n")
+    sized = tmp_path / "sized"
+    assert main(["sizes", "fit", "--workload", str(csv), "--cluster", MIXED, "--base", "sia",
+                 "--out", str(sized)]) == 0
+    table = told_size_table(str(sized))
+    assert table is not None and told_size_table("sia") is None
+    assert told_size_table("ppo") is not None  # the shipped PPO is told sizes too
+    plain = build_scenario(str(csv), MIXED)
+    assert table.known_jobs(plain) == 3
+    assert table.known_jobs(build_scenario(str(csv), MIXED, efficiency="adaptive")) == 0
+    capsys.readouterr()
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--workload", str(csv), "--cluster", MIXED, "--policies",
+                 f"sia,{sized},{sized}@adaptive", "--failures", "none", "--seeds", "1",
+                 "--jobs", "1", "--out", str(out)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("rlalloc: warning:")]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"rlalloc: warning: {sized}@adaptive: its size table knows "
+                                  f"none of the jobs of {csv} (under --efficiency adaptive")
+    report = json.loads((out / "results.json").read_text())
+    assert report["warnings"] == [warnings[0].removeprefix("rlalloc: warning: ")]

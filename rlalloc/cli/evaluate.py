@@ -42,6 +42,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlalloc.agent.comparison_report import OUTPUT_FILES, RUNS_CSV, write_report
 from rlalloc.agent.comparison_runs import RunSpec, policy_and_mode, run_one
@@ -61,6 +62,9 @@ from rlalloc.env.execution import add_ray_flag, executor_for
 from rlalloc.env.output import out_dir_for_run
 from rlalloc.env.workload.loader import EMBEDDED_DEFAULT, GENERATED_SOURCES
 from rlalloc.forecaster.signals import default_signals
+
+if TYPE_CHECKING:
+    from rlalloc.env.scenario import Scenario
 
 DEFAULT_POLICIES = ("static,tiresias,elastic,reactive,proactive,elastic-srpt,elastic-srpt-0.25,"
                     "ppo,dqn")
@@ -141,11 +145,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {reference}: not among --policies ({', '.join(policies)}); "
                         "name one of them")
     workloads = args.workloads or [EMBEDDED_DEFAULT]
-    for mode in modes:  # fails fast on a bad workload, cluster, profile or efficiency mode
-        require_applications([build_scenario(workload, args.cluster, seed=0, efficiency=mode,
-                                             signals=default_signals())
-                              for workload in workloads], mode, workloads)
-    warnings = _planner_warnings(policies, workloads, args.cluster)
+    scenarios = {}
+    for mode in sorted(modes):  # fails fast on a bad workload, cluster, profile or mode
+        scenarios[mode] = {workload: build_scenario(workload, args.cluster, seed=0,
+                                                    efficiency=mode, signals=default_signals())
+                           for workload in workloads}
+        require_applications(list(scenarios[mode].values()), mode, workloads)
+    warnings = (_planner_warnings(policies, workloads, args.cluster)
+                + _size_table_warnings(policies, scenarios, args.efficiency))
     for warning in warnings:
         print(f"rlalloc: warning: {warning}", file=sys.stderr)
     cluster_file = cluster_record(args.cluster)  # the path alone dangles once the file moves
@@ -171,6 +178,31 @@ def run(args: argparse.Namespace) -> int:
         write_report(report, results, names, args.out, reference)
     print(f"wrote {args.out / 'results.json'}, results.md, {RUNS_CSV} and plots")
     return 0
+
+
+def _size_table_warnings(policies: list[str], scenarios: dict[str, dict[str, Scenario]],
+                         efficiency: str) -> list[str]:
+    """A line per size-told policy among `policies` whose table knows none of the jobs of
+    some workload (`scenarios`: by efficiency mode, then workload): it then runs as its base
+    heuristic there, which its label would hide."""
+    from rlalloc.agent.registry import told_size_table
+
+    warnings = []
+    for entry in policies:
+        policy, mode = policy_and_mode(entry, efficiency)
+        table = told_size_table(policy)
+        unknown = [] if table is None else [
+            workload for workload, scenario in scenarios[mode].items()
+            if any(job.application for job in scenario.workload.jobs)
+            and not table.known_jobs(scenario)]
+        if unknown:
+            why = (f" (under --efficiency {mode} a job shows its goodput curve, which a table "
+                   "fitted by `rlalloc sizes fit` or `train --learn-sizes` never holds)"
+                   if mode != "none" else "")
+            warnings.append(f"{entry}: its size table knows none of the jobs of "
+                            f"{', '.join(unknown)}{why}, so it runs there as the heuristic "
+                            "it is told sizes for, without them")
+    return warnings
 
 
 def _planner_warnings(policies: list[str], workloads: list[str], cluster: str) -> list[str]:
