@@ -66,16 +66,21 @@ class JobSizeHistory:
         """The history of every job in `scenarios` (finished jobs of past workloads) that names
         its application. Jobs without one all share the generic curve whatever they run, so
         one median would stand for all of their sizes, worse than each job's own estimate:
-        they are left out and keep it."""
+        they are left out and keep it. Under statistical efficiency a job shows the goodput
+        curve of its current epoch (`rlalloc.env.efficiency`), so each of its epochs' curves
+        is a key to its size."""
         sizes: dict[CurveKey, list[float]] = defaultdict(list)
         kinds: dict[CurveKey, set[JobKind]] = defaultdict(set)
         for scenario in scenarios:
             for job, speed in zip(scenario.workload.jobs, scenario.speeds, strict=True):
                 if job.application is None:
                     continue
-                key = curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
-                sizes[key].append(job.work / speed.speed_1gpu)
-                kinds[key].add((job.application, int(job.batch_size)))
+                curves = ([(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)]
+                          if speed.epochs is None else
+                          [speed.epochs.curve(e) for e in range(len(speed.epochs.epoch_ends))])
+                for key in dict.fromkeys(curve_key(*curve) for curve in curves):
+                    sizes[key].append(job.work / speed.speed_1gpu)
+                    kinds[key].add((job.application, int(job.batch_size)))
         return JobSizeHistory({key: float(np.median(work)) for key, work in sizes.items()},
                               {key: len(work) for key, work in sizes.items()},
                               {key: tuple(sorted(kinds[key])) for key in sizes})
@@ -94,10 +99,26 @@ class JobSizeHistory:
         total = work[kind_of.ravel()]
         return (1.0 - jobs.progress[rows].astype(np.float64)) * total
 
+    @property
+    def kind_count(self) -> int:
+        """How many kinds of job the table tells apart: its curves, or, where it knows them,
+        its groups of (application, batch size), since under statistical efficiency one kind
+        has a curve per epoch."""
+        return len(self._jobs_by_kind())
+
+    @property
+    def past_jobs(self) -> int:
+        """How many past jobs the table was fitted on (each counted once, not per curve)."""
+        return sum(self._jobs_by_kind().values())
+
+    def _jobs_by_kind(self) -> dict[object, int]:
+        return ({kinds: self.jobs[key] for key, kinds in self.kinds.items()} if self.kinds
+                else dict(self.jobs))
+
     def known_jobs(self, scenario: Scenario) -> int:
         """How many of `scenario`'s jobs this table knows, by the curve each shows at
         submission: under statistical efficiency (``--efficiency``) that is the first epoch's
-        goodput curve, which a table fitted on plain runs never holds."""
+        goodput curve, which only a table fitted under the same mode holds."""
         return sum(curve_key(speed.speed_1gpu, speed.scaling_alpha, speed.scaling_beta)
                    in self.work_s for speed in scenario.speeds)
 

@@ -42,8 +42,9 @@ def save_sized_policy(directory: Path, base: str, sizes: JobSizeHistory,
     from rlalloc.env.output import remove_outputs, staged_outputs, write_atomic, write_json
 
     cluster_file = cluster_record(cluster)
-    rows = [f"| {_kinds_label(e['kinds'])} | {e['work_s']:,.0f} | {e['jobs']} |"
-            for e in sizes.to_json()]
+    rows = list(dict.fromkeys(  # a kind has a curve per epoch under statistical efficiency
+        f"| {_kinds_label(e['kinds'])} | {e['work_s']:,.0f} | {e['jobs']} |"
+        for e in sizes.to_json()))
     shape = f" ({cluster_file['shape']}, the file as used is below)" if cluster_file else ""
     with staged_outputs(directory) as staging:
         copied = copy_profiles(sizes, None if base == SIA else profiles_root, staging)

@@ -119,7 +119,7 @@ def _residual_start(config: TrainConfig, model: object, log: Callable[[str], Non
     info = {"residual": list(config.residual), "samples": len(demos.actions),
             "critic_loss": stats["loss"]}
     if sizes is not None:
-        info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sum(sizes.jobs.values()),
+        info["job_sizes"] = {"curves": len(sizes.work_s), "jobs": sizes.past_jobs,
                              "profiles": list(profiles)}
     if config.algo == "dqn":
         margin = DQN_FOLLOW_MARGIN * float(np.std(demos.returns))

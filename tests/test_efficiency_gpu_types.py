@@ -274,3 +274,40 @@ def test_evaluate_warns_where_a_size_table_knows_none_of_the_jobs(tmp_path, caps
                                   f"none of the jobs of {csv} (under --efficiency adaptive")
     report = json.loads((out / "results.json").read_text())
     assert report["warnings"] == [warnings[0].removeprefix("rlalloc: warning: ")]
+
+
+def test_a_table_fitted_under_efficiency_knows_jobs_in_every_epoch(tmp_path, capsys):
+    """Fitted under the same mode (`sizes fit --efficiency`), the table keys each kind by every
+    epoch's goodput curve, so it knows a job all the way through; a base that would rank growth
+    by copied step-rate profiles is refused under efficiency."""
+    from rlalloc.agent.job_sizes import JobSizeHistory
+
+    csv = tmp_path / "w.csv"
+    csv.write_text("name,time,application,num_replicas,batch_size\n"
+                   "a,0,cifar10,2,256\nb,60,deepspeech2,2,40\nc,120,cifar10,1,128\n")
+    scenario = build_scenario(str(csv), MIXED, efficiency="adaptive")
+    table = JobSizeHistory.fit([scenario])
+    # adaptive work does not depend on the batch size: one kind per application
+    assert table.kind_count == 2 and table.past_jobs == 3
+    assert len(table.work_s) > table.kind_count
+    sim = scenario.simulator(NO_FAILURES, seed=0)
+    decide = load_policy("sia").act
+    epochs_seen = set()
+
+    def checked(state):
+        rows = np.arange(state.jobs.count)
+        assert np.isfinite(table.remaining_work(state, rows)).all()
+        epochs_seen.update(int(sim._speeds[sim.job_ids.index(j)].epochs.epoch_at(
+            sim.columns.done[sim.job_ids.index(j)])) for j in state.jobs.job_id)
+        return decide(state)
+
+    assert run_policy(sim, checked).finished
+    assert len(epochs_seen) >= 3
+    assert main(["sizes", "fit", "--workload", str(csv), "--cluster", MIXED,
+                 "--efficiency", "adaptive", "--out", str(tmp_path / "elastic")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "use --speeds curves (or --base sia)" in err[0]
+    assert not (tmp_path / "elastic").exists()
+    assert main(["sizes", "fit", "--workload", str(csv), "--cluster", MIXED, "--efficiency",
+                 "adaptive", "--speeds", "curves", "--out", str(tmp_path / "elastic")]) == 0
+    assert "(2 job kinds, 3 past jobs)" in capsys.readouterr().out

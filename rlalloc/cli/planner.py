@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the planner ({err.strerror or err}); "
                         "an earlier planner there is left as it was") from err
-    print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
+    print(f"wrote {args.out / OUTPUT_FILES[0]} ({sizes.kind_count} job kinds, "
           f"{sum(len(s.workload.jobs) for s in history.values())} past jobs) and card.md"
           f"{_arrivals_summary(arrivals)}; {_coverage(history)}. Compare it with its base "
           "told the same sizes, on workloads W "

@@ -18,6 +18,7 @@ from rlalloc.agent.registry import refuse_other_policy
 from rlalloc.agent.sized_policy import SIZES_FILE
 from rlalloc.cli.argtypes import AppendOnce, add_out_flags
 from rlalloc.env.cluster import add_cluster_flag
+from rlalloc.env.efficiency import add_efficiency_flag
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_dir
 from rlalloc.forecaster.signals import default_signals
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "jobs' applications, copied into --out where found (default), or "
                              "the state's fitted speed-up curves (sizes alone, to compare); "
                              "sia plans on each GPU type's speeds in the state either way")
+    add_efficiency_flag(parser)
     add_out_flags(parser, Path("runs/sizes"))
 
 
@@ -57,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
         told_sizes(args.base, None, args.base)
     except UserError as err:
         raise UserError(f"--base {err}") from None
-    sizes = learn_sizes([build_scenario(w, args.cluster, signals=default_signals())
+    if args.efficiency != "none" and args.base != SIA and args.speeds == "profiles":
+        raise UserError(f"--efficiency {args.efficiency} --speeds profiles: the copied profiles "
+                        "give step rates, not the goodput jobs train at under statistical "
+                        "efficiency; use --speeds curves (or --base sia)")
+    sizes = learn_sizes([build_scenario(w, args.cluster, signals=default_signals(),
+                                        efficiency=args.efficiency)
                          for w in args.workloads],
                         f"--workload {' '.join(args.workloads)}")
     prepare_out_dir(args.out, list(OUTPUT_FILES), args.force)
@@ -69,14 +76,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UserError(f"--out {args.out}: cannot write the size table ({err.strerror or err});"
                         " an earlier one there is left as it was") from err
-    print(f"wrote {args.out / OUTPUT_FILES[0]} ({len(sizes.work_s)} job kinds, "
-          f"{sum(sizes.jobs.values())} past jobs) and card.md, "
+    print(f"wrote {args.out / OUTPUT_FILES[0]} ({sizes.kind_count} job kinds, "
+          f"{sizes.past_jobs} past jobs) and card.md, "
           f"{SIA_SPEEDS if args.base == SIA else _speeds_line(copied, args.out)}; "
           "compare it with its base on "
           "workloads W it was not fitted on (of those it was, it has seen every job): "
           "`rlalloc evaluate --workload W [--workload W2 ...] --cluster "
           f"{shlex.quote(args.cluster)} --policies {args.base},{shlex.quote(str(args.out))} "
-          f"--reference {args.base}`")
+          f"--reference {args.base}"
+          f"{'' if args.efficiency == 'none' else ' --efficiency ' + args.efficiency}`")
     return 0
 
 
