@@ -144,8 +144,9 @@ def check_config(config: TrainConfig) -> None:
                             "--residual too, e.g. elastic-srpt-0.25,elastic-srpt,elastic")
         if config.efficiency != "none":
             raise UserError(f"--learn-sizes needs --efficiency none: under {config.efficiency} "
-                            "a job's speed curve changes every epoch, so a size table keyed "
-                            "by it recognises no job")
+                            "its heuristics would rank growth by the measured profiles' step "
+                            "rates, not the goodput jobs train at; for sia told sizes under "
+                            "efficiency use `rlalloc sizes fit --base sia --efficiency`")
         residual_teachers(config.residual, JobSizeHistory({}, {}))  # elastic ones only
     if config.imitate and not config.residual:
         raise UserError("--imitate fits a residual policy; give --residual with the "
