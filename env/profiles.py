@@ -263,10 +263,8 @@ class AppProfile:
         return nearest, target / relative_speed(nearest.gpu_type)
 
     def speed_on(self, gpu_type: str, batch_size: int) -> tuple[ThroughputModel, GenericScaling]:
-        """Speed at global `batch_size` on `gpu_type`, and its curve (`scaling_fit`): the
-        profile measured on that type, else the documented fallback
-        (`rlalloc.env.gpu_types`): the measured type nearest in relative speed, its
-        throughput scaled by the ratio of the two types' `RELATIVE_SPEED`."""
+        """Speed at global `batch_size` on `gpu_type`, and its curve (`scaling_fit`): those of
+        the profile `measured_for` names, its throughput scaled by its factor."""
         nearest, factor = self.measured_for(gpu_type)
         if factor == 1.0:
             return nearest.throughput(batch_size), nearest.scaling_fit(batch_size)
