@@ -111,3 +111,13 @@ def run_decisions(sim: Simulator, policy: object, decisions: int) -> None:
             if action.kind == ActionKind.NOOP or not sim.apply(action):
                 break
         sim.advance()
+
+
+def place_on_type(sim: Simulator, job_id: str, workers: int, gpu_type: str) -> None:
+    """Start or move `job_id` to `workers` workers packed on nodes of `gpu_type` (must fit)."""
+    state = sim.state()
+    nodes = choose_nodes(state, state.job_index(job_id), workers, Strategy.PACKED,
+                         gpu_type=gpu_type)
+    assert nodes is not None
+    assert sim.apply(Action(ActionKind.SCALE, job_id, workers,
+                            tuple(state.nodes.name[n] for n in nodes)))

@@ -23,14 +23,12 @@ from rlalloc.env.efficiency import (
 from rlalloc.env.failures import FailureParams
 from rlalloc.env.gpu_types import RELATIVE_SPEED
 from rlalloc.env.params import SimParams
-from rlalloc.env.placement import choose_nodes
 from rlalloc.env.profiles import DEFAULT_PROFILES_ROOT, load_profiles
 from rlalloc.env.scenario import build_scenario, job_speeds
 from rlalloc.env.simulator import Simulator
-from rlalloc.env.state import Action, ActionKind, Strategy
 from rlalloc.env.workload.spec import JobSpec, Workload
 
-from sim_helpers import WorkLedger, check_accounting, check_invariants
+from sim_helpers import WorkLedger, check_accounting, check_invariants, place_on_type
 
 pytestmark = pytest.mark.skipif(not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared data absent")
 MIXED = "1x4:T4+1x4:A100"
@@ -59,15 +57,6 @@ def _sim(profiles, cluster: str, mode: str, jobs: list[tuple[str, str, int, int]
     return Simulator(spec, workload, speeds, NO_FAILURES)
 
 
-def _place(sim: Simulator, job_id: str, workers: int, gpu_type: str) -> None:
-    state = sim.state()
-    nodes = choose_nodes(state, state.job_index(job_id), workers, Strategy.PACKED,
-                         gpu_type=gpu_type)
-    assert nodes is not None
-    assert sim.apply(Action(ActionKind.SCALE, job_id, workers,
-                            tuple(state.nodes.name[n] for n in nodes)))
-
-
 def _rates(sim: Simulator) -> dict[str, float]:
     return dict(zip(sim.job_ids, sim.columns.rate.tolist(), strict=True))
 
@@ -88,8 +77,8 @@ def test_a_fixed_batch_job_on_a100_outruns_t4_by_the_profiles_ratio(profiles, ap
         assert (a100.progress_per_s((2,), epoch) / t4.progress_per_s((2,), epoch)
                 == pytest.approx(expected, rel=1e-9))
     sim.advance()
-    _place(sim, "a", 2, "A100")
-    _place(sim, "t", 2, "T4")
+    place_on_type(sim, "a", 2, "A100")
+    place_on_type(sim, "t", 2, "T4")
     sim.advance()
     sim.advance()  # both restored and training
     stall = sim.params.checkpoint_interval_s / (sim.params.checkpoint_interval_s
@@ -108,8 +97,8 @@ def test_an_adaptive_job_runs_each_types_best_batch_size(profiles):
     goodput curve."""
     sim = _sim(profiles, MIXED, "adaptive", [("a", "cifar10", 128, 2), ("t", "cifar10", 128, 2)])
     sim.advance()
-    _place(sim, "a", 2, "A100")
-    _place(sim, "t", 2, "T4")
+    place_on_type(sim, "a", 2, "A100")
+    place_on_type(sim, "t", 2, "T4")
     sim.advance()  # both restored and training
     rate = _rates(sim)
     stall = sim.params.checkpoint_interval_s / (sim.params.checkpoint_interval_s
@@ -139,7 +128,7 @@ def test_every_types_curve_follows_the_epochs_and_work_is_conserved(profiles):
     run) changes with its epochs too, and it finishes exactly at the sum of its epochs."""
     sim = _sim(profiles, MIXED, "adaptive", [("t", "cifar10", 128, 4)])
     sim.advance()
-    _place(sim, "t", 4, "T4")
+    place_on_type(sim, "t", 4, "T4")
     rates = {t: sim._speeds[0].on_type(t).epochs for t in ("T4", "A100")}
     a100 = sim.state().type_speeds.column("A100")
     seen = set()

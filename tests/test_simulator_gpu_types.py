@@ -18,7 +18,7 @@ from rlalloc.env.simulator import Simulator
 from rlalloc.env.state import NOOP, Action, ActionKind, JobStatus, Strategy
 from rlalloc.env.workload.spec import JobSpec, Workload
 
-from sim_helpers import check_accounting, check_invariants
+from sim_helpers import check_accounting, check_invariants, place_on_type
 
 MIXED = "1x4:T4+1x4:A100"
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
@@ -42,22 +42,13 @@ def _sim(cluster: str, jobs: list[JobSpec], profiles) -> Simulator:
     return Simulator(spec, workload, speeds, NO_FAILURES)
 
 
-def _place(sim: Simulator, job_id: str, workers: int, gpu_type: str) -> None:
-    state = sim.state()
-    nodes = choose_nodes(state, state.job_index(job_id), workers, Strategy.PACKED,
-                         gpu_type=gpu_type)
-    assert nodes is not None
-    assert sim.apply(Action(ActionKind.SCALE, job_id, workers,
-                            tuple(state.nodes.name[n] for n in nodes)))
-
-
 @pytest.mark.parametrize("app,batch", [("bert", 96), ("ncf", 4096), ("imagenet", 800)])
 def test_a100_is_faster_than_t4_exactly_by_the_profiles_ratio(profiles, app, batch):
     sim = _sim(MIXED, [_profiled("a", app, batch, 2, profiles=profiles),
                        _profiled("b", app, batch, 2, profiles=profiles)], profiles)
     sim.advance()
-    _place(sim, "a", 2, "A100")
-    _place(sim, "b", 2, "T4")
+    place_on_type(sim, "a", 2, "A100")
+    place_on_type(sim, "b", 2, "T4")
     rate = dict(zip(sim.job_ids, sim.columns.rate, strict=True))
     on = profiles[app].on_type
     expected = (on["A100"].throughput(batch).iterations_per_s((2,))
@@ -91,7 +82,7 @@ def test_a_job_never_spans_types_and_a_type_move_pays_its_restore(profiles):
     mixed = Action(ActionKind.SCALE, "a", 2, ("node-0000", "node-0001"))
     assert sim.validate(mixed).startswith("a job runs on one GPU type at a time")
     assert not sim.apply(mixed)
-    _place(sim, "a", 2, "T4")
+    place_on_type(sim, "a", 2, "T4")
     sim.advance()
     sim.advance()
     row = sim.job_ids.index("a")
@@ -101,7 +92,7 @@ def test_a_job_never_spans_types_and_a_type_move_pays_its_restore(profiles):
     state = sim.state()
     grown = choose_nodes(state, state.job_index("a"), 4, Strategy.PACKED)
     assert grown is not None and {state.nodes.gpu_type[n] for n in grown} == {"T4"}
-    _place(sim, "a", 2, "A100")
+    place_on_type(sim, "a", 2, "A100")
     assert sim.columns.status[row] == JobStatus.RESTARTING
     assert sim.columns.busy_from_s[row] == pytest.approx(t + 50.0)  # the restore, then A100
     assert sim.columns.done[row] == pytest.approx(done_before)  # checkpointed: nothing lost
@@ -228,7 +219,7 @@ def test_a_mixed_state_rebuilds_with_each_jobs_speed_per_type(profiles):
     sim = _sim(MIXED, [_profiled("a", "bert", 96, 2, profiles=profiles),
                        _profiled("b", "ncf", 4096, 2, profiles=profiles)], profiles)
     sim.advance()
-    _place(sim, "a", 2, "A100")
+    place_on_type(sim, "a", 2, "A100")
     state = sim.state()
     copy = simulator_from_state(state, np.array([3600.0, 3600.0]))
     again = copy.state()
