@@ -15,6 +15,9 @@ applications (petuum/adaptdl OSDI'21 artifact, ``simulator/simulator.py`` ``Job.
   size had at its end. A job is done at the end of its completion epoch (`MAX_EPOCHS`), so its
   work no longer depends on its batch size; only how fast it gets there does.
 * **Goodput** (progress per second) on a placement = gain x iterations per second at ``B``.
+  On a cluster of several GPU types the gain is the same on every type (gradient noise is the
+  model's) and the iterations per second are that type's, as in Sia's simulator, which
+  models goodput per type the same way.
 
 Two kinds of job use it (`EFFICIENCY_MODES`): ``fixed`` keeps the workload's batch size, as
 Pollux's Tiresias and Optimus baselines do; ``adaptive`` re-picks the batch size with the best
