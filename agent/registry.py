@@ -97,15 +97,15 @@ def told_size_table(name_or_path: str) -> JobSizeHistory | None:
     None for any other policy. Read from its files without loading the policy, which
     `load_policy` has checked."""
     from rlalloc.agent.job_sizes import JobSizeHistory
-    from rlalloc.agent.sized_policy import SIZES_FILE
+    from rlalloc.agent.sized_policy import FORMAT_VERSION, SIZES_FILE, read_saved_policy
 
     if name_or_path in HEURISTICS:
         return None
     directory = MODELS_DIR / name_or_path if name_or_path in SHIPPED_MODELS else Path(
         name_or_path)
     if (directory / SIZES_FILE).is_file():
-        return JobSizeHistory.from_json(json.loads((directory / SIZES_FILE).read_text())[
-            "curves"])
+        return JobSizeHistory.from_json(read_saved_policy(
+            directory / SIZES_FILE, FORMAT_VERSION, "rlalloc sizes fit")["curves"])
     if (directory / META_FILE).is_file():
         entries = json.loads((directory / META_FILE).read_text()).get("job_sizes")
         return None if entries is None else JobSizeHistory.from_json(entries)

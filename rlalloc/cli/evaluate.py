@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                                                     efficiency=mode, signals=default_signals())
                            for workload in workloads}
         require_applications(list(scenarios[mode].values()), mode, workloads)
-    warnings = (_planner_warnings(policies, workloads, args.cluster)
+    warnings = (_planner_warnings(policies, workloads, args.cluster, scenarios.get("none"))
                 + _size_table_warnings(policies, scenarios, args.efficiency))
     for warning in warnings:
         print(f"rlalloc: warning: {warning}", file=sys.stderr)
@@ -205,9 +205,11 @@ def _size_table_warnings(policies: list[str], scenarios: dict[str, dict[str, Sce
     return warnings
 
 
-def _planner_warnings(policies: list[str], workloads: list[str], cluster: str) -> list[str]:
+def _planner_warnings(policies: list[str], workloads: list[str], cluster: str,
+                      plain: dict[str, Scenario] | None = None) -> list[str]:
     """A line per planner directory among `policies` that draws its futures from one of the
-    evaluated `workloads` (`rlalloc.agent.planner.drawn_from`): its score there is flattered."""
+    evaluated `workloads` (`rlalloc.agent.planner.drawn_from`): its score there is flattered.
+    `plain`: the workloads' scenarios without efficiency where already built (by workload)."""
     from rlalloc.agent.planner import PLANNER_FILE, drawn_from
     from rlalloc.env.scenario import build_scenario
 
@@ -215,8 +217,8 @@ def _planner_warnings(policies: list[str], workloads: list[str], cluster: str) -
                 if (Path(policy_and_mode(entry, "none")[0]) / PLANNER_FILE).is_file()]
     if not planners:
         return []
-    scenarios = {w: build_scenario(w, cluster, seed=0, signals=default_signals())
-                 for w in workloads}
+    scenarios = plain or {w: build_scenario(w, cluster, seed=0, signals=default_signals())
+                          for w in workloads}
     warnings = []
     for entry in planners:
         if own := drawn_from(Path(policy_and_mode(entry, "none")[0]), scenarios):
