@@ -57,6 +57,14 @@ class ForecasterConfig:
     validation series are given."""
     seed: int = 0
     """Seed of weight initialisation and batch order."""
+    union_sizes: tuple[int, ...] = ()
+    """Also train on the union of every group of this many training series, their GPUs pooled
+    over the minutes they share (`rlalloc.forecaster.unions`): clusters that move more often
+    than any one of them. Off by default: they help on clusters busier than the training
+    ones and cost on calm ones (docs/forecaster.md); `forecast train --unions` sets (2,)."""
+    max_unions: int = 32
+    """At most this many unions (drawn with `seed` when there are more groups), so training
+    time grows with the number of series, not with its square."""
     calibrate: bool = True
     """Shift each quantile except the median, per horizon, by the residual quantile on the
     validation VCs (conformal-style), so coverage holds on clusters never trained on."""
@@ -80,6 +88,7 @@ class ForecasterConfig:
         values = dict(data)
         values["horizons_min"] = tuple(values.get("horizons_min", HORIZONS_MIN))
         values["quantiles"] = tuple(values.get("quantiles", QUANTILE_LEVELS))
+        values["union_sizes"] = tuple(values.get("union_sizes", ()))
         return cls(**values)
 
 

@@ -60,6 +60,9 @@ class DemandSegment:
 
     demand: np.ndarray
     start_minute_of_day: int
+    start: pd.Timestamp | None = None
+    """When its first minute began, where the series had timestamps: what lines clusters up
+    in time for `rlalloc.forecaster.unions`."""
 
     def minute_of_day(self) -> np.ndarray:
         """Minute of day (0..1439) of every sample; time-of-day features are built from it."""
@@ -280,6 +283,7 @@ def _segments(
         segment = DemandSegment(
             demand=demand[lo:hi][grid_source].astype(np.float32),
             start_minute_of_day=start.hour * 60 + start.minute,
+            start=start,
         )
         segments.append((segment, int(local[-1] + 1 - len(local))))
     return segments

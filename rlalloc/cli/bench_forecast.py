@@ -27,8 +27,9 @@ from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, save_bench_figures
 from rlalloc.forecaster.artifacts import read_card
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
-from rlalloc.forecaster.series import DemandSegment, load_demand_series
+from rlalloc.forecaster.series import DemandSeries, load_demand_series
 from rlalloc.forecaster.standin import load_standin
+from rlalloc.forecaster.unions import training_segments
 
 LATENCY_CALLS = 300
 
@@ -66,17 +67,19 @@ def _training_time(args: argparse.Namespace) -> dict[str, object]:
     # the card names its series relative to the checkout it was trained in
     paths = args.series or [Path(p) for p in card["trained_on"]]
     val_paths = [] if args.series else [Path(p) for p in card.get("validated_on", [])]
+    if not val_paths:  # validated on the training tails, which unions would train on
+        config = replace(config, union_sizes=())
     missing = [str(p) for p in [*paths, *val_paths] if not Path(p).is_file()]
     if missing:
         raise UserError(f"training series not found: {', '.join(missing)}; run from the checkout "
                         "beside ../shared, pass --series, or --skip-training")
 
-    def segments(files: list[Path]) -> list[DemandSegment]:
-        return [s for p in files for s in
-                load_demand_series(p, min_points=config.min_history_min + 61).segments]
+    def series(files: list[Path]) -> list[DemandSeries]:
+        return [load_demand_series(p, min_points=config.min_history_min + 61) for p in files]
 
-    _, report = train_forecaster(segments(paths), config, show_progress=True,
-                                 validation=segments(val_paths) or None)
+    validation = [segment for one in series(val_paths) for segment in one.segments]
+    _, report = train_forecaster(training_segments(series(paths), config), config,
+                                 show_progress=True, validation=validation or None)
     return {
         "series": [str(p) for p in paths],
         "validation_series": [str(p) for p in val_paths],

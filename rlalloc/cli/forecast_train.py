@@ -34,6 +34,7 @@ from rlalloc.forecaster.quantile_baselines import fit_baselines
 from rlalloc.forecaster.risk import RISK_MODEL_FILE, RiskConfig
 from rlalloc.forecaster.series import DemandSeries, check_filled_share, load_demand_series
 from rlalloc.forecaster.standin import STANDIN_FILE, fit_ewma
+from rlalloc.forecaster.unions import training_segments
 
 TORCH_THREADS = 2
 """The development machine has two cores; more threads only contend."""
@@ -62,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=SEED, default=None,
                         help=f"training seed (default: {ForecasterConfig.seed}; the risk model "
                              "is scored on the simulated telemetry of the seed after it)")
+    parser.add_argument("--unions", action="store_true",
+                        help="also train on the union of every pair of --series (their GPUs "
+                             "pooled): for clusters busier than the training ones; needs "
+                             "--val-series (see docs/forecaster.md)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -89,6 +94,12 @@ def _train_demand(args: argparse.Namespace) -> int:
                         "would be trained on twice, or validated on what it trained on)")
     config = ForecasterConfig()
     overrides = {k: v for k, v in (("epochs", args.epochs), ("seed", args.seed)) if v is not None}
+    if args.unions:
+        if not args.val_series:
+            raise UserError("--unions needs --val-series (validated on the tails of the "
+                            "training series, the unions would train on minutes that validate); "
+                            "add --val-series of other clusters or drop --unions")
+        overrides["union_sizes"] = (2,)
     config = replace(config, **overrides)
     series = [load_demand_series(p, min_points=config.min_history_min + 61) for p in given]
     digests = _refuse_repeated_series(given)
@@ -104,7 +115,8 @@ def _train_demand(args: argparse.Namespace) -> int:
                                               config.quantiles, config.horizons_min))
         standin = fit_ewma([s.demand for s in segments], config.horizons_min)
         standin.save(staging / STANDIN_FILE)
-        forecaster, report = train_forecaster(segments, config,
+        trained_segments = training_segments(train_series, config)
+        forecaster, report = train_forecaster(trained_segments, config,
                                               show_progress=not args.no_progress,
                                               validation=validation or None)
         forecaster.save(staging)
@@ -122,6 +134,7 @@ def _train_demand(args: argparse.Namespace) -> int:
             "validated_on": [str(p.resolve()) for p in args.val_series],
             "validated_on_sha256": digests[len(args.series):],
             "filled_minutes": [one.filled_minutes for one in series],
+            "union_segments": len(trained_segments) - len(segments),
             "command": _command_line(),
             "config": config.to_json(),
             "training": asdict(report),
