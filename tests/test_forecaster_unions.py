@@ -77,9 +77,11 @@ def test_training_segments_are_the_real_ones_then_at_most_max_unions_drawn_by_se
     assert len(training_segments(series, replace(config, union_sizes=()))) == 5
 
 
-def test_a_config_saved_before_unions_existed_reads_as_trained_without_them():
+def test_a_config_with_unions_survives_its_json_and_one_saved_before_them_reads_without():
+    config = replace(ForecasterConfig(), union_sizes=(2,), max_unions=8)
+    assert ForecasterConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     saved = ForecasterConfig().to_json()
-    del saved["union_sizes"]
+    del saved["union_sizes"], saved["max_unions"]
     assert ForecasterConfig.from_json(saved).union_sizes == ()
 
 
