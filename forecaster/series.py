@@ -87,6 +87,14 @@ class DemandSeries:
         """Minutes in all segments, the filled ones included."""
         return sum(len(segment.demand) for segment in self.segments)
 
+    def unchanged_share(self, horizon_min: int) -> float | None:
+        """Share of the series' ``horizon_min``-minute changes of demand that are exactly 0:
+        how calm the cluster is, to compare clusters to forecast with those trained on
+        (`forecast train --unions` is for busier ones). None where no segment is that long."""
+        same = [segment.demand[horizon_min:] == segment.demand[:-horizon_min]
+                for segment in self.segments if len(segment.demand) > horizon_min]
+        return float(np.concatenate(same).mean()) if same else None
+
 
 def load_demand_series(
     path: str | Path, max_gap_min: int = DEFAULT_MAX_GAP_MIN, min_points: int = 2

@@ -23,6 +23,7 @@ from rlalloc.cli.main import main
 from rlalloc.forecaster.baselines import HoltWintersParams
 from rlalloc.forecaster.evaluate import Evaluation
 from rlalloc.forecaster.model import LSTMForecaster
+from rlalloc.forecaster.series import load_demand_series
 from rlalloc.forecaster.train import TrainingReport
 
 
@@ -58,6 +59,8 @@ def test_train_writes_plain_artifacts(trained_dir):
     assert {"weights.pt", "config.json", "baselines.json", "standin.json", "card.json"} <= names
     card = json.loads((trained_dir / "card.json").read_text())
     assert card["training"]["train_windows"] > 0
+    assert card["unchanged_share_60min"] == [
+        load_demand_series(trained_dir.parent / "train.csv").unchanged_share(60)]
 
 
 def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path, monkeypatch):
@@ -78,6 +81,9 @@ def test_evaluate_writes_forecast_json_and_plot(trained_dir, tmp_path, monkeypat
         assert np.isfinite(scores["mae"]).all()
     assert (out / "forecast_day.png").stat().st_size > 1000
     assert "on test.csv" in shown[0].axes[0].get_title()  # the plot names what it evaluated
+    # how calm each series is, to compare with the card's (whether --unions would help)
+    assert result["unchanged_share_60min"] == [
+        load_demand_series(held_out).unchanged_share(60)]
 
 
 def test_sample_day_plot_names_the_series_and_draws_the_actual_over_the_forecasts(

@@ -116,3 +116,15 @@ def test_unions_without_validation_clusters_are_refused_before_anything_is_writt
                  "--unions"]) == 2
     one_line_error(capsys, "--unions needs --val-series", "drop --unions")
     assert not out.exists()
+
+
+def test_unchanged_share_counts_the_changes_of_exactly_zero_within_segments():
+    first = pd.Timestamp("2020-05-01")
+    steps = DemandSeries(source="s", filled_minutes=0, segments=(
+        DemandSegment(demand=np.repeat([0.1, 0.2], 50).astype(np.float32), start=first,
+                      start_minute_of_day=0),                 # 10-min changes: 40 + 40 same
+        DemandSegment(demand=np.full(5, 0.3, np.float32), start_minute_of_day=0),  # too short
+    ))
+    assert steps.unchanged_share(10) == pytest.approx(80 / 90)
+    assert steps.unchanged_share(1) == pytest.approx(102 / 103)  # 98 of 99, then 4 of 4
+    assert steps.unchanged_share(200) is None

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             "model_dir": str(args.model),
             "origins": int(len(evaluation.actual)),
             "filled_minutes": [one.filled_minutes for one in series],
+            "unchanged_share_60min": [one.unchanged_share(60) for one in series],
         }
         # drawn before any write, so that a failure leaves every old file
         png = plot_sample_day(evaluation, series=args.series[0].name)

@@ -134,6 +134,7 @@ def _train_demand(args: argparse.Namespace) -> int:
             "validated_on": [str(p.resolve()) for p in args.val_series],
             "validated_on_sha256": digests[len(args.series):],
             "filled_minutes": [one.filled_minutes for one in series],
+            "unchanged_share_60min": [one.unchanged_share(60) for one in series],
             "union_segments": len(trained_segments) - len(segments),
             "command": _command_line(),
             "config": config.to_json(),
