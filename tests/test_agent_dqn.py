@@ -160,13 +160,13 @@ def test_the_export_is_never_worse_than_the_start_on_the_evaluation_workloads(tm
     workloads (apart from the training one), scores the best evaluation on the card, which is
     at most the start's; an evaluation that did not finish every job (None) is never chosen."""
     config = TrainConfig(algo="dqn", workloads=(WORKLOAD,), eval_workloads=TINY,
-                         cluster=CLUSTER, residual=TEACHERS, timesteps=2_000, eval_every=500,
+                         cluster=CLUSTER, residual=TEACHERS, timesteps=2_000, eval_every=1_000,
                          n_envs=1, learning_rate=3e-4, give_up_factor=1.2, bc_epochs=2,
                          net_arch=(32,),
                          dqn_exploration=(0.3, 0.3))
     summary = train(config, tmp_path / "model", log=lambda _: None)
     scores = [e["avg_jct_s"] for e in summary["evaluations"]]
-    assert len(scores) == 5 and len(set(scores)) > 1, "RL moved the policy"
+    assert len(scores) == 3 and len(set(scores)) > 1, "RL moved the policy"
     exported = load_policy(str(tmp_path / "model"))
     jct = evaluate_jct(exported.act, config, config.eval_workloads)
     finished = [score for score in scores if score is not None]
