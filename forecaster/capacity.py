@@ -1,7 +1,7 @@
 """A capacity rule judged by what it costs: keep GPUs for the forecast's q-quantile of demand.
 
-As a predictive autoscaler would, the rule holds, at every forecast origin, the whole number of
-GPUs that covers the q-quantile of demand one horizon ahead; the demand that then arrives is
+As a predictive autoscaler would, the rule holds, at every forecast origin, the q-quantile of
+demand one horizon ahead in whole GPUs (`gpus_to_keep`); the demand that then arrives is
 either served (GPUs beyond it sit idle) or waits (demand beyond the GPUs held). Each origin
 stands for the minutes until the next one, so summing gives GPU-hours. A higher q buys less
 waiting with more idle GPUs; a sharper forecaster buys both at once, which is what the
@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 MINUTES_PER_HOUR = 60
+CAPACITY_HORIZON_MIN = 60
+"""The capacity rule keeps GPUs for demand this far ahead: the longest horizon forecast."""
 
 
 @dataclass(frozen=True)
@@ -26,12 +28,24 @@ class CapacityCost:
     waiting_gpu_hours: float
 
 
+def gpus_to_keep(demand: np.ndarray, size_gpus: np.ndarray | float) -> np.ndarray:
+    """The whole number of GPUs nearest each forecast ``demand`` (fractions of clusters of
+    ``size_gpus`` GPUs; halves round up), never below 0.
+
+    Demand is a whole number of GPUs, so each of its quantiles is one too, and a forecast of
+    it is read as the whole number it estimates. Rounding up instead would hold a GPU more
+    wherever a quantile sits a hair above the current count, as a network's quantiles do at
+    the atom of "no change" (its float error, not a forecast of one more GPU)."""
+    return np.floor(np.maximum(np.asarray(demand, dtype=np.float64), 0.0) * size_gpus + 0.5)
+
+
 def capacity_cost(held_demand: np.ndarray, actual_demand: np.ndarray, size_gpus: np.ndarray,
                   minutes_per_origin: float, level: float) -> CapacityCost:
     """Idle and waiting GPU-hours of holding ``held_demand`` (fractions of each cluster, one
-    per origin; rounded up to whole GPUs) against ``actual_demand`` (same units), on clusters
-    of ``size_gpus`` GPUs (one per origin), each origin counting ``minutes_per_origin``."""
-    held = np.ceil(np.maximum(held_demand, 0.0) * size_gpus - 1e-9)
+    per origin; in whole GPUs, `gpus_to_keep`) against ``actual_demand`` (same units), on
+    clusters of ``size_gpus`` GPUs (one per origin), each origin counting
+    ``minutes_per_origin``."""
+    held = gpus_to_keep(held_demand, size_gpus)
     wanted = actual_demand * size_gpus
     hours = minutes_per_origin / MINUTES_PER_HOUR
     return CapacityCost(

@@ -28,7 +28,7 @@ from types import MappingProxyType
 import numpy as np
 
 from rlalloc.forecaster import baselines
-from rlalloc.forecaster.capacity import CapacityCost, capacity_cost
+from rlalloc.forecaster.capacity import CAPACITY_HORIZON_MIN, CapacityCost, capacity_cost
 from rlalloc.forecaster.features import local_scale
 from rlalloc.forecaster.model import LSTMForecaster
 from rlalloc.forecaster.online_calibration import (
@@ -45,8 +45,6 @@ MAPE_MIN_DEMAND = 0.05
 """Targets below 5 % of the cluster are left out of MAPE (they would dominate it)."""
 FIRST_ORIGIN_MIN = baselines.HOLT_WINTERS_MIN_HISTORY_MIN - 1
 """Origins start two days in: Holt-Winters' initial states need two seasons."""
-CAPACITY_HORIZON_MIN = 60
-"""The capacity rule keeps GPUs for demand this far ahead: the longest horizon forecast."""
 ONLINE_SUFFIX = "_online"
 """Appended to a quantile model's name for its forecasts calibrated online."""
 ONLINE_STEP_SIZES: dict[str, float] = {

@@ -81,6 +81,9 @@ class DemandSeries:
     size_gpus: float = 1.0
     """The cluster's median size in GPUs (its total column), which turns demand fractions back
     into GPUs (GPU-hours of the capacity rule); 1 for a plain demand file, which has none."""
+    size_from_file: bool = False
+    """Whether `size_gpus` was read from the file (False: a plain demand file, whose 1 is no
+    size: GPUs then need the size from elsewhere, e.g. `forecast predict --gpus`)."""
 
     @property
     def minutes(self) -> int:
@@ -122,7 +125,9 @@ def load_demand_series(
             f"{min_points} (input window + horizon); supply a longer per-minute series"
         )
     return DemandSeries(source=str(path), segments=tuple(s for s, _ in usable),
-                        filled_minutes=sum(filled for _, filled in usable), size_gpus=size_gpus)
+                        filled_minutes=sum(filled for _, filled in usable),
+                        size_gpus=1.0 if size_gpus is None else size_gpus,
+                        size_from_file=size_gpus is not None)
 
 
 def check_filled_share(series: DemandSeries) -> str:
@@ -162,14 +167,14 @@ def _read_rows(path: Path) -> pd.DataFrame:
     return frame[~blank]
 
 
-def _demand_column(path: Path, frame: pd.DataFrame) -> tuple[np.ndarray, float]:
+def _demand_column(path: Path, frame: pd.DataFrame) -> tuple[np.ndarray, float | None]:
     """Demand fraction per row, from whichever known layout the header matches, and the
-    cluster's median size (1 where the layout has none)."""
+    cluster's median size (None where the layout has none)."""
     for columns, layout in _LAYOUTS:
         if all(c in frame.columns for c in columns):
             values = {c: _numeric(path, frame, c) for c in columns}
             if layout == "demand":
-                return values["demand"], 1.0
+                return values["demand"], None
             total_name = "total_gpu_num" if layout == "helios" else "total"
             total = values[total_name]
             bad = np.flatnonzero(total <= 0)

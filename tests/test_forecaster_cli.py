@@ -1,4 +1,5 @@
-"""The real `rlalloc forecast` / `rlalloc bench forecast` commands on tiny synthetic series."""
+"""The real `rlalloc forecast` / `rlalloc bench forecast` commands on tiny synthetic series, and
+the forecast from a series' end that `forecast predict` prints."""
 
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ from rlalloc.cli import forecast_evaluate as evaluate_cmd
 from rlalloc.cli import forecast_train as train_cmd
 from rlalloc.cli.forecast_evaluate import format_table
 from rlalloc.cli.main import main
+from rlalloc.env.errors import UserError
 from rlalloc.forecaster.baselines import HoltWintersParams
+from rlalloc.forecaster.capacity import gpus_to_keep
 from rlalloc.forecaster.evaluate import Evaluation
 from rlalloc.forecaster.model import LSTMForecaster
 from rlalloc.forecaster.series import load_demand_series
+from rlalloc.forecaster.series_end import forecast_series_end
 from rlalloc.forecaster.train import TrainingReport
 
 
@@ -520,3 +524,83 @@ def test_evaluate_writes_quantile_scores_and_the_capacity_curve(trained_dir, tmp
         assert waiting == sorted(waiting, reverse=True)
     assert "pinball" not in result["models"]["ewma_standin"]
     assert (out / "capacity.png").stat().st_size > 1000
+
+
+def test_prints_and_writes_the_quantiles_in_gpus_from_the_last_minute(trained_dir, tmp_path,
+                                                                     capsys):
+    series = write_cycle(tmp_path / "cluster.csv", days=3, seed=2)
+    out = tmp_path / "predict.json"
+    assert main(["forecast", "predict", "--series", str(series), "--model", str(trained_dir),
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    last = pd.read_csv(series).iloc[-1]
+    assert result["origin"] == pd.Timestamp(last["time"]).isoformat()
+    assert result["last_demand"] == pytest.approx(
+        (last["running_gpu_num"] + last["pending_gpu_num"]) / 64)
+    demand, gpus = np.array(result["demand"]), np.array(result["gpus"])
+    assert demand.shape == gpus.shape == (len(result["horizons_min"]), len(result["quantiles"]))
+    assert (np.diff(demand, axis=1) >= 0).all()
+    np.testing.assert_array_equal(gpus, np.floor(demand * 64 + 0.5))
+    assert result["outcomes_seen"] > 0
+    printed = capsys.readouterr().out
+    assert f"| 60 min | {' | '.join(str(n) for n in gpus[-1])} |" in printed
+
+
+def test_without_an_online_step_it_is_the_model_forecast_from_the_last_minute(trained_dir,
+                                                                              tmp_path):
+    path = write_cycle(tmp_path / "cluster.csv", days=3, seed=3)
+    series = load_demand_series(path)
+    lstm = LSTMForecaster.load(trained_dir)
+    last = series.segments[-1]
+    expected = lstm.predict(last.demand.astype(np.float64), int(last.minute_of_day()[-1]))
+    np.testing.assert_allclose(forecast_series_end(series, lstm, step_size=0.0).demand,
+                               expected)
+    # the series' own past moves the offsets: the quantiles differ once it calibrates
+    assert not np.allclose(forecast_series_end(series, lstm, step_size=0.05).demand, expected)
+
+
+def test_a_last_run_shorter_than_the_history_after_a_gap_is_refused(trained_dir, tmp_path,
+                                                                    capsys):
+    path = write_cycle(tmp_path / "cluster.csv", days=3, seed=4)
+    frame = pd.read_csv(path)
+    frame = frame.drop(frame.index[-120:-100])  # a 20-min gap, 100 minutes before the end
+    frame.to_csv(path, index=False)
+    lstm = LSTMForecaster.load(trained_dir)
+    with pytest.raises(UserError, match="last gap-free run is 100 minutes"):
+        forecast_series_end(load_demand_series(path), lstm)
+    assert main(["forecast", "predict", "--series", str(path), "--model",
+                 str(trained_dir)]) == 2
+    assert "needs the last" in capsys.readouterr().err
+
+
+def test_an_existing_out_file_is_kept_without_force(trained_dir, tmp_path, capsys):
+    series = write_cycle(tmp_path / "cluster.csv", days=3, seed=5)
+    out = tmp_path / "predict.json"
+    out.write_text("earlier\n")
+    assert main(["forecast", "predict", "--series", str(series), "--model", str(trained_dir),
+                 "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert out.read_text() == "earlier\n"
+
+
+def test_a_plain_demand_file_needs_the_cluster_size_for_gpus(trained_dir, tmp_path, capsys):
+    cycle = pd.read_csv(write_cycle(tmp_path / "cycle.csv", days=3, seed=6))
+    plain = tmp_path / "plain.csv"
+    pd.DataFrame({"time": cycle["time"], "demand": (cycle["running_gpu_num"]
+                                                    + cycle["pending_gpu_num"]) / 64}
+                 ).to_csv(plain, index=False)
+    argv = ["forecast", "predict", "--series", str(plain), "--model", str(trained_dir)]
+    assert main(argv) == 2
+    assert "pass --gpus N" in capsys.readouterr().err
+    out = tmp_path / "predict.json"
+    assert main([*argv, "--gpus", "32", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["size_gpus"] == 32
+    np.testing.assert_array_equal(result["gpus"],
+                                  np.floor(np.array(result["demand"]) * 32 + 0.5))
+
+
+def test_gpus_to_keep_rounds_to_the_nearest_whole_gpu():
+    # 14.0016 of 16 GPUs is 14 (a network's hair above the count), 14.5 rounds up, never < 0
+    np.testing.assert_array_equal(gpus_to_keep(np.array([0.8751, 14.5 / 16, -0.1]), 16.0),
+                                  [14, 15, 0])

@@ -38,8 +38,11 @@ def test_capacity_rule_idle_and_waiting_by_hand():
     cost = capacity_cost(np.array([0.5, 0.5]), np.array([0.25, 0.75]), np.array([8.0, 8.0]),
                          minutes_per_origin=30, level=0.9)
     assert (cost.idle_gpu_hours, cost.waiting_gpu_hours) == (1.0, 1.0)
-    # GPUs come whole: 0.51 of 8 GPUs is 4.08, so 5 are held (one idle against 4 wanted)
+    # GPUs come whole, the nearest: 0.51 of 8 GPUs is 4.08, so 4 are held (none idle against
+    # 4 wanted; rounding up would hold 5), and 0.57 is 4.56, so 5 (one idle)
     cost = capacity_cost(np.array([0.51]), np.array([0.5]), np.array([8.0]), 60, 0.9)
+    assert (cost.idle_gpu_hours, cost.waiting_gpu_hours) == (0.0, 0.0)
+    cost = capacity_cost(np.array([0.57]), np.array([0.5]), np.array([8.0]), 60, 0.9)
     assert (cost.idle_gpu_hours, cost.waiting_gpu_hours) == (1.0, 0.0)
     # 4 GPUs wanted; held 2, 6, 8: (waiting, idle) = (2, 0), (0, 2), (0, 4)
     curve = [capacity_cost(np.array([held]), np.array([0.5]), np.array([8.0]), 60, level)

@@ -13,6 +13,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,8 +164,9 @@ def _blocking(extras: tuple[str, ...], statement: str) -> str:
 @pytest.mark.expensive
 def test_the_core_install_runs_from_anywhere_without_the_extras(wheel, tmp_path):
     """`pip install .` alone: `import env` is no module of ours; `rlalloc evaluate` runs the
-    shipped PPO and `simulate` a Pollux-format workload on the shipped profiles, from a
-    directory that is not the checkout; `train` names the extra it needs."""
+    shipped PPO, `simulate` a Pollux-format workload on the shipped profiles and `forecast
+    predict` a series with the shipped forecaster, from a directory that is not the checkout;
+    `train` names the extra it needs."""
     python = _core_venv(tmp_path, wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -188,6 +191,12 @@ def test_the_core_install_runs_from_anywhere_without_the_extras(wheel, tmp_path)
     simulated = run(cli.format(["simulate", "--workload", str(workload), "--cluster", "2x4",
                                 "--policy", "elastic"]))
     assert simulated.returncode == 0, simulated.stderr
+    series = elsewhere / "cluster.csv"  # two days of a plain demand series, a step between
+    pd.DataFrame({"time": pd.date_range("2020-05-01", periods=2880, freq="min"),
+                  "demand": np.repeat([0.5, 0.75], 1440)}).to_csv(series, index=False)
+    predicted = run(cli.format(["forecast", "predict", "--series", str(series), "--gpus", "16"]))
+    assert predicted.returncode == 0, predicted.stderr
+    assert "| 60 min |" in predicted.stdout
     version = run(cli.format(["--version"]))
     assert version.stdout.strip() == f"rlalloc {PYPROJECT['project']['version']}"
     trained = run(cli.format(["train", "--out", str(elsewhere / "model")]))

@@ -86,9 +86,10 @@ def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
 
 
 def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
-    """--out FILE.json and --force of the `rlalloc bench` commands."""
+    """--out FILE.json and --force of the commands that write one JSON file (`rlalloc bench`,
+    `forecast predict`)."""
     parser.add_argument("--out", type=out_path, default=None,
-                        help="also write the figures as JSON to this file")
+                        help="also write the results as JSON to this file")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing --out file (otherwise refused)")
 

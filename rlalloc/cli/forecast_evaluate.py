@@ -29,9 +29,8 @@ from rlalloc.cli.forecast_train import TORCH_THREADS
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import out_dir_for_run, write_atomic, write_json
 from rlalloc.forecaster.artifacts import CARD_FILE, file_sha256, read_card
-from rlalloc.forecaster.capacity import capacity_report
+from rlalloc.forecaster.capacity import CAPACITY_HORIZON_MIN, capacity_report
 from rlalloc.forecaster.evaluate import (
-    CAPACITY_HORIZON_MIN,
     FIRST_ORIGIN_MIN,
     MAPE_MIN_DEMAND,
     ONLINE_STEP_SIZES,
@@ -39,8 +38,9 @@ from rlalloc.forecaster.evaluate import (
     Evaluation,
     evaluate_series,
 )
+from rlalloc.forecaster.lstm_dir import RETRAIN
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR
-from rlalloc.forecaster.model_dir import RETRAIN, load_model_dir
+from rlalloc.forecaster.model_dir import load_model_dir
 from rlalloc.forecaster.plot import PLOT_HORIZON_MIN, plot_capacity, plot_sample_day
 from rlalloc.forecaster.series import check_filled_share, load_demand_series
 

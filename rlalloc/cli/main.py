@@ -38,6 +38,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("forecast", "train"), "forecast_train",
      "train the demand forecaster or the node-failure risk model (--model)"),
     (("forecast", "evaluate"), "forecast_evaluate", "evaluate forecasters on a series"),
+    (("forecast", "predict"), "forecast_predict",
+     "forecast a cluster's demand quantiles from the end of its series, in GPUs to keep"),
     (("actuate",), "actuate", "run the in-cluster actuator control loop"),
     (("twin",), "twin", "run the digital twin: simulator exposed as Prometheus + K8s"),
 ]
