@@ -1,12 +1,12 @@
 """`rlalloc forecast predict`: the quantiles of a cluster's demand after the last minute of its
-series, and the GPUs that cover each, as a predictive autoscaler would read them.
+series, in whole GPUs, as a predictive autoscaler would read them.
 
     rlalloc forecast predict --series cluster.csv [--model DIR] [--gpus N]
         [--out forecast.json [--force]]
 
-prints one row per horizon: the GPUs that cover each quantile of demand (the capacity rule's
-GPUs to keep for that level), from the LSTM calibrated online on the series' own past outcomes
-(`rlalloc.forecaster.series_end`). ``--out`` also writes them as JSON (``{"series",
+prints one row per horizon: each quantile of demand in the nearest whole GPUs (the capacity
+rule's GPUs to keep for that level), from the LSTM calibrated online on the series' own past
+outcomes (`rlalloc.forecaster.series_end`). ``--out`` also writes them as JSON (``{"series",
 "model_dir", "origin", "last_demand", "size_gpus", "horizons_min", "quantiles", "demand":
 [[...]], "gpus": [[...]], "outcomes_seen"}``), demand in fractions of the cluster. Needs the
 core install only.
@@ -64,14 +64,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_forecast(forecast: SeriesEndForecast, name: str) -> str:
-    """A line on where the forecast starts, then a Markdown table of the GPUs that cover each
-    quantile at each horizon."""
+    """A line on where the forecast starts, then a Markdown table of each quantile at each
+    horizon in whole GPUs (`SeriesEndForecast.gpus`)."""
     origin = "its last minute" if forecast.origin is None else f"{forecast.origin:%Y-%m-%d %H:%M}"
     now = forecast.last_demand * forecast.size_gpus
     lines = [
         f"{name}: demand after {origin} (now {forecast.last_demand:.3f} of the cluster, "
         f"{now:.1f} of {forecast.size_gpus:g} GPUs), calibrated online on "
-        f"{forecast.outcomes_seen:,} past outcomes; GPUs that cover each quantile:",
+        f"{forecast.outcomes_seen:,} past outcomes; each quantile in the nearest whole GPUs:",
         "| horizon | " + " | ".join(f"q{level:g}" for level in forecast.quantiles) + " |",
         "|" + "---|" * (1 + len(forecast.quantiles)),
     ]
