@@ -116,12 +116,12 @@ def _is_abandoned(staging: Path) -> bool:
     return False
 
 
-def save_bench_figures(out: Path | None, figures: dict) -> None:
-    """Write a benchmark's `figures` to `out` (checked by `prepare_out_file` before the
-    measuring) and say where, as every `rlalloc bench` command does; nothing when `out` is
-    None."""
+def write_json_out(out: Path | None, result: dict) -> None:
+    """Write a command's `result` (a benchmark's figures, a forecast) to `out`, the file of
+    `--out` checked by `prepare_out_file` before the work, and say where; nothing when `out`
+    is None."""
     if out is not None:
-        write_json(out, figures)
+        write_json(out, result)
         print(f"wrote {out}")
 
 

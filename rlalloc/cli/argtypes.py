@@ -85,7 +85,7 @@ def add_out_flags(parser: argparse.ArgumentParser, default: Path) -> None:
                         help="replace results already in --out (otherwise refused)")
 
 
-def add_bench_out_flags(parser: argparse.ArgumentParser) -> None:
+def add_json_out_flags(parser: argparse.ArgumentParser) -> None:
     """--out FILE.json and --force of the commands that write one JSON file (`rlalloc bench`,
     `forecast predict`)."""
     parser.add_argument("--out", type=out_path, default=None,

@@ -24,11 +24,11 @@ from rlalloc.actuator.state_builder import Ledger, Observation, build_state
 from rlalloc.actuator.twin.render import cluster_objects, k8s_name, query_results, telemetry_results
 from rlalloc.agent.registry import load_policy
 from rlalloc.agent.type_plans import RoundPlanner, round_solve_s
-from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_bench_out_flags, within
+from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_json_out_flags, within
 from rlalloc.env.cluster import gpu_type_named
 from rlalloc.env.failures import NODE_FEATURE_NAMES
 from rlalloc.env.gpu_types import speed_over_reference
-from rlalloc.env.output import prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, write_json_out
 from rlalloc.env.state import (
     ClusterState,
     Demand,
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "consecutive equal blocks of nodes, and each job a speed per type; "
                              "a round-based policy (gavel, sia) also reports its solve time per "
                              "round (default: one type, T4)")
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                      args.gpu_types)
     result["policy"] = args.policy
     print(json.dumps(result, indent=2))
-    save_bench_figures(args.out, result)
+    write_json_out(args.out, result)
     return 0
 
 

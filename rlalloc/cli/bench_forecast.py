@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags
+from rlalloc.cli.argtypes import POSITIVE_INT, add_json_out_flags
 from rlalloc.cli.forecast_train import TORCH_THREADS
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, write_json_out
 from rlalloc.forecaster.artifacts import read_card
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR, load_demand_forecaster
 from rlalloc.forecaster.series import DemandSeries, load_demand_series
@@ -36,7 +36,7 @@ LATENCY_CALLS = 300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench forecast`."""
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
     parser.add_argument("--series", nargs="+", type=Path, default=None,
                         help="training series (default: those in the shipped model's card)")
     parser.add_argument("--epochs", type=POSITIVE_INT, default=None,
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         result["training"] = _training_time(args)
     result["latency_ms"] = _latencies()
     print(json.dumps(result, indent=2))
-    save_bench_figures(args.out, result)
+    write_json_out(args.out, result)
     return 0
 
 

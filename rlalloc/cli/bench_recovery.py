@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlalloc.cli.argtypes import add_bench_out_flags, out_path, require_module
+from rlalloc.cli.argtypes import add_json_out_flags, out_path, require_module
 from rlalloc.env.errors import UserError
 from rlalloc.env.output import prepare_out_file, write_json
 from rlalloc.trainer_jobs.config import TrainConfig
@@ -50,7 +50,7 @@ _TIMEOUT_S = 300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `rlalloc bench recovery`."""
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
     parser.add_argument("--workers", type=int, default=2,
                         help="worker pods (torchrun launchers) in the recovery phase "
                              "(default: %(default)s)")

@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rlalloc.agent.train_config import TrainConfig
-from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_bench_out_flags
+from rlalloc.cli.argtypes import POSITIVE_INT, SEED, add_json_out_flags
 from rlalloc.env.cluster import add_cluster_flag, parse_cluster
 from rlalloc.env.execution import add_ray_flag
-from rlalloc.env.output import prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, write_json_out
 from rlalloc.env.progress import progress_bar
 from rlalloc.env.workload.loader import GENERATED_SOURCES
 
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=SEED, default=0, help="seed of the environments and model")
     add_ray_flag(parser, "the ray backend's actors", default="local")
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
 
 
 def bench_rollouts(config: TrainConfig, backend: str, steps: int) -> dict:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                "ray": args.ray if "ray" in args.backends else None, "cpus": os.cpu_count(),
                "machine": f"{platform.machine()} {platform.python_version()}", "runs": runs}
     Console().print(_table(figures))
-    save_bench_figures(args.out, figures)
+    write_json_out(args.out, figures)
     return 0
 
 

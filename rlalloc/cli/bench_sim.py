@@ -23,10 +23,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rlalloc.cli.argtypes import POSITIVE_INT, add_bench_out_flags, at_least, require_module
+from rlalloc.cli.argtypes import POSITIVE_INT, add_json_out_flags, at_least, require_module
 from rlalloc.env.cluster import ClusterSpec, parse_cluster
 from rlalloc.env.errors import UserError
-from rlalloc.env.output import prepare_out_file, save_bench_figures
+from rlalloc.env.output import prepare_out_file, write_json_out
 from rlalloc.env.progress import progress_bar
 from rlalloc.env.state import Action, ClusterState
 from rlalloc.env.workload.loader import (
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ppo-steps", type=at_least(0), default=8192,
                         help="MaskablePPO steps whose time inside the environment is measured "
                              "(0: skip; default: %(default)s)")
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
 
 
 def bench_replay(trace: str, cluster: ClusterSpec,
@@ -195,5 +195,5 @@ def run(args: argparse.Namespace) -> int:
     for key, value in figures.items():
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     Console().print(table)
-    save_bench_figures(args.out, figures)
+    write_json_out(args.out, figures)
     return 0

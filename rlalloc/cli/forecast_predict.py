@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlalloc.cli.argtypes import above, add_bench_out_flags
-from rlalloc.env.output import prepare_out_file, save_bench_figures
+from rlalloc.cli.argtypes import above, add_json_out_flags
+from rlalloc.env.output import prepare_out_file, write_json_out
 from rlalloc.forecaster.capacity import CAPACITY_HORIZON_MIN
 from rlalloc.forecaster.lstm_dir import load_lstm_dir
 from rlalloc.forecaster.model import SHIPPED_MODEL_DIR
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the cluster's size in GPUs, which turns demand shares into GPUs "
                              "(default: the median of the file's total column; a plain "
                              "time,demand file has none, so give it)")
-    add_bench_out_flags(parser)
+    add_json_out_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     print(check_filled_share(series))
     forecast = forecast_series_end(series, lstm, size_gpus=args.gpus)
     print(format_forecast(forecast, args.series.name))
-    save_bench_figures(args.out, {
+    write_json_out(args.out, {
         "series": str(args.series),
         "model_dir": str(args.model),
         "origin": None if forecast.origin is None else forecast.origin.isoformat(),
