@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers: two halves the suite's time on a 2-core machine (CI's), the parallelism
+# it is checked at; `make test TEST_WORKERS=auto` takes one per core
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo prometheus test test-fast lint layers bench
 
@@ -31,10 +34,10 @@ layers: setup  ## the layer contract: no lower layer imports a higher one, no im
 	cd build/layers && ../../$(BIN)/lint-imports ../../.importlinter
 
 test: setup prometheus lint layers  ## the one gate: lint, layers, then every test (CI runs this)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 test-fast: setup lint layers  ## the inner loop: the tests not marked expensive
-	$(BIN)/pytest -q -m "not expensive"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not expensive"
 
 bench: setup  ## the benchmarks whose figures are in the README (replacing an earlier run's)
 	$(BIN)/rlalloc bench sim --out runs/bench/sim.json --force
