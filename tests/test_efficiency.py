@@ -25,12 +25,10 @@ from rlalloc.env.scenario import build_scenario, job_speeds
 from rlalloc.env.simulator import Simulator
 from rlalloc.env.workload.spec import JobSpec, Workload
 
-from shared_data import POLLUX_DATA
+from shared_data import POLLUX_WORKLOADS, needs_pollux
 from sim_helpers import check_invariants, fifo
 
-POLLUX_DATA = POLLUX_DATA
-WORKLOAD_7 = POLLUX_DATA / "workloads" / "workload-7.csv"
-pytestmark = pytest.mark.skipif(not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared data absent")
+WORKLOAD_7 = POLLUX_WORKLOADS / "workload-7.csv"
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 
 
@@ -150,6 +148,7 @@ def test_failure_rolls_back_to_the_last_epoch_end(profiles):
     assert sim.accounting.jobs_completed == 1
 
 
+@needs_pollux
 def test_scenarios_by_mode_keep_jobs_and_change_only_what_they_should(profiles):
     plain = build_scenario(str(WORKLOAD_7), "16x4")
     fixed = build_scenario(str(WORKLOAD_7), "16x4", efficiency="fixed")
@@ -165,6 +164,7 @@ def test_scenarios_by_mode_keep_jobs_and_change_only_what_they_should(profiles):
         goodput_speeds(plain.workload, profiles, "sometimes", plain.speeds, 64)
 
 
+@needs_pollux
 def test_adaptive_runs_are_deterministic_and_beat_fixed_under_the_same_policy():
     from rlalloc.agent.evaluation import run_policy
     from rlalloc.agent.registry import load_policy
@@ -180,6 +180,7 @@ def test_adaptive_runs_are_deterministic_and_beat_fixed_under_the_same_policy():
     assert scores["adaptive"][0] < 0.9 * scores["fixed"][0]
 
 
+@needs_pollux
 def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["simulate", "--workload", str(WORKLOAD_7), "--policy", "elastic",
@@ -206,6 +207,7 @@ def test_simulate_and_evaluate_take_the_flag(tmp_path, capsys):
     assert not (tmp_path / "ev").exists()
 
 
+@needs_pollux
 def test_training_environment_and_config_carry_the_mode():
     from rlalloc.agent.training_env import make_env
     from rlalloc.cli.main import build_parser
@@ -226,6 +228,7 @@ def test_training_environment_and_config_carry_the_mode():
         assert not terminated
 
 
+@needs_pollux
 @pytest.mark.parametrize("corrupt", ["nan_variance", "progress_goes_back"])
 def test_a_broken_validation_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys, corrupt):
     import shutil

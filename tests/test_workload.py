@@ -23,13 +23,9 @@ from rlalloc.env.profiles import (
 from rlalloc.env.workload.loader import load_workload
 from rlalloc.env.workload.synthetic import PHILLY_GPU_MIX, SyntheticConfig, generate
 
-from shared_data import POLLUX_DATA
+from shared_data import PHILLY_CSV, POLLUX_WORKLOADS, needs_pollux
 
-PHILLY_CSV = POLLUX_DATA / "philly.csv"
 needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(), reason="shared philly.csv absent")
-needs_profiles = pytest.mark.skipif(
-    not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared Pollux profiles absent"
-)
 CLUSTER = parse_cluster("16x4")
 BIG_CLUSTER = parse_cluster("128x8")
 
@@ -82,9 +78,9 @@ def test_philly_rejects_jobs_larger_than_the_cluster():
     assert "philly.csv: row " in message and "exceeds the cluster's 64 GPUs" in message
 
 
-@needs_profiles
+@needs_pollux
 def test_pollux_workload():
-    workload = load_workload(str(POLLUX_DATA / "workloads" / "workload-6.csv"), CLUSTER)
+    workload = load_workload(str(POLLUX_WORKLOADS / "workload-6.csv"), CLUSTER)
     profiles = load_profiles(DEFAULT_PROFILES_ROOT)
     assert len(workload.jobs) == 160
     for job in workload.jobs:
@@ -100,7 +96,6 @@ def test_pollux_without_profiles_is_a_user_error(tmp_path):
     assert "RLALLOC_PROFILES" in message
 
 
-@needs_profiles
 def test_pollux_unknown_application(tmp_path):
     path = write_csv(
         tmp_path,
@@ -110,7 +105,6 @@ def test_pollux_unknown_application(tmp_path):
     assert f"{path}: row 2 (line 3): unknown application 'gpt5'" in message
 
 
-@needs_profiles
 def test_pollux_names_equal_but_for_spaces_are_one_repeated_name(tmp_path):
     # the ids are the stripped names: "jobA " was let through, and the simulator asserted
     path = write_csv(
@@ -125,7 +119,6 @@ SIA_ROWS = ("name,time,application,num_replicas,batch_size{}\n"
 SIA_CLUSTER = parse_cluster("6x4:T4+3x8:RTX2080Ti+2x8:A100")
 
 
-@needs_profiles
 def test_sias_category_column_fixes_a_rigid_jobs_gpus_and_nothing_else(tmp_path):
     """Sia's `category` column: a rigid job runs on exactly its GPUs; adaptive, scale-gpus and
     blank rows are the elastic jobs the same file without the column gives, and rigid and
@@ -144,7 +137,6 @@ def test_sias_category_column_fixes_a_rigid_jobs_gpus_and_nothing_else(tmp_path)
     assert not any(job.fixed_batch for job in plain.values())
 
 
-@needs_profiles
 def test_an_unknown_sia_category_is_refused_not_read_as_elastic(tmp_path):
     path = write_csv(tmp_path, SIA_ROWS.format(",category", ",rigid", ",adaptive", ",elastic",
                                                ","))
@@ -171,7 +163,6 @@ def test_canonical_generic_rows_need_no_profiles(tmp_path):
     assert late.work / GENERIC_SCALING.iterations_per_s((4, 4)) == pytest.approx(3600.0)
 
 
-@needs_profiles
 def test_canonical_profiled_rows(tmp_path):
     path = write_csv(
         tmp_path,
@@ -375,7 +366,6 @@ def test_an_application_missing_from_the_users_profiles_is_named(tmp_path, monke
     assert "row 1 (line 2): unknown application 'ncf'" in rejected(path)
 
 
-@needs_profiles
 def test_canonical_unknown_application(tmp_path):
     path = write_csv(
         tmp_path,
