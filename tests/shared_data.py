@@ -17,3 +17,5 @@ CRD_FILE = SHARED_DATA / "k8s" / "kubeflow.org_pytorchjobs.v1.9.0.yaml"
 
 needs_pollux = pytest.mark.skipif(not POLLUX_WORKLOADS.is_dir(),
                                   reason="the shared Pollux workloads are absent")
+needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(),
+                                  reason="the shared Philly trace is absent")

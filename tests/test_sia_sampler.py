@@ -24,13 +24,12 @@ from rlalloc.env.workload.sia_sampler import (
     sia_model_configurations,
 )
 
-from shared_data import PHILLY_CSV
+from shared_data import PHILLY_CSV, needs_philly
 
 SIA_CLUSTER = "6x4:T4+3x8:RTX2080Ti+2x8:A100"
 APPLICATIONS = ("bert", "cifar10", "deepspeech2", "gpt_pmp", "imagenet", "ncf", "yolov3")
 WINDOW_START = 1500
 """Hours into the trace of a window whose jobs fall in every GPU-hour tier."""
-needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(), reason="shared Philly trace absent")
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,8 @@ from rlalloc.env.profiles import (
 from rlalloc.env.workload.loader import load_workload
 from rlalloc.env.workload.synthetic import PHILLY_GPU_MIX, SyntheticConfig, generate
 
-from shared_data import PHILLY_CSV, POLLUX_WORKLOADS, needs_pollux
+from shared_data import PHILLY_CSV, POLLUX_WORKLOADS, needs_philly, needs_pollux
 
-needs_philly = pytest.mark.skipif(not PHILLY_CSV.is_file(), reason="shared philly.csv absent")
 CLUSTER = parse_cluster("16x4")
 BIG_CLUSTER = parse_cluster("128x8")
 
