@@ -30,7 +30,6 @@ from rlalloc.env.workload.spec import JobSpec, Workload
 
 from sim_helpers import WorkLedger, check_accounting, check_invariants, place_on_type
 
-pytestmark = pytest.mark.skipif(not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared data absent")
 MIXED = "1x4:T4+1x4:A100"
 NO_FAILURES = SimParams(failures=FailureParams(failures_per_gpu_day=0.0))
 SIA_ROWS = ("name,time,application,num_replicas,batch_size,category\n"

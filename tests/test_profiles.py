@@ -30,10 +30,6 @@ from rlalloc.env.profiles import (
 
 from shared_data import POLLUX_DATA, SIA_DATA
 
-needs_profiles = pytest.mark.skipif(
-    not DEFAULT_PROFILES_ROOT.is_dir(), reason="shared Pollux profiles not present"
-)
-
 
 @pytest.fixture(scope="module")
 def profiles():
@@ -64,7 +60,6 @@ def test_missing_profiles_root(tmp_path):
         load_profiles(tmp_path / "absent")
 
 
-@needs_profiles
 def test_generic_constants_match_refit(profiles):
     fit = fit_generic_scaling(profiles)
     assert fit.alpha == pytest.approx(GENERIC_ALPHA, abs=1e-4)
@@ -72,7 +67,6 @@ def test_generic_constants_match_refit(profiles):
     assert fit.alpha > 0 and fit.beta > 0
 
 
-@needs_profiles
 def test_packed_faster_than_spread_as_measured(profiles):
     cifar10 = profiles["cifar10"]
     model = cifar10.throughput(fit_batch_size(cifar10))
@@ -83,7 +77,6 @@ def test_packed_faster_than_spread_as_measured(profiles):
         assert scaling.alpha >= 0 and scaling.beta >= 0
 
 
-@needs_profiles
 def test_measured_placement_is_read_back(profiles):
     rows = pd.read_csv(DEFAULT_PROFILES_ROOT / "cifar10" / "placements.csv")
     row = rows[(rows.placement == 4) & (rows.local_bsz == 32)].iloc[0]
@@ -91,7 +84,6 @@ def test_measured_placement_is_read_back(profiles):
     assert speed == pytest.approx(1 / row.step_time)
 
 
-@needs_profiles
 def test_gradient_accumulation(profiles):
     rows = pd.read_csv(DEFAULT_PROFILES_ROOT / "yolov3" / "placements.csv")
     row = rows[(rows.placement == 1) & (rows.local_bsz == 8)].iloc[0]
@@ -101,7 +93,6 @@ def test_gradient_accumulation(profiles):
     assert speed == pytest.approx(1 / expected_step_s)
 
 
-@needs_profiles
 def test_unmeasured_placements_interpolate(profiles):
     model = profiles["imagenet"].throughput(6400)
     for shape in [(4,) * 8, (8, 8), (8,) * 16, (2, 1, 1, 1, 1, 1)]:
@@ -110,7 +101,6 @@ def test_unmeasured_placements_interpolate(profiles):
     assert model.iterations_per_s((8,) * 8) > model.iterations_per_s((4,))
 
 
-@needs_profiles
 def test_larger_placements_read_scalability_csv_and_clamp_to_its_widest(profiles):
     """A placement not in placements.csv at a grid point of scalability.csv (nodes, replicas,
     local batch) is that row's step time; one over more nodes than were measured reads as the
@@ -134,7 +124,6 @@ def test_larger_placements_read_scalability_csv_and_clamp_to_its_widest(profiles
     assert speed == pytest.approx(1 / halfway_s, rel=1e-6)
 
 
-@needs_profiles
 def test_memoised_call_is_cheap(profiles):
     model = profiles["bert"].throughput(384)
     model.iterations_per_s((4, 2))
@@ -146,7 +135,6 @@ def test_memoised_call_is_cheap(profiles):
     assert (time.perf_counter() - start) / calls < 2e-6
 
 
-@needs_profiles
 def test_work_and_bounds(profiles):
     cifar10 = profiles["cifar10"]
     validation = pd.read_csv(DEFAULT_PROFILES_ROOT / "cifar10" / "validation-2048.csv")
